@@ -1,0 +1,61 @@
+"""Paged attention for one step's flattened batch, and the metadata it reads.
+
+The executor builds one `AttentionMetadata` per step and sets it with `attention_context(...)`; every
+attention layer of that forward pass reads it from there, so no layer signature carries it.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+
+from chunkbench.kernels.reference import paged_attention_ref, write_kv_ref
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot of each new token
+    cu_seqlens_q: torch.Tensor  # [num_reqs + 1] query offsets into the flattened batch
+    seqused_k: torch.Tensor  # [num_reqs] keys each request attends to (cached + new)
+    block_table: torch.Tensor  # [num_reqs, max_blocks] padded with 0
+    max_seqlen_q: int
+    max_seqlen_k: int
+    backend: str  # "torch" or "triton"
+
+
+_current: ContextVar[AttentionMetadata | None] = ContextVar("attention_metadata", default=None)
+
+
+@contextmanager
+def attention_context(metadata: AttentionMetadata):
+    token = _current.set(metadata)
+    try:
+        yield metadata
+    finally:
+        _current.reset(token)
+
+
+def current_metadata() -> AttentionMetadata:
+    metadata = _current.get()
+    if metadata is None:
+        raise RuntimeError("attention called outside attention_context()")
+    return metadata
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend every query to its request's cached keys."""
+    m = current_metadata()
+    out = torch.empty_like(q)
+    if m.backend == "triton":
+        from chunkbench.kernels import triton_attention as kernels
+        write_kv, attend = kernels.write_kv, kernels.paged_attention
+    else:
+        write_kv, attend = write_kv_ref, paged_attention_ref
+    write_kv(k, v, k_cache, v_cache, m.slot_mapping)
+    attend(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table, m.max_seqlen_q,
+           m.max_seqlen_k, softmax_scale)
+    return out

@@ -1,0 +1,292 @@
+"""Engine configuration: frozen, validated dataclasses and the model presets.
+
+Errors name the field and its legal range, so the CLI can show them to a user as one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+POLICIES = ("static", "continuous", "orca", "chunked")
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+class ConfigError(ValueError):
+    """A configuration a user asked for is invalid. The message names the flag."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _positive(name: str, value: int | float) -> None:
+    _require(value > 0, f"{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder. Shapes, not weights, are what performance depends on."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_model_len: int
+    rope_theta: float = 10000.0
+    # llama3 rope scaling as (factor, low_freq_factor, high_freq_factor, original_max_position); None = plain RoPE.
+    rope_scaling: tuple[float, float, float, int] | None = None
+    rms_norm_eps: float = 1e-5
+    qkv_bias: bool = False
+    tie_word_embeddings: bool = False
+    eos_token_id: int | None = None
+    hf_dir: str | None = None  # where real weights live; None = seeded dummy weights
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_model_len"):
+            _positive(f"model.{name}", getattr(self, name))
+        _require(self.num_heads % self.num_kv_heads == 0,
+                 f"model.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (weights only, norms included)."""
+        h, i = self.hidden_size, self.intermediate_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        if self.qkv_bias:
+            attn += self.q_size + 2 * self.kv_size
+        per_layer = attn + 3 * h * i + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelConfig":
+        """A preset by name, or a Hugging Face model directory (a path holding config.json)."""
+        if name in MODEL_PRESETS:
+            return MODEL_PRESETS[name]
+        if Path(name).is_dir():
+            return cls.from_hf_dir(name)
+        raise ConfigError(f"--model: unknown model '{name}'; presets are {', '.join(MODEL_PRESETS)}, "
+                          "or give a local Hugging Face directory")
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> "ModelConfig":
+        """Read a Hugging Face config.json (Llama, Mistral, Qwen2 architectures)."""
+        config_path = Path(path) / "config.json"
+        try:
+            hf = json.loads(config_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"--model: cannot read {config_path}: {exc}") from None
+        heads = hf["num_attention_heads"]
+        scaling = hf.get("rope_scaling") or (hf.get("rope_parameters") or {})
+        rope_type = scaling.get("rope_type", scaling.get("type"))
+        rope_scaling = None
+        if rope_type == "llama3":
+            rope_scaling = (float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                            float(scaling["high_freq_factor"]),
+                            int(scaling["original_max_position_embeddings"]))
+        theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        eos = hf.get("eos_token_id")
+        return cls(
+            name=Path(path).name,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads", heads),
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            max_model_len=hf.get("max_position_embeddings", 2048),
+            rope_theta=float(theta),
+            rope_scaling=rope_scaling,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
+            qkv_bias=hf.get("attention_bias", hf.get("model_type") == "qwen2"),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            hf_dir=str(path),
+        )
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    # For tests: ~1.8M parameters.
+    "tiny": ModelConfig("tiny", vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=4,
+                        num_heads=4, num_kv_heads=2, head_dim=32, max_model_len=2048),
+    # For CPU benchmarks: ~100M parameters, Llama proportions.
+    "small": ModelConfig("small", vocab_size=32000, hidden_size=768, intermediate_size=2048, num_layers=12,
+                         num_heads=12, num_kv_heads=4, head_dim=64, max_model_len=8192,
+                         tie_word_embeddings=True),
+    # Real architectures, numbers from each model's published config.json.
+    "llama-3.2-1b": ModelConfig("llama-3.2-1b", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
+                                max_model_len=131072, rope_theta=500000.0,
+                                rope_scaling=(32.0, 1.0, 4.0, 8192), tie_word_embeddings=True),
+    "llama-3-8b": ModelConfig("llama-3-8b", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                              num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, max_model_len=8192,
+                              rope_theta=500000.0),
+    "llama-3-70b": ModelConfig("llama-3-70b", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                               num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128, max_model_len=8192,
+                               rope_theta=500000.0),
+    "mistral-7b": ModelConfig("mistral-7b", vocab_size=32768, hidden_size=4096, intermediate_size=14336,
+                              num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, max_model_len=32768,
+                              rope_theta=1000000.0),
+    "qwen2.5-7b": ModelConfig("qwen2.5-7b", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                              num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128, max_model_len=32768,
+                              rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True),
+}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: `num_blocks` blocks of `block_size` tokens each.
+
+    num_blocks=None sizes the cache from memory: on CUDA, `gpu_memory_utilization` of the device less the
+    weights; on the CPU, at most `cpu_kv_cache_gib`, and never more than max_num_seqs full-length requests.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gib: float = 2.0
+    enable_prefix_caching: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
+                 f"--block-size must be a power of two from 1 to 128, got {self.block_size}")
+        if self.num_blocks is not None:
+            _require(self.num_blocks >= 1, f"--num-blocks must be >= 1, got {self.num_blocks}")
+        _require(0 < self.gpu_memory_utilization <= 1,
+                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _positive("--cpu-kv-cache-gib", self.cpu_kv_cache_gib)
+
+    def kv_bytes_per_block(self, model: "ModelConfig", dtype_bytes: int) -> int:
+        return 2 * model.num_layers * self.block_size * model.kv_size * dtype_bytes
+
+
+def parse_chunk_schedule(text: str | None) -> tuple[int, ...]:
+    """'2048,1024,512' -> (2048, 1024, 512). Empty or None -> ()."""
+    if not text:
+        return ()
+    try:
+        values = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        raise ConfigError(f"--chunk-schedule must be comma-separated token counts like 2048,1024,512, "
+                          f"got '{text}'") from None
+    return values
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How each step's token budget and seats are spent (see DESIGN.md, 'The scheduler')."""
+
+    policy: str = "chunked"
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 2048
+    chunk_size: int | None = None  # per-request cap on prompt tokens per step (chunked only)
+    chunk_schedule: tuple[int, ...] = ()  # progressive caps: i-th chunk of a prompt <= entry i (last repeats)
+    tile: int | None = None  # trim cut prompt chunks so the step's token count is a multiple of this
+    max_partial_prefills: int | None = None  # prompts mid-prefill at once (chunked only); None = no cap
+
+    def __post_init__(self) -> None:
+        _require(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got '{self.policy}'")
+        _positive("--max-num-batched-tokens", self.max_num_batched_tokens)
+        _positive("--max-num-seqs", self.max_num_seqs)
+        _positive("--max-model-len", self.max_model_len)
+        if self.policy != "chunked":
+            _require(self.max_num_batched_tokens >= self.max_model_len,
+                     f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                     f"({self.max_model_len}) for policy '{self.policy}', which never splits a prompt; "
+                     "use --policy chunked or a larger budget")
+        if self.chunk_size is not None:
+            _positive("--chunk-size", self.chunk_size)
+        _require(all(c > 0 for c in self.chunk_schedule),
+                 f"--chunk-schedule entries must be > 0, got {','.join(map(str, self.chunk_schedule))}")
+        if self.tile is not None:
+            _require(1 <= self.tile <= self.max_num_batched_tokens,
+                     f"--tile must be from 1 to --max-num-batched-tokens ({self.max_num_batched_tokens}), "
+                     f"got {self.tile}")
+        if self.max_partial_prefills is not None:
+            _positive("--max-partial-prefills", self.max_partial_prefills)
+
+    def chunk_cap(self, chunk_index: int) -> int:
+        """The most prompt tokens a request may compute in its `chunk_index`-th chunk (0-based)."""
+        cap = math.inf
+        if self.chunk_schedule:
+            cap = self.chunk_schedule[min(chunk_index, len(self.chunk_schedule) - 1)]
+        if self.chunk_size is not None:
+            cap = min(cap, self.chunk_size)
+        return cap if cap != math.inf else self.max_num_batched_tokens
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    device: str = "auto"  # auto = cuda when available, else cpu
+    dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
+    attention_backend: str = "auto"  # auto = triton on cuda, torch on cpu
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+                 f"--device must be auto, cpu or cuda[:N], got '{self.device}'")
+        _require(self.dtype == "auto" or self.dtype in DTYPES,
+                 f"--dtype must be auto or one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        _require(self.attention_backend in ATTENTION_BACKENDS,
+                 f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                 f"got '{self.attention_backend}'")
+        _require(self.scheduler.max_model_len <= self.model.max_model_len,
+                 f"--max-model-len ({self.scheduler.max_model_len}) must be <= the model's "
+                 f"max_model_len ({self.model.max_model_len})")
+
+    @classmethod
+    def create(cls, model: str | ModelConfig = "tiny", *, policy: str = "chunked",
+               max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
+               max_model_len: int | None = None, chunk_size: int | None = None,
+               chunk_schedule: str | tuple[int, ...] | None = None, tile: int | None = None,
+               max_partial_prefills: int | None = None, block_size: int = 16, num_blocks: int | None = None,
+               gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False, device: str = "auto", dtype: str = "auto",
+               attention_backend: str = "auto", seed: int = 0) -> "EngineConfig":
+        """Build a config from flat keyword arguments, the shape the CLI and the Python API use.
+
+        Unset values get defaults that work: the budget defaults to 2048 for `chunked` and to at least
+        max_model_len for policies that never split a prompt; the KV cache is sized from memory.
+        """
+        model_config = model if isinstance(model, ModelConfig) else ModelConfig.from_name(model)
+        max_model_len = max_model_len or min(model_config.max_model_len, 8192)
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = 2048 if policy == "chunked" else max(2048, max_model_len)
+        if isinstance(chunk_schedule, str) or chunk_schedule is None:
+            chunk_schedule = parse_chunk_schedule(chunk_schedule)
+        return cls(
+            model=model_config,
+            scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                      chunk_size=chunk_size, chunk_schedule=tuple(chunk_schedule), tile=tile,
+                                      max_partial_prefills=max_partial_prefills),
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
+                              gpu_memory_utilization=gpu_memory_utilization,
+                              enable_prefix_caching=enable_prefix_caching),
+            device=device, dtype=dtype, attention_backend=attention_backend, seed=seed,
+        )
+
+    def with_scheduler(self, **changes) -> "EngineConfig":
+        return replace(self, scheduler=replace(self.scheduler, **changes))

@@ -1,0 +1,90 @@
+"""LLMEngine: requests in, one scheduler step and one executor call per `step()`, tokens out."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .outputs import SchedulerOutput, StepResult
+from .request import Request, RequestStatus, SamplingParams
+from .scheduler import Scheduler
+
+
+class RealClock:
+    """Wall time: a step's duration has already passed when it returns."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def advance(self, seconds: float) -> None:
+        pass
+
+
+@dataclass
+class VirtualClock:
+    """Simulated time: it moves only when told, by the predicted step time or to the next arrival."""
+
+    time: float = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    def advance(self, seconds: float) -> None:
+        self.time += seconds
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, executor=None, clock=None) -> None:
+        self.config = config
+        if executor is None:
+            from .executor import ModelExecutor  # torch only when a real model runs
+            executor = ModelExecutor(config)
+        self.executor = executor
+        self.clock = clock or RealClock()
+        self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, seed=config.seed)
+        self._ids = itertools.count()
+        self._rejected: list[Request] = []
+        self.last_step: tuple[SchedulerOutput, StepResult] | None = None  # for the harness's step records
+        self.num_steps = 0
+
+    def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> Request:
+        """Queue a request. One that can never be served comes back finished with `error` set, and is
+        also returned by the next step(); the others are unaffected."""
+        request = Request(
+            request_id=request_id if request_id is not None else str(next(self._ids)),
+            prompt_token_ids=list(prompt_token_ids),
+            sampling=sampling or SamplingParams(),
+            eos_token_id=self.config.model.eos_token_id,
+            arrival_time=self.clock.now() if arrival_time is None else arrival_time,
+        )
+        reason = self.scheduler.rejection_reason(request)
+        if reason is not None:
+            request.status, request.error = RequestStatus.FINISHED_REJECTED, reason
+            self._rejected.append(request)
+        else:
+            self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> Request | None:
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._rejected)
+
+    def step(self) -> list[Request]:
+        """Run one step; return the requests that got a token or finished (rejected ones included)."""
+        updated, self._rejected = self._rejected, []
+        output = self.scheduler.schedule(self.clock.now())
+        if output.is_empty:
+            self.last_step = None
+            return updated
+        result = self.executor.execute(output)
+        self.clock.advance(result.seconds)
+        self.last_step = (output, result)
+        self.num_steps += 1
+        return updated + self.scheduler.update(output, result, self.clock.now())

@@ -1,0 +1,147 @@
+"""Executors turn a SchedulerOutput into a StepResult. `ModelExecutor` runs the real model."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import torch
+
+from .attention import AttentionMetadata, attention_context
+from .block_manager import cdiv
+from .config import ConfigError, EngineConfig
+from .model import build_model
+from .outputs import ScheduledChunk, SchedulerOutput, StepResult
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+class Executor(Protocol):
+    num_blocks: int  # KV blocks this executor holds; the block manager hands out exactly these
+
+    def execute(self, output: SchedulerOutput) -> StepResult: ...
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: no CUDA device is available here")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return name
+
+
+def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> int:
+    """KV blocks to allocate: the configured count, else what memory allows (see CacheConfig)."""
+    cache, model, sched = config.cache, config.model, config.scheduler
+    if cache.num_blocks is not None:
+        return cache.num_blocks
+    per_block = cache.kv_bytes_per_block(model, dtype.itemsize)
+    wanted = sched.max_num_seqs * cdiv(sched.max_model_len, cache.block_size)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        # The weights are already resident; leave 10% of what remains for activations.
+        budget = min(free, total * cache.gpu_memory_utilization - torch.cuda.memory_allocated(device)) * 0.9
+    else:
+        budget = cache.cpu_kv_cache_gib * 2**30
+    blocks = min(wanted, int(budget // per_block))
+    if blocks < 1:
+        raise ConfigError("not enough memory for a single KV block; lower --max-model-len or use a smaller "
+                          "model")
+    return blocks
+
+
+class ModelExecutor:
+    """The model on a device, its paged KV cache, and greedy/temperature/top-p sampling."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.backend = resolve_backend(config.attention_backend, self.device)
+        self.block_size = config.cache.block_size
+        self.model = build_model(config.model, self.dtype, self.device, config.seed)
+        self.num_blocks = kv_cache_blocks(config, self.device, self.dtype)
+        shape = (self.num_blocks, self.block_size, config.model.num_kv_heads, config.model.head_dim)
+        for layer in self.model.model.layers:  # empty: no slot is read before it is written
+            layer.self_attn.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+            layer.self_attn.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.keep_logits = False  # tests: keep each sampled row's logits in last_logits
+        self.last_logits: dict[str, torch.Tensor] = {}
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _metadata(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        input_ids, positions, slots, cu, lens_k = [], [], [], [0], []
+        for c in chunks:
+            input_ids += c.token_ids
+            pos = range(c.start_pos, c.context_len)
+            positions += pos
+            slots += [c.block_table[p // bs] * bs + p % bs for p in pos]
+            cu.append(cu[-1] + c.num_tokens)
+            lens_k.append(c.context_len)
+        width = max(len(c.block_table) for c in chunks)
+        table = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
+
+        def tensor(values, dtype=torch.int32):
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        metadata = AttentionMetadata(
+            slot_mapping=tensor(slots, torch.int64), cu_seqlens_q=tensor(cu), seqused_k=tensor(lens_k),
+            block_table=tensor(table), max_seqlen_q=max(c.num_tokens for c in chunks),
+            max_seqlen_k=max(lens_k), backend=self.backend)
+        return tensor(input_ids, torch.int64), tensor(positions, torch.int64), metadata
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        self._synchronize()
+        start = time.perf_counter()
+        chunks = output.chunks
+        input_ids, positions, metadata = self._metadata(chunks)
+        with attention_context(metadata):
+            hidden = self.model(input_ids, positions)
+        sampling_chunks = [c for c in chunks if c.sample]
+        sampled: dict[str, int] = {}
+        if sampling_chunks:
+            last = metadata.cu_seqlens_q[1:].long() - 1
+            rows = torch.tensor([i for i, c in enumerate(chunks) if c.sample], device=self.device)
+            logits = self.model.compute_logits(hidden[last[rows]])
+            tokens = sample(logits, sampling_chunks)
+            sampled = {c.request_id: t for c, t in zip(sampling_chunks, tokens)}
+            if self.keep_logits:
+                self.last_logits = {c.request_id: logits[i].cpu() for i, c in enumerate(sampling_chunks)}
+        self._synchronize()
+        return StepResult(sampled=sampled, seconds=time.perf_counter() - start)
+
+
+def sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[int]:
+    """Greedy where temperature is 0; else temperature and top-p with a per-token seed, so a request's
+    samples do not depend on what else shares its batch."""
+    tokens = logits.argmax(dim=-1).tolist()
+    for i, chunk in enumerate(chunks):
+        params = chunk.sampling
+        if params.temperature == 0:
+            continue
+        probs = torch.softmax(logits[i] / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            outside = sorted_probs.cumsum(0) - sorted_probs > params.top_p  # keep the smallest nucleus
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs.masked_fill(outside, 0.0))
+        generator = torch.Generator(device=logits.device)
+        generator.manual_seed((chunk.sample_seed * 1_000_003 + chunk.sample_index) % 2**63)
+        tokens[i] = int(torch.multinomial(probs, 1, generator=generator))
+    return tokens

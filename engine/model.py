@@ -1,0 +1,160 @@
+"""A Llama-family decoder over a flattened mixed batch.
+
+All tokens scheduled in a step go through the linear layers as one `[num_tokens, hidden]` tensor; only
+attention knows which request a token belongs to, through the paged KV cache (see attention.py).
+Module names mirror Hugging Face's `LlamaForCausalLM`, so a safetensors checkpoint loads as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import paged_attention
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies, with Llama 3's long-context scaling when the model has it."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if config.rope_scaling is None:
+        return inv_freq.float()
+    factor, low_freq_factor, high_freq_factor, original_max = config.rope_scaling
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = original_max / low_freq_factor
+    high_freq_wavelen = original_max / high_freq_factor
+    smooth = (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    mid = (wavelen <= low_freq_wavelen) & (wavelen >= high_freq_wavelen)
+    return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (Hugging Face's layout) on `[num_tokens, heads, head_dim]`."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, config.q_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, config.kv_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, config.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.q_size, h, bias=False)
+        self.scale = self.head_dim ** -0.5
+        self.k_cache = self.v_cache = torch.empty(0)  # set by the executor
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(n, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, self.k_cache, self.v_cache, self.scale)
+        return self.o_proj(out.view(n, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states `[num_tokens, hidden]` after the final norm."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]  # broadcast over heads
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_hf_weights(self, path: str | Path) -> None:
+        """Load every `*.safetensors` file of a Hugging Face checkpoint directory."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path}")
+        state = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not (self.config.tie_word_embeddings and k == "lm_head.weight")]
+        unexpected = [k for k in unexpected if "rotary_emb" not in k]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int) -> LlamaForCausalLM:
+    """Seeded dummy weights (default PyTorch init), or the checkpoint in `config.hf_dir`."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    if config.hf_dir:
+        model.load_hf_weights(config.hf_dir)
+    model = model.to(dtype=dtype).eval()
+    model.inv_freq = model.inv_freq.float()  # RoPE angles stay fp32 whatever the weights' dtype
+    return model

@@ -1,0 +1,65 @@
+"""The two seams between scheduler and executor: `SchedulerOutput` goes down, `StepResult` comes back.
+
+An executor sees nothing of the scheduler but a SchedulerOutput. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .request import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Tokens of one request computed in this step: positions [start_pos, start_pos + len(token_ids))."""
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    sample: bool  # the chunk reaches the end of the request's tokens: sample the next one
+    is_decode: bool
+    sampling: SamplingParams
+    sample_index: int  # index of the output token that will be sampled (for per-token seeding)
+    sample_seed: int  # seed of this request's sampling stream
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Keys this chunk's last query attends to: cached context plus the chunk itself."""
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    num_running: int = 0  # after scheduling
+    num_waiting: int = 0
+    num_used_blocks: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class StepResult:
+    sampled: dict[str, int]  # request id -> token id, for every chunk with sample=True
+    seconds: float  # the step's duration: measured (device-synchronized) or predicted

@@ -1,0 +1,102 @@
+"""Request state as the scheduler sees it: tokens, how many are computed, and when things happened.
+
+There is no prefill phase and no decode phase: a request is a token list whose `num_computed_tokens`
+is catching up with its length. No torch here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "finished_stopped"  # sampled EOS
+    FINISHED_LENGTH = "finished_length"  # reached max_tokens
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_REJECTED = "finished_rejected"  # could never be served; see Request.error
+
+    @property
+    def is_finished(self) -> bool:
+        return self.value.startswith("finished")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    eos_token_id: int | None = None
+    arrival_time: float = 0.0
+
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_chunks: int = 0  # prompt chunks computed since (re)admission; indexes the chunk schedule
+    status: RequestStatus = RequestStatus.WAITING
+    error: str | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # wall/virtual time each output token appeared
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_decoding(self) -> bool:
+        """One uncomputed token, the last sampled one: the request needs a single-token step."""
+        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
+                RequestStatus.FINISHED_ABORTED: "abort",
+                RequestStatus.FINISHED_REJECTED: "rejected"}.get(self.status)
+
+    def append_output(self, token_id: int, now: float) -> None:
+        self.output_token_ids.append(token_id)
+        self.token_times.append(now)
+        if not self.sampling.ignore_eos and self.eos_token_id is not None and token_id == self.eos_token_id:
+            self.status = RequestStatus.FINISHED_STOPPED
+        elif self.num_output_tokens >= self.sampling.max_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH

@@ -1,0 +1,251 @@
+"""Token-budget scheduler: four batching policies over one request model (see DESIGN.md).
+
+Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_num_seqs`). A request is
+scheduled `n` of its uncomputed tokens; the step that computes its last token samples the next one.
+
+    static      admit a batch when nothing runs; prefill it whole, decode it to completion
+    continuous  whole prompts in prefill-only steps that pause decodes (vLLM before chunked prefill)
+    orca        whole prompts ride in the same step as the decodes
+    chunked     decodes first, then prompt chunks fill the rest of the budget (Sarathi-Serve, vLLM v1)
+
+When KV blocks run out, the newest running request not yet in this step is preempted and later
+recomputed from scratch. Plain Python: no torch, so the simulator runs it at full speed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+
+from .block_manager import BlockManager, cdiv
+from .config import SchedulerConfig
+from .outputs import ScheduledChunk, SchedulerOutput, StepResult
+from .request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, seed: int = 0) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.seed = seed
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ---- requests in and out ----
+
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why a request can never be served, or None."""
+        max_len = self.config.max_model_len
+        if request.num_prompt_tokens == 0:
+            return "prompt is empty"
+        if request.num_prompt_tokens > max_len:
+            return f"prompt has {request.num_prompt_tokens} tokens, more than max_model_len ({max_len})"
+        # The last sampled token is never computed, so its KV needs no slot.
+        longest = min(request.num_prompt_tokens + request.sampling.max_tokens - 1, max_len)
+        blocks = cdiv(longest, self.block_manager.block_size)
+        if blocks > self.block_manager.num_blocks:
+            return (f"needs {blocks} KV blocks for {longest} tokens, the cache has "
+                    f"{self.block_manager.num_blocks}")
+        return None
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._finish(request)
+        return request
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ----
+
+    def schedule(self, now: float = 0.0) -> SchedulerOutput:
+        scheduled: dict[Request, int] = {}  # request -> tokens to compute this step (in step order)
+        preempted: list[Request] = []
+        policy = self.config.policy
+        if policy == "chunked":
+            self._schedule_chunked(scheduled, preempted)
+        elif policy == "orca":
+            self._schedule_orca(scheduled, preempted)
+        else:
+            self._schedule_prefill_first(scheduled, preempted)
+        return self._make_output(scheduled, preempted, now)
+
+    def _schedule_chunked(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:
+        budget = self.config.max_num_batched_tokens
+        decodes = [r for r in self.running if r.is_decoding]
+        prefills = [r for r in self.running if not r.is_decoding]
+        for request in decodes + prefills:
+            if budget == 0:
+                break
+            if request not in self.running:  # preempted earlier in this step
+                continue
+            n = self._chunk_len(request, budget, scheduled)
+            if n and self._reserve(request, n, scheduled, preempted):
+                budget -= n
+        if preempted:
+            return  # vLLM v1: a step that preempts admits nothing
+        cap = self.config.max_partial_prefills
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            partial = sum(1 for r in self.running
+                          if not r.is_decoding and scheduled.get(r, 0) < r.num_tokens_to_compute)
+            if cap is not None and partial >= cap:
+                break
+            request = self.waiting[0]
+            n = self._chunk_len(request, budget, scheduled)
+            if not n or not self._admit(request, n, scheduled):
+                break
+            budget -= n
+
+    def _schedule_orca(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:
+        budget = self.config.max_num_batched_tokens
+        for request in [r for r in self.running if r.is_decoding] + [r for r in self.running
+                                                                     if not r.is_decoding]:
+            n = request.num_tokens_to_compute
+            if n > budget:
+                continue
+            if request in self.running and self._reserve(request, n, scheduled, preempted):
+                budget -= n
+        if not preempted:
+            self._admit_whole_prompts(budget, scheduled)
+
+    def _schedule_prefill_first(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:
+        """static and continuous: a step computes whole prompts only, or decodes only."""
+        budget = self.config.max_num_batched_tokens
+        if self.config.policy == "static" and not self.running:
+            while self.waiting and len(self.running) < self.config.max_num_seqs:
+                request = self.waiting.popleft()
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+        for request in [r for r in self.running if not r.is_decoding]:
+            n = request.num_tokens_to_compute
+            if n > budget:
+                break
+            if request in self.running and self._reserve(request, n, scheduled, preempted):
+                budget -= n
+        if self.config.policy == "continuous" and not preempted:
+            budget = self._admit_whole_prompts(budget, scheduled)
+        if scheduled or preempted:
+            return
+        for request in [r for r in self.running if r.is_decoding][:budget]:
+            if request in self.running:
+                self._reserve(request, 1, scheduled, preempted)
+
+    # ---- helpers ----
+
+    def _admit_whole_prompts(self, budget: int, scheduled: dict[Request, int]) -> int:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            n = request.num_tokens_to_compute
+            if n > budget or not self._admit(request, n, scheduled):
+                break
+            budget -= n
+        return budget
+
+    def _chunk_len(self, request: Request, budget: int, scheduled: dict[Request, int]) -> int:
+        """Tokens of `request` to compute this step under the chunked policy's caps."""
+        remaining = request.num_tokens_to_compute
+        if request.is_decoding:
+            return 1
+        n = min(remaining, budget, self.config.chunk_cap(request.num_chunks))
+        tile = self.config.tile
+        if tile and n < remaining:  # trim a cut chunk so the step ends on a tile boundary
+            excess = (sum(scheduled.values()) + n) % tile
+            if excess < n:
+                n -= excess
+        return n
+
+    def _admit(self, request: Request, n: int, scheduled: dict[Request, int]) -> bool:
+        if not self.block_manager.can_allocate(request, n):
+            return False
+        self.waiting.popleft()
+        self.block_manager.allocate(request, n)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        scheduled[request] = n
+        return True
+
+    def _reserve(self, request: Request, n: int, scheduled: dict[Request, int],
+                 preempted: list[Request]) -> bool:
+        """Blocks for `n` more tokens of a running request, preempting the newest unscheduled ones."""
+        while not self.block_manager.can_allocate(request, n):
+            victim = next(r for r in reversed(self.running) if r not in scheduled)
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        self.block_manager.append(request, n)
+        scheduled[request] = n
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_chunks = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _make_output(self, scheduled: dict[Request, int], preempted: list[Request],
+                     now: float) -> SchedulerOutput:
+        chunks = []
+        for request, n in scheduled.items():
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            start = request.num_computed_tokens
+            seed = request.sampling.seed
+            if seed is None:
+                seed = zlib.crc32(f"{self.seed}/{request.request_id}".encode())
+            chunks.append(ScheduledChunk(
+                request_id=request.request_id,
+                token_ids=request.all_token_ids[start:start + n],
+                start_pos=start,
+                block_table=list(self.block_manager.block_table(request.request_id)),
+                sample=start + n == request.num_tokens,
+                is_decode=request.is_decoding,
+                sampling=request.sampling,
+                sample_index=request.num_output_tokens,
+                sample_seed=seed,
+            ))
+        return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],
+                               num_running=len(self.running), num_waiting=len(self.waiting),
+                               num_used_blocks=self.block_manager.num_used_blocks)
+
+    def update(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
+        """Advance computed counts, append sampled tokens; return the requests that got a token."""
+        updated = []
+        for chunk in output.chunks:
+            request = self.requests[chunk.request_id]
+            if request.is_finished:  # aborted while the step ran
+                continue
+            request.num_computed_tokens += chunk.num_tokens
+            if not chunk.is_decode:
+                request.num_chunks += 1
+            if not chunk.sample:
+                continue
+            request.append_output(result.sampled[chunk.request_id], now)
+            if not request.is_finished and request.num_tokens >= self.config.max_model_len:
+                request.status = RequestStatus.FINISHED_LENGTH
+            if request.is_finished:
+                self.running.remove(request)
+                self._finish(request)
+            updated.append(request)
+        return updated
+
+    def _finish(self, request: Request) -> None:
+        self.block_manager.free(request)
+        del self.requests[request.request_id]

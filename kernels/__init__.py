@@ -1,0 +1,1 @@
+"""Paged-attention kernels (Triton, for CUDA) and their torch references (the CPU path and test oracle)."""

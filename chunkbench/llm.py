@@ -16,12 +16,20 @@ class LLM:
     def __init__(self, model: str = "tiny", **engine_kwargs) -> None:
         self.engine = LLMEngine(EngineConfig.create(model, **engine_kwargs))
 
-    def generate_requests(self, prompt_token_ids: list[list[int]], max_tokens: int = 16,
-                          temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                          ignore_eos: bool = False) -> list[Request]:
-        """Run the prompts to completion; return their finished requests (rejected ones carry `error`)."""
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                  ignore_eos=ignore_eos)
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLM":
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(config)
+        return llm
+
+    def generate_requests(self, prompt_token_ids: list[list[int]], sampling: SamplingParams | None = None,
+                          **sampling_kwargs) -> list[Request]:
+        """Run the prompts to completion; return their finished requests (rejected ones carry `error`).
+
+        Sampling is `sampling`, or SamplingParams(**sampling_kwargs): max_tokens, temperature, top_p,
+        seed, ignore_eos.
+        """
+        sampling = sampling or SamplingParams(**sampling_kwargs)
         requests = [self.engine.add_request(p, sampling) for p in prompt_token_ids]
         while self.engine.has_unfinished():
             self.engine.step()

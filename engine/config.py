@@ -163,7 +163,7 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_gib: float = 2.0
+    cpu_kv_cache_gib: float = 1.0
     enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:

@@ -74,9 +74,9 @@ class ModelExecutor:
         self.model = build_model(config.model, self.dtype, self.device, config.seed)
         self.num_blocks = kv_cache_blocks(config, self.device, self.dtype)
         shape = (self.num_blocks, self.block_size, config.model.num_kv_heads, config.model.head_dim)
-        for layer in self.model.model.layers:  # empty: no slot is read before it is written
-            layer.self_attn.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
-            layer.self_attn.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        for layer in self.model.model.layers:  # zeros: padded slots are read under a mask, and 0 * NaN = NaN
+            layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.keep_logits = False  # tests: keep each sampled row's logits in last_logits
         self.last_logits: dict[str, torch.Tensor] = {}
 

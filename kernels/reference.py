@@ -27,28 +27,45 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float) -> torch.Tensor:
     """Attention of a flattened mixed batch `q [num_tokens, num_heads, head_dim]` over the paged cache.
 
-    Gathers each request's pages, repeats KV heads for GQA and takes a masked softmax in fp32.
+    Gathers each request's pages and takes a masked softmax in fp32 (SDPA; GQA by broadcasting the KV heads).
+    Single-query requests (decodes) go through one padded, batched call; prefill chunks one by one.
     """
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = q.shape[1] // num_kv_heads
     cu = cu_seqlens_q.tolist()
     lens_k = seqused_k.tolist()
+    decodes = [i for i in range(len(lens_k)) if cu[i + 1] - cu[i] == 1]
+    if decodes:
+        rows = torch.tensor([cu[i] for i in decodes], device=q.device)
+        lens = seqused_k[decodes].long()
+        k, v = _gather(k_cache, v_cache, block_table[decodes], max(lens_k[i] for i in decodes))
+        mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[:, None]  # [decodes, keys]
+        o = F.scaled_dot_product_attention(q[rows].float().unsqueeze(2), k, v, attn_mask=mask[:, None, None, :],
+                                           scale=softmax_scale, enable_gqa=True)
+        out[rows] = o.squeeze(2).to(out.dtype)
     for i, seqlen_k in enumerate(lens_k):
         q_start, q_end = cu[i], cu[i + 1]
         q_len = q_end - q_start
-        if q_len == 0:
+        if q_len <= 1:
             continue
-        pages = block_table[i, : -(-seqlen_k // block_size)].long()
-        k = k_cache[pages].reshape(-1, num_kv_heads, k_cache.shape[3])[:seqlen_k]
-        v = v_cache[pages].reshape(-1, num_kv_heads, v_cache.shape[3])[:seqlen_k]
-        k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, seqlen_k, head_dim]
-        v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        k, v = _gather(k_cache, v_cache, block_table[i:i + 1], seqlen_k)
         key_pos = torch.arange(seqlen_k, device=q.device)
         for row in range(0, q_len, QUERY_BLOCK):
             rows = min(QUERY_BLOCK, q_len - row)
-            qi = q[q_start + row: q_start + row + rows].float().transpose(0, 1)  # [heads, rows, head_dim]
-            query_pos = seqlen_k - q_len + row + torch.arange(rows, device=q.device)
-            mask = key_pos[None, :] <= query_pos[:, None]
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=softmax_scale)
-            out[q_start + row: q_start + row + rows] = o.transpose(0, 1).to(out.dtype)
+            qi = q[q_start + row: q_start + row + rows].float().transpose(0, 1)[None]  # [1, heads, rows, dim]
+            if q_len == seqlen_k and rows == q_len:  # no cached context: plain causal, the fast kernel
+                o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=softmax_scale, enable_gqa=True)
+            else:  # bottom-right aligned: query j of the chunk sees keys <= seqlen_k - q_len + j
+                query_pos = seqlen_k - q_len + row + torch.arange(rows, device=q.device)
+                mask = key_pos[None, :] <= query_pos[:, None]
+                o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=softmax_scale, enable_gqa=True)
+            out[q_start + row: q_start + row + rows] = o[0].transpose(0, 1).to(out.dtype)
     return out
+
+
+def _gather(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+            seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pages of each row of `block_table` as fp32 `[rows, num_kv_heads, seqlen_k, head_dim]`."""
+    pages = block_table[:, : -(-seqlen_k // k_cache.shape[1])].long()
+    shape = (pages.shape[0], -1, *k_cache.shape[2:])
+    k = k_cache[pages].reshape(shape)[:, :seqlen_k].transpose(1, 2).float()
+    v = v_cache[pages].reshape(shape)[:, :seqlen_k].transpose(1, 2).float()
+    return k, v

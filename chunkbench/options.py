@@ -1,0 +1,42 @@
+"""Command-line options shared by several commands, as Typer `Annotated` aliases. Commands pass them to
+`EngineConfig.create`. Units are in every help text."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+Model = Annotated[str, typer.Option(
+    "--model", "-m", help="Model preset (tiny, small, llama-3.2-1b, llama-3-8b, llama-3-70b, mistral-7b, "
+    "qwen2.5-7b) or a local Hugging Face directory with config.json and *.safetensors.")]
+Policy = Annotated[str, typer.Option(help="Batching policy: static, continuous, orca or chunked.")]
+Budget = Annotated[Optional[int], typer.Option(
+    "--max-num-batched-tokens", "--budget",
+    help="Token budget per step (tokens). Default: 2048 for chunked, max(2048, max-model-len) otherwise.")]
+MaxNumSeqs = Annotated[int, typer.Option(help="Seat limit: most requests running at once (requests).")]
+MaxModelLen = Annotated[Optional[int], typer.Option(
+    help="Longest request, prompt plus output (tokens). Default: the model's, at most 8192.")]
+ChunkSize = Annotated[Optional[int], typer.Option(
+    help="chunked: most prompt tokens one request computes per step (tokens). Default: no cap.")]
+ChunkSchedule = Annotated[Optional[str], typer.Option(
+    help="chunked: progressive caps, the i-th chunk of a prompt <= the i-th entry, the last repeats "
+    "(tokens, comma-separated, e.g. 2048,1024,512).")]
+Tile = Annotated[Optional[int], typer.Option(
+    help="chunked: trim cut prompt chunks so a step's token count is a multiple of this (tokens).")]
+MaxPartialPrefills = Annotated[Optional[int], typer.Option(
+    help="chunked: most prompts mid-prefill at once (requests). Default: no cap.")]
+BlockSize = Annotated[int, typer.Option(help="KV cache block size (tokens).")]
+NumBlocks = Annotated[Optional[int], typer.Option(
+    help="KV cache size (blocks). Default: from memory (--gpu-memory-utilization on CUDA, 1 GiB on CPU).")]
+GpuMemoryUtilization = Annotated[float, typer.Option(
+    help="Fraction of GPU memory the engine may use, weights and KV cache (0-1].")]
+PrefixCaching = Annotated[bool, typer.Option(
+    "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes.")]
+Device = Annotated[str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N.")]
+Dtype = Annotated[str, typer.Option(
+    help="auto (bfloat16 on cuda, float32 on cpu), float32, float16, bfloat16 or float64.")]
+AttentionBackend = Annotated[str, typer.Option(
+    help="auto (triton on cuda, torch on cpu), triton (on CPU: the Triton interpreter, slow) or torch.")]
+Seed = Annotated[int, typer.Option(help="Seed for dummy weights, random prompts and sampling.")]
+

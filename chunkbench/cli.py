@@ -17,9 +17,11 @@ from chunkbench.engine.config import ConfigError, EngineConfig
 from chunkbench.engine.request import SamplingParams
 from chunkbench.llm import LLM
 from chunkbench.errors import UserError
-from chunkbench.options import (AttentionBackend, BlockSize, Budget, ChunkSchedule, ChunkSize, Device, Dtype,
-                                GpuMemoryUtilization, MaxModelLen, MaxNumSeqs, MaxPartialPrefills, Model,
-                                NumBlocks, Policy, PrefixCaching, Seed, Tile)
+from chunkbench.options import (Arrival, AttentionBackend, BlockSize, Budget, Burstiness, ChunkSchedule,
+                                ChunkSize, Device, Dtype, Duration, Goodput, GpuMemoryUtilization, JsonOut,
+                                MaxModelLen, MaxNumSeqs, MaxPartialPrefills, Model, NoProgress, NumBlocks,
+                                NumRequests, Out, OutputLen, Policy, PrefixCaching, PromptLen, Rate, Seed, Tile,
+                                TimeScale, Tokenizer, WarmupSteps, Workload)
 
 app = typer.Typer(
     name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -92,6 +94,166 @@ def generate(
         print(f"chunkbench: error: request {r.request_id} rejected: {r.error}", file=sys.stderr)
     if rejected:
         raise typer.Exit(2)
+
+
+def _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale, prompt_len, output_len,
+              tokenizer, seed, max_model_len):
+    from chunkbench.workload import WorkloadSpec, build_workload
+
+    spec = WorkloadSpec(name=workload, num_requests=num_requests, duration=duration, rate=rate, arrival=arrival,
+                        burstiness=burstiness, time_scale=time_scale, prompt_len=prompt_len,
+                        output_len=output_len, tokenizer=tokenizer, seed=seed)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        requests = build_workload(spec, max_model_len)
+    for w in caught:
+        console.print(f"[yellow]warning:[/] {w.message}")
+    if not requests:
+        raise UserError(f"--workload {workload}: no requests (check --num-requests and --duration)")
+    return spec, requests
+
+
+def _default_out(kind: str) -> Path:
+    import datetime
+
+    return Path("results/runs") / f"{kind}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+
+
+@app.command()
+def run(
+    model: Model = "small",
+    policy: Policy = "chunked",
+    workload: Workload = "chat",
+    num_requests: NumRequests = 100,
+    duration: Duration = None,
+    rate: Rate = 1.0,
+    arrival: Arrival = None,
+    burstiness: Burstiness = 1.0,
+    time_scale: TimeScale = 1.0,
+    prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
+    output_len: OutputLen = "lognormal:128:0.6:4:1024",
+    tokenizer: Tokenizer = None,
+    goodput: Goodput = None,
+    max_num_batched_tokens: Budget = None,
+    max_num_seqs: MaxNumSeqs = 256,
+    max_model_len: MaxModelLen = None,
+    chunk_size: ChunkSize = None,
+    chunk_schedule: ChunkSchedule = None,
+    tile: Tile = None,
+    max_partial_prefills: MaxPartialPrefills = None,
+    block_size: BlockSize = 16,
+    num_blocks: NumBlocks = None,
+    gpu_memory_utilization: GpuMemoryUtilization = 0.9,
+    enable_prefix_caching: PrefixCaching = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    attention_backend: AttentionBackend = "auto",
+    seed: Seed = 0,
+    warmup_steps: WarmupSteps = 3,
+    out: Out = None,
+    json_out: JsonOut = None,
+    no_progress: NoProgress = False,
+) -> None:
+    """Serve one workload with one engine config; print the metrics and write summary.json,
+    requests.parquet and steps.parquet."""
+    from chunkbench.bench import run_benchmark, save_run
+    from chunkbench.metrics import parse_goodput
+    from chunkbench.report import comparison_table
+
+    slos = parse_goodput(goodput)
+    config = EngineConfig.create(
+        model, policy=policy, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, chunk_size=chunk_size, chunk_schedule=chunk_schedule, tile=tile,
+        max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
+        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+        device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
+    spec, requests = _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale,
+                               prompt_len, output_len, tokenizer, seed, config.scheduler.max_model_len)
+    result = run_benchmark(config, requests, label=policy, goodput_ms=slos, seed=seed,
+                           warmup_steps=warmup_steps, progress=not no_progress)
+    out = out or _default_out("run")
+    save_run(result, out, spec)
+    console.print(comparison_table([result], title=f"{model}, {workload}, {len(requests)} requests"))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text((out / "summary.json").read_text())
+    console.print(f"wrote {out}/summary.json, requests.parquet, steps.parquet")
+    if result.result.interrupted:
+        raise typer.Exit(130)
+
+
+@app.command()
+def compare(
+    policies: Annotated[list[str], typer.Argument(
+        help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
+        "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios.")],
+    model: Model = "small",
+    workload: Workload = "rag-mix",
+    num_requests: NumRequests = 100,
+    duration: Duration = None,
+    rate: Rate = 1.0,
+    arrival: Arrival = None,
+    burstiness: Burstiness = 1.0,
+    time_scale: TimeScale = 1.0,
+    prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
+    output_len: OutputLen = "lognormal:128:0.6:4:1024",
+    tokenizer: Tokenizer = None,
+    goodput: Goodput = None,
+    max_num_batched_tokens: Budget = None,
+    max_num_seqs: MaxNumSeqs = 256,
+    max_model_len: MaxModelLen = None,
+    chunk_size: ChunkSize = None,
+    chunk_schedule: ChunkSchedule = None,
+    tile: Tile = None,
+    max_partial_prefills: MaxPartialPrefills = None,
+    block_size: BlockSize = 16,
+    num_blocks: NumBlocks = None,
+    gpu_memory_utilization: GpuMemoryUtilization = 0.9,
+    enable_prefix_caching: PrefixCaching = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    attention_backend: AttentionBackend = "auto",
+    seed: Seed = 0,
+    warmup_steps: WarmupSteps = 3,
+    out: Out = None,
+    json_out: JsonOut = None,
+    no_progress: NoProgress = False,
+) -> None:
+    """Run the same requests through several policies; print one table (a column per policy, ratios against
+    the first) and write comparison.json, plots and report.html. Policies that never split a prompt get a
+    budget of at least max-model-len."""
+    from chunkbench.bench import compare as compare_policies
+    from chunkbench.bench import save_run
+    from chunkbench.metrics import parse_goodput
+    from chunkbench.report import comparison_table, markdown_table, plot_comparison, write_html
+
+    slos = parse_goodput(goodput)
+    base = dict(model=model, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len, chunk_size=chunk_size, chunk_schedule=chunk_schedule, tile=tile,
+                max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
+                gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+                device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
+    model_len = EngineConfig.create(**base).scheduler.max_model_len
+    spec, requests = _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale,
+                               prompt_len, output_len, tokenizer, seed, model_len)
+    runs = compare_policies(base, policies, requests, goodput_ms=slos, seed=seed, warmup_steps=warmup_steps,
+                            progress=not no_progress)
+    out = out or _default_out("compare")
+    for r in runs:
+        save_run(r, out / r.label.replace("/", "_").replace(":", "_").replace(",", "_").replace("=", "-"), spec)
+    title = f"{model}, {workload}, {len(requests)} requests"
+    console.print(comparison_table(runs, title=title))
+    summaries = {"runs": {r.label: r.summary for r in runs}}
+    (out / "comparison.json").write_text(json.dumps(summaries, indent=2))
+    (out / "comparison.md").write_text(markdown_table(runs) + "\n")
+    images = plot_comparison(runs, out)
+    write_html(runs, images, out / "report.html", title, "chunkbench compare " + " ".join(sys.argv[2:]))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summaries, indent=2))
+    console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
+                  "timeline.png and one folder per policy")
 
 
 @app.callback()

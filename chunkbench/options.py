@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from chunkbench.workload import LENGTH_HELP
 
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Model preset (tiny, small, llama-3.2-1b, llama-3-8b, llama-3-70b, mistral-7b, "
@@ -40,3 +43,29 @@ AttentionBackend = Annotated[str, typer.Option(
     help="auto (triton on cuda, torch on cpu), triton (on CPU: the Triton interpreter, slow) or torch.")]
 Seed = Annotated[int, typer.Option(help="Seed for dummy weights, random prompts and sampling.")]
 
+
+# ---- workload and output options ----
+Workload = Annotated[str, typer.Option(
+    help="Named workload (chat, long-doc, rag-mix, azure-conv, azure-code, arxiv-summarization), 'synthetic' "
+    "(see --prompt-len/--output-len), or a file: .csv/.jsonl with prompt_len,output_len[,arrival_time] token "
+    "counts, .json in ShareGPT format.")]
+NumRequests = Annotated[Optional[int], typer.Option(help="Requests to send (requests); traces: the first N.")]
+Duration = Annotated[Optional[float], typer.Option(help="Keep only requests arriving in the first this many "
+                                                   "seconds (s).")]
+Rate = Annotated[float, typer.Option(help="Mean arrival rate (requests/s); traces with timestamps ignore it.")]
+Arrival = Annotated[Optional[str], typer.Option(
+    help="Arrival process: poisson, gamma (see --burstiness), constant, all-at-once, or trace (the file's "
+    "timestamps). Default: trace timestamps when the workload has them, else poisson.")]
+Burstiness = Annotated[float, typer.Option(help="gamma arrivals: shape factor; < 1 burstier, 1 = Poisson "
+                                           "(as vLLM's --burstiness).")]
+TimeScale = Annotated[float, typer.Option(help="Multiply trace timestamps by this (< 1 replays faster).")]
+PromptLen = Annotated[str, typer.Option(help="synthetic prompts: " + LENGTH_HELP)]
+OutputLen = Annotated[str, typer.Option(help="synthetic outputs: same forms as --prompt-len (tokens).")]
+Tokenizer = Annotated[Optional[str], typer.Option(
+    help="Local Hugging Face tokenizer directory to count ShareGPT tokens; default: 4 characters per token.")]
+Goodput = Annotated[Optional[str], typer.Option(
+    help="SLOs for goodput, in ms, space-separated: 'ttft:300 tpot:50 e2el:2000' (as vLLM's --goodput).")]
+WarmupSteps = Annotated[int, typer.Option(help="Unmeasured engine steps before the run (steps).")]
+Out = Annotated[Optional[Path], typer.Option(help="Directory for the outputs (created).")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Also write the summary JSON to this file.")]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bar.")]

@@ -1,0 +1,124 @@
+"""The benchmark loop: feed a workload into an LLMEngine at its arrival times, step it, record everything.
+
+On the real clock requests are added when their arrival time has passed and the engine idles (sleeps)
+until the next arrival when it has nothing to do. On a virtual clock (the simulator) idle time is skipped.
+Either way a request's arrival time is its scheduled arrival, so TTFT counts time it waited behind a
+running step. Ctrl-C stops the run and keeps what finished.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from chunkbench.engine.engine import LLMEngine, VirtualClock
+from chunkbench.engine.request import Request, SamplingParams
+from chunkbench.metrics import RequestRecord, StepRecord
+from chunkbench.workload import WorkloadRequest
+
+
+@dataclass
+class RunResult:
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    duration: float  # first arrival to the last token (s)
+    num_kv_blocks: int
+    interrupted: bool = False
+    wall_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def prompt_ids(request_index: int, length: int, vocab_size: int, seed: int) -> list[int]:
+    """Deterministic random prompt tokens for a workload request (content does not change timing)."""
+    rng = np.random.default_rng([seed, request_index])
+    return rng.integers(0, vocab_size, length).tolist()
+
+
+def warm_up(engine: LLMEngine, steps: int = 3) -> None:
+    """Run a few unmeasured steps (a budget-sized prefill, then decodes): kernels, allocator, caches."""
+    if steps <= 0:
+        return
+    budget = engine.config.scheduler.max_num_batched_tokens
+    length = max(1, min(budget, engine.config.scheduler.max_model_len - steps, 512))
+    request = engine.add_request([1] * length, SamplingParams(max_tokens=steps, ignore_eos=True),
+                                 request_id="warmup")
+    while not request.is_finished:
+        engine.step()
+
+
+def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: int = 0, warmup_steps: int = 3,
+                 progress: bool = True, description: str = "run") -> RunResult:
+    """Serve `workload` on `engine` and record per-request token times and per-step composition."""
+    virtual = isinstance(engine.clock, VirtualClock)
+    if not virtual:
+        warm_up(engine, warmup_steps)
+    vocab = engine.config.model.vocab_size
+    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)
+    requests: list[Request | None] = [None] * len(workload)
+    steps: list[StepRecord] = []
+    start = engine.clock.now()
+    next_index = 0
+    interrupted = False
+    wall_start = time.perf_counter()
+    bar = Progress(TextColumn(f"[bold]{description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), disable=not progress, transient=True)
+    with bar:
+        task = bar.add_task(description, total=len(workload), rate="")
+        finished = 0
+        output_tokens = 0
+        try:
+            while next_index < len(order) or engine.has_unfinished():
+                now = engine.clock.now() - start
+                while next_index < len(order) and workload[order[next_index]].arrival_time <= now:
+                    i = order[next_index]
+                    w = workload[i]
+                    requests[i] = engine.add_request(
+                        prompt_ids(i, w.prompt_len, vocab, seed),
+                        SamplingParams(max_tokens=w.output_len, ignore_eos=True),
+                        request_id=str(i), arrival_time=start + w.arrival_time)
+                    next_index += 1
+                if not engine.has_unfinished():
+                    gap = workload[order[next_index]].arrival_time - now
+                    if virtual:
+                        engine.clock.advance(gap)
+                    else:
+                        time.sleep(gap)
+                    continue
+                step_start = engine.clock.now()
+                updated = engine.step()
+                if engine.last_step is not None:
+                    output, result = engine.last_step
+                    steps.append(StepRecord(
+                        start=step_start - start, seconds=result.seconds,
+                        prefill_tokens=output.num_prefill_tokens, decode_tokens=output.num_decode_tokens,
+                        num_running=output.num_running, num_waiting=output.num_waiting,
+                        kv_blocks_used=output.num_used_blocks, num_preempted=len(output.preempted)))
+                    output_tokens += len(result.sampled)
+                newly_done = sum(r.is_finished for r in updated)
+                if newly_done:
+                    finished += newly_done
+                    elapsed = engine.clock.now() - start
+                    bar.update(task, completed=finished,
+                               rate=f"{output_tokens / max(elapsed, 1e-9):,.0f} out tok/s")
+        except KeyboardInterrupt:
+            interrupted = True
+    records = [_record(r, w, start) for r, w in zip(requests, workload)
+               if r is not None and (r.is_finished or not interrupted)]  # interrupted: keep what finished
+    ends = [rec.token_times[-1] for rec in records if rec.ok]
+    first = min((rec.arrival_time for rec in records), default=0.0)
+    return RunResult(requests=records, steps=steps, duration=max(ends, default=first) - first,
+                     num_kv_blocks=engine.block_manager.num_blocks, interrupted=interrupted,
+                     wall_seconds=time.perf_counter() - wall_start)
+
+
+def _record(request: Request, w: WorkloadRequest, start: float) -> RequestRecord:
+    """Times relative to the run start."""
+    return RequestRecord(
+        prompt_len=w.prompt_len, output_len=w.output_len, arrival_time=request.arrival_time - start,
+        token_times=[t - start for t in request.token_times],
+        first_scheduled_time=None if request.first_scheduled_time is None else request.first_scheduled_time - start,
+        num_preemptions=request.num_preemptions, num_cached_tokens=request.num_cached_tokens,
+        error=request.error or {"abort": "aborted", None: "unfinished"}.get(request.finish_reason))

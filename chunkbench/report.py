@@ -1,0 +1,138 @@
+"""Tables (rich, for the terminal), plots (matplotlib PNG) and a self-contained report.html."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from chunkbench.bench import BenchRun
+
+# (summary key, label, lower is better?) rows of the tables.
+HEADLINE = [
+    ("completed", "completed requests", None),
+    ("request_throughput", "request throughput (req/s)", False),
+    ("request_goodput", "request goodput (req/s)", False),
+    ("output_throughput", "output throughput (tok/s)", False),
+    ("median_ttft_ms", "median TTFT (ms)", True),
+    ("p99_ttft_ms", "p99 TTFT (ms)", True),
+    ("median_tpot_ms", "median TPOT (ms)", True),
+    ("median_itl_ms", "median ITL (ms)", True),
+    ("p99_itl_ms", "p99 ITL (ms)", True),
+    ("p99_e2el_ms", "p99 E2EL (ms)", True),
+    ("p99_scheduling_delay_ms", "p99 scheduling delay (ms)", True),
+    ("num_stalls", "generation stalls", True),
+    ("longest_stall_ms", "longest stall (ms)", True),
+    ("num_preemptions", "preemptions", True),
+    ("peak_kv_usage_pct", "peak KV usage (%)", None),
+    ("sla_attainment_pct", "SLA attainment (%)", False),
+]
+
+
+def _fmt(value) -> str:
+    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer() and value > 100):
+        return f"{int(value):,}"
+    return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def comparison_rows(runs: list[BenchRun]) -> list[list[str]]:
+    """Rows of metric, one value per run, and each later run's ratio against the first."""
+    rows = []
+    for key, label, _ in HEADLINE:
+        if not all(key in r.summary for r in runs):
+            continue
+        values = [r.summary[key] for r in runs]
+        row = [label] + [_fmt(v) for v in values]
+        for v in values[1:]:
+            row.append(f"{v / values[0]:.2f}x" if values[0] else "-")
+        rows.append(row)
+    return rows
+
+
+def comparison_table(runs: list[BenchRun], title: str = "") -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    for r in runs:
+        table.add_column(r.label, justify="right")
+    for r in runs[1:]:
+        table.add_column(f"{r.label} / {runs[0].label}", justify="right", style="dim")
+    for row in comparison_rows(runs):
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(runs: list[BenchRun]) -> str:
+    header = ["metric"] + [r.label for r in runs] + [f"{r.label} / {runs[0].label}" for r in runs[1:]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in comparison_rows(runs)]
+    return "\n".join(lines)
+
+
+def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
+    """TTFT CDF, ITL CDF and a per-step timeline (tokens per step, prefill/decode stacked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, values_of in [("ttft", lambda r: [q.ttft for q in r.result.requests if q.ok]),
+                            ("itl", lambda r: [g for q in r.result.requests if q.ok for g in q.itls])]:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in runs:
+            values = np.sort(np.asarray(values_of(r)) * 1000.0)
+            if values.size:
+                ax.plot(values, np.arange(1, values.size + 1) / values.size, label=r.label)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name.upper()} (ms, log scale)")
+        ax.set_ylabel("fraction of " + ("requests" if name == "ttft" else "token gaps"))
+        ax.set_title(f"{name.upper()} CDF")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out_dir / f"{name}_cdf.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.2 * len(runs)), sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        starts = np.array([s.start for s in r.result.steps])
+        widths = np.array([s.seconds for s in r.result.steps])
+        prefill = np.array([s.prefill_tokens for s in r.result.steps])
+        decode = np.array([s.decode_tokens for s in r.result.steps])
+        ax.bar(starts, decode, width=widths, align="edge", color="tab:blue", label="decode tokens")
+        ax.bar(starts, prefill, width=widths, bottom=decode, align="edge", color="tab:orange",
+               label="prefill tokens")
+        ax.set_ylabel("tokens/step")
+        ax.set_title(r.label, fontsize=9)
+    axes[0, 0].legend(fontsize=8)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.tight_layout()
+    paths.append(out_dir / "timeline.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write_html(runs: list[BenchRun], images: list[Path], path: Path, title: str, command: str) -> None:
+    """One file with the table, the plots (embedded) and each run's config."""
+    header = "".join(f"<th>{html.escape(c)}</th>" for c in
+                     ["metric"] + [r.label for r in runs] + [f"{r.label} / {runs[0].label}" for r in runs[1:]])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in comparison_rows(runs))
+    pictures = "".join(
+        f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+        for p in images)
+    configs = "".join(f"<h3>{html.escape(r.label)}</h3><pre>{html.escape(json.dumps(r.summary, indent=1))}</pre>"
+                      for r in runs)
+    path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}
+img{{max-width:100%;margin:1em 0}}pre{{font-size:11px;background:#f6f6f6;padding:8px}}</style></head><body>
+<h1>{html.escape(title)}</h1><p><code>{html.escape(command)}</code></p>
+<table><tr>{header}</tr>{body}</table>{pictures}<details><summary>full summaries</summary>{configs}</details>
+</body></html>""")

@@ -1,0 +1,274 @@
+"""Workloads: seeded, reproducible lists of requests (prompt length, output length, arrival time).
+
+Synthetic ones draw lengths and arrivals from distributions; named ones are presets of those or real traces
+shipped in chunkbench/data; user files are CSV/JSONL with token counts, or ShareGPT JSON.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from chunkbench.errors import UserError
+
+CHARS_PER_TOKEN = 4.0  # the usual English estimate for BPE tokenizers when no tokenizer is given
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    prompt_len: int
+    output_len: int
+    arrival_time: float  # seconds from the start of the run
+
+
+# ---------- distributions ----------
+
+def _parse_numbers(spec: str, flag: str) -> tuple[str, list[float]]:
+    kind, *params = spec.split(":")
+    try:
+        return kind, [float(p) for p in params]
+    except ValueError:
+        raise UserError(f"{flag}: '{spec}' has a non-numeric parameter") from None
+
+
+LENGTH_KINDS = {  # kind -> (required parameter names, help)
+    "fixed": (["N"], "every request N tokens"),
+    "uniform": (["LO", "HI"], "uniform integers in [LO, HI]"),
+    "normal": (["MEAN", "STD"], "normal, rounded"),
+    "lognormal": (["MEDIAN", "SIGMA"], "log-normal with this median and log-space sigma"),
+    "zipf": (["A", "MAX"], "Zipf with exponent A > 1, clamped to MAX"),
+}
+LENGTH_HELP = ("Length distribution: " + "; ".join(f"{k}:{':'.join(p)} ({h})" for k, (p, h) in LENGTH_KINDS.items())
+               + ". normal, lognormal and zipf take an optional :MIN:MAX clamp. Tokens.")
+
+
+def sample_lengths(spec: str, n: int, rng: np.random.Generator, flag: str = "--prompt-len") -> np.ndarray:
+    kind, params = _parse_numbers(spec, flag)
+    if kind not in LENGTH_KINDS:
+        raise UserError(f"{flag}: unknown distribution '{kind}'; use one of {', '.join(LENGTH_KINDS)}")
+    need = len(LENGTH_KINDS[kind][0])
+    if len(params) not in (need, need + 2) or (kind in ("fixed", "uniform") and len(params) != need):
+        raise UserError(f"{flag}: '{spec}' needs {kind}:{':'.join(LENGTH_KINDS[kind][0])}")
+    lo, hi = (params[need], params[need + 1]) if len(params) == need + 2 else (1, np.inf)
+    if kind == "fixed":
+        values = np.full(n, params[0])
+    elif kind == "uniform":
+        if params[0] > params[1]:
+            raise UserError(f"{flag}: uniform:LO:HI needs LO <= HI, got '{spec}'")
+        values = rng.integers(int(params[0]), int(params[1]) + 1, n)
+    elif kind == "normal":
+        values = rng.normal(params[0], params[1], n)
+    elif kind == "lognormal":
+        values = rng.lognormal(np.log(max(params[0], 1e-9)), params[1], n)
+    else:
+        if params[0] <= 1:
+            raise UserError(f"{flag}: zipf needs an exponent A > 1, got '{spec}'")
+        values, hi = rng.zipf(params[0], n), min(hi, params[1])
+    values = np.clip(np.rint(values), max(lo, 1), hi).astype(np.int64)
+    if values.min(initial=1) < 1:
+        raise UserError(f"{flag}: '{spec}' gives lengths below 1")
+    return values
+
+
+ARRIVALS = ("poisson", "gamma", "constant", "all-at-once")
+
+
+def sample_arrivals(kind: str, n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (s). gamma follows vLLM: shape = burstiness, mean gap = 1/rate; burstiness 1 = poisson."""
+    if kind == "all-at-once":
+        return np.zeros(n)
+    if rate <= 0:
+        raise UserError(f"--rate must be > 0 requests/s, got {rate}")
+    if kind == "constant":
+        gaps = np.full(n, 1.0 / rate)
+    elif kind == "poisson":
+        gaps = rng.exponential(1.0 / rate, n)
+    elif kind == "gamma":
+        if burstiness <= 0:
+            raise UserError(f"--burstiness must be > 0, got {burstiness}")
+        gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), n)
+    else:
+        raise UserError(f"--arrival must be one of {', '.join(ARRIVALS)} or trace, got '{kind}'")
+    gaps[0] = 0.0  # the first request opens the run
+    return np.cumsum(gaps)
+
+
+# ---------- named workloads ----------
+
+NAMED = {
+    "chat": "short chat prompts (lognormal, median 256 tokens) and answers (median 128)",
+    "long-doc": "long documents, 8k-32k-token prompts, 256-token answers",
+    "rag-mix": "9 chats in 10 (median 200 tokens) with a 2k-6k-token document prompt among them",
+    "azure-conv": "Azure LLM conversation trace (Splitwise, 2023), real arrivals",
+    "azure-code": "Azure LLM coding trace (Splitwise, 2023), real arrivals",
+    "arxiv-summarization": "arXiv summarization token counts (long prompts), Poisson arrivals at --rate",
+}
+TRACE_FILES = {"azure-conv": "splitwise_conv.csv", "azure-code": "splitwise_code.csv",
+               "arxiv-summarization": "arxiv_summarization.csv"}
+
+
+def _named_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if name == "chat":
+        return sample_lengths("lognormal:256:0.8:4:4096", n, rng), sample_lengths("lognormal:128:0.6:4:1024", n, rng)
+    if name == "long-doc":
+        return sample_lengths("uniform:8192:32768", n, rng), sample_lengths("fixed:256", n, rng)
+    # rag-mix: every 10th request (from a seeded offset) is a long document.
+    prompts = sample_lengths("lognormal:200:0.6:16:1024", n, rng)
+    outputs = sample_lengths("lognormal:128:0.5:16:512", n, rng)
+    docs = np.arange(n) % 10 == rng.integers(10)
+    prompts[docs] = rng.integers(2048, 6145, docs.sum())
+    return prompts, outputs
+
+
+def read_trace(name: str) -> pd.DataFrame:
+    with resources.files("chunkbench.data").joinpath(TRACE_FILES[name]).open() as f:
+        return pd.read_csv(f)
+
+
+# ---------- user files ----------
+
+COLUMN_ALIASES = {"prompt_len": ("prompt_len", "input_len", "prompt_tokens", "num_prefill_tokens"),
+                  "output_len": ("output_len", "output_tokens", "num_decode_tokens", "max_tokens"),
+                  "arrival_time": ("arrival_time", "arrived_at", "timestamp")}
+
+
+def _read_token_file(path: Path) -> pd.DataFrame:
+    try:
+        if path.suffix in (".jsonl", ".ndjson"):
+            frame = pd.read_json(path, lines=True)
+        else:
+            frame = pd.read_csv(path)
+    except (ValueError, OSError, pd.errors.ParserError) as exc:
+        raise UserError(f"--workload: cannot read {path}: {str(exc).splitlines()[0]}") from None
+    columns = {}
+    for name, aliases in COLUMN_ALIASES.items():
+        found = next((a for a in aliases if a in frame.columns), None)
+        if found is None and name != "arrival_time":
+            raise UserError(f"--workload: {path} has no {name} column (accepted names: {', '.join(aliases)})")
+        if found is not None:
+            columns[name] = pd.to_numeric(frame[found], errors="coerce")
+    result = pd.DataFrame(columns)
+    if result.isna().any().any() or (result[["prompt_len", "output_len"]] < 1).any().any():
+        raise UserError(f"--workload: {path} has missing, non-numeric or non-positive token counts")
+    return result
+
+
+def _read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
+    """First human turn as the prompt, the first answer after it as the output."""
+    import datasets
+
+    try:
+        rows = datasets.load_dataset("json", data_files=str(path), split="train")
+    except Exception as exc:  # datasets raises many types for a bad file
+        raise UserError(f"--workload: cannot read {path} as ShareGPT JSON: {str(exc).splitlines()[0]}") from None
+    if "conversations" not in rows.column_names:
+        raise UserError(f"--workload: {path} has no 'conversations' field (ShareGPT format)")
+    count = _token_counter(tokenizer_dir)
+    prompts, outputs = [], []
+    for conversation in rows["conversations"]:
+        turns = [t.get("value", "") for t in conversation or []]
+        if len(turns) >= 2 and turns[0] and turns[1]:
+            prompts.append(count(turns[0]))
+            outputs.append(count(turns[1]))
+    if not prompts:
+        raise UserError(f"--workload: {path} has no conversation with a prompt and an answer")
+    return pd.DataFrame({"prompt_len": prompts, "output_len": outputs})
+
+
+def _token_counter(tokenizer_dir: str | None):
+    if tokenizer_dir is None:
+        return lambda text: max(1, round(len(text) / CHARS_PER_TOKEN))
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--tokenizer: cannot load a tokenizer from {tokenizer_dir}: {exc}") from None
+    return lambda text: max(1, len(tokenizer(text)["input_ids"]))
+
+
+# ---------- the one entry point ----------
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything that defines a workload; the same spec and seed give the same requests."""
+
+    name: str = "chat"  # a named workload, "synthetic", or a file path
+    num_requests: int | None = 100
+    duration: float | None = None  # seconds of arrivals to keep
+    rate: float = 1.0  # requests/s
+    arrival: str | None = None  # None: the trace's timestamps when it has them, else poisson
+    burstiness: float = 1.0
+    time_scale: float = 1.0  # trace timestamps are multiplied by this
+    prompt_len: str = "lognormal:256:0.8:4:4096"  # synthetic only
+    output_len: str = "lognormal:128:0.6:4:1024"  # synthetic only
+    tokenizer: str | None = None
+    seed: int = 0
+
+
+def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list[WorkloadRequest]:
+    rng = np.random.default_rng(spec.seed)
+    if spec.num_requests is not None and spec.num_requests < 1:
+        raise UserError(f"--num-requests must be >= 1, got {spec.num_requests}")
+    if spec.duration is not None and spec.duration <= 0:
+        raise UserError(f"--duration must be > 0 seconds, got {spec.duration}")
+    if spec.time_scale <= 0:
+        raise UserError(f"--time-scale must be > 0, got {spec.time_scale}")
+    if spec.arrival not in (None, "trace", "all-at-once") and spec.rate <= 0:
+        raise UserError(f"--rate must be > 0 requests/s, got {spec.rate}")
+    n = spec.num_requests or 1000
+    arrivals = None
+    if spec.name in TRACE_FILES or Path(spec.name).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
+        if spec.name in TRACE_FILES:
+            frame = read_trace(spec.name).rename(columns={"num_prefill_tokens": "prompt_len",
+                                                          "num_decode_tokens": "output_len",
+                                                          "arrived_at": "arrival_time"})
+        else:
+            path = Path(spec.name)
+            if not path.is_file():
+                raise UserError(f"--workload: no such file: {path}")
+            frame = _read_sharegpt(path, spec.tokenizer) if path.suffix == ".json" else _read_token_file(path)
+        frame = frame.head(spec.num_requests) if spec.num_requests else frame
+        prompts, outputs = frame["prompt_len"].to_numpy(np.int64), frame["output_len"].to_numpy(np.int64)
+        if "arrival_time" in frame and spec.arrival in (None, "trace"):
+            arrivals = (frame["arrival_time"].to_numpy(float) - frame["arrival_time"].iloc[0]) * spec.time_scale
+        n = len(prompts)
+    elif spec.name in NAMED:
+        prompts, outputs = _named_lengths(spec.name, n, rng)
+    elif spec.name == "synthetic":
+        prompts = sample_lengths(spec.prompt_len, n, rng, "--prompt-len")
+        outputs = sample_lengths(spec.output_len, n, rng, "--output-len")
+    else:
+        raise UserError(f"--workload: unknown workload '{spec.name}'; use one of "
+                        f"{', '.join([*NAMED, 'synthetic'])} or a .csv/.jsonl/.json file")
+    if arrivals is None:
+        if spec.arrival == "trace":
+            raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")
+        arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng)
+    requests = [WorkloadRequest(int(p), int(o), float(a)) for p, o, a in zip(prompts, outputs, arrivals)]
+    if spec.duration is not None:
+        requests = [r for r in requests if r.arrival_time <= spec.duration]
+    if max_model_len is not None:
+        requests = clip_to_model(requests, max_model_len)
+    return requests
+
+
+def clip_to_model(requests: list[WorkloadRequest], max_model_len: int) -> list[WorkloadRequest]:
+    """Shorten requests longer than max_model_len (prompt first kept, then output), warning how many."""
+    clipped = []
+    for r in requests:
+        if r.prompt_len + r.output_len > max_model_len:
+            prompt = min(r.prompt_len, max_model_len - 1)
+            r = WorkloadRequest(prompt, min(r.output_len, max_model_len - prompt), r.arrival_time)
+        clipped.append(r)
+    count = sum(a != b for a, b in zip(requests, clipped))
+    if count:
+        warnings.warn(f"{count} of {len(requests)} requests were clipped to max_model_len ({max_model_len})",
+                      stacklevel=2)
+    return clipped
+

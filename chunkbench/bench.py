@@ -24,15 +24,65 @@ class BenchRun:
     config: EngineConfig
     summary: dict
     result: RunResult
+    backend: str = "engine"
+
+
+DEFAULT_SIM_GPU = "h100-sxm"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where steps run: the real engine on this machine, or the simulator with a cost model."""
+
+    kind: str = "engine"  # "engine" or "sim"
+    gpu: str | None = None  # roofline cost model on this GPU
+    cost_model: str | None = None  # a fitted profile (JSON) instead
+
+    def __str__(self) -> str:
+        if self.kind == "engine":
+            return "engine"
+        return f"simulated, {'profile ' + self.cost_model if self.cost_model else 'roofline on ' + self.gpu}"
+
+
+def choose_backend(kind: str, model: str, gpu: str | None = None, cost_model: str | None = None) -> tuple[Backend, str | None]:
+    """`auto`: the real engine, unless there is no CUDA device and the model is larger than `small`, then
+    the simulator on a stated GPU. Returns the backend and a note to show the user, if any."""
+    from chunkbench.cost_model import gpu_spec
+    from chunkbench.engine.config import MODEL_PRESETS, ModelConfig
+
+    if kind not in ("auto", "engine", "sim"):
+        raise UserError(f"--backend must be auto, engine or sim, got '{kind}'")
+    if gpu is not None:
+        gpu_spec(gpu)  # validate early
+    if kind == "engine" or (kind == "auto" and not gpu and not cost_model):
+        if kind == "auto" and ModelConfig.from_name(model).num_params > MODEL_PRESETS["small"].num_params \
+                and not _has_cuda():
+            chosen = gpu or DEFAULT_SIM_GPU
+            return Backend("sim", chosen), (f"no CUDA device here and {model} is larger than 'small': the figures "
+                                            f"below are SIMULATED on {chosen} (roofline); pass --gpu to choose")
+        return Backend("engine"), None
+    if cost_model:
+        return Backend("sim", cost_model=cost_model), f"the figures below are SIMULATED with profile {cost_model}"
+    chosen = gpu or DEFAULT_SIM_GPU
+    return Backend("sim", chosen), f"the figures below are SIMULATED on {chosen} (roofline)"
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class ExecutorPool:
     """Policies that share a model share one executor (weights and KV cache): building `small` takes seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Backend | None = None) -> None:
+        self.backend = backend or Backend()
         self._executors: dict = {}
 
     def engine(self, config: EngineConfig) -> LLMEngine:
+        if self.backend.kind == "sim":
+            return sim_engine(config, self.backend)
         key = (config.model, config.cache, config.device, config.dtype, config.attention_backend, config.seed,
                config.scheduler.max_num_seqs, config.scheduler.max_model_len)
         engine = LLMEngine(config, executor=self._executors.get(key))
@@ -40,14 +90,32 @@ class ExecutorPool:
         return engine
 
 
+def sim_engine(config: EngineConfig, backend: Backend) -> LLMEngine:
+    """The real scheduler over a SimExecutor on a virtual clock. The KV cache is --num-blocks, else the
+    profiled engine's, else what fits beside the weights on the GPU."""
+    from chunkbench.cost_model import FittedCostModel, RooflineCostModel, gpu_spec
+    from chunkbench.engine.engine import VirtualClock
+    from chunkbench.engine.sim_executor import SimExecutor
+
+    if backend.cost_model:
+        cost = FittedCostModel.load(backend.cost_model)
+        num_blocks = config.cache.num_blocks or cost.num_blocks
+    else:
+        cost = RooflineCostModel(config.model, gpu_spec(backend.gpu or DEFAULT_SIM_GPU))
+        num_blocks = config.cache.num_blocks or cost.kv_blocks(config.cache.block_size,
+                                                               config.cache.gpu_memory_utilization)
+    return LLMEngine(config, executor=SimExecutor(cost, num_blocks), clock=VirtualClock())
+
+
 def run_benchmark(config: EngineConfig, workload: list[WorkloadRequest], *, label: str = "run",
                   goodput_ms: dict[str, float] | None = None, seed: int = 0, warmup_steps: int = 3,
-                  progress: bool = True, pool: ExecutorPool | None = None) -> BenchRun:
-    engine = (pool or ExecutorPool()).engine(config)
+                  progress: bool = True, pool: ExecutorPool | None = None,
+                  backend: Backend | None = None) -> BenchRun:
+    engine = (pool or ExecutorPool(backend)).engine(config)
     result = run_workload(engine, workload, seed=seed, warmup_steps=warmup_steps, progress=progress,
                           description=label)
     summary = summarize(result.requests, result.steps, result.duration, goodput_ms, result.num_kv_blocks)
-    return BenchRun(label, config, summary, result)
+    return BenchRun(label, config, summary, result, str((pool.backend if pool else backend) or Backend()))
 
 
 POLICY_KEYS = {  # short and long names accepted in 'policy:key=value,...'
@@ -99,13 +167,20 @@ def config_for_policy(base: dict, spec: str) -> EngineConfig:
     return EngineConfig.create(**kwargs)
 
 
-def compare(base: dict, specs: list[str], workload: list[WorkloadRequest], **run_kwargs) -> list[BenchRun]:
-    """The same requests through each policy, one after the other, sharing one model."""
+def compare(base: dict, specs: list[str], workload: list[WorkloadRequest], backend: Backend | None = None,
+            on_done=None, **run_kwargs) -> list[BenchRun]:
+    """The same requests through each policy, one after the other, sharing one model. `on_done(run)` is
+    called as each policy finishes."""
     if not specs:
         raise UserError("compare: name at least one policy, e.g. static continuous chunked")
     configs = [(spec, config_for_policy(base, spec)) for spec in specs]  # all validated before any run
-    pool = ExecutorPool()
-    return [run_benchmark(config, workload, label=spec, pool=pool, **run_kwargs) for spec, config in configs]
+    pool = ExecutorPool(backend)
+    runs = []
+    for spec, config in configs:
+        runs.append(run_benchmark(config, workload, label=spec, pool=pool, **run_kwargs))
+        if on_done:
+            on_done(runs[-1])
+    return runs
 
 
 # ---------- outputs ----------
@@ -126,7 +201,7 @@ def environment() -> dict:
 def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = None) -> None:
     """summary.json (metrics, config, workload, environment), requests.parquet, steps.parquet."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"label": run.label, **run.summary, "config": describe(run.config),
+    payload = {"label": run.label, **run.summary, "config": describe(run.config), "backend": run.backend,
                "workload": dataclasses.asdict(workload_spec) if workload_spec else None,
                "environment": environment(), "interrupted": run.result.interrupted}
     (out_dir / "summary.json").write_text(json.dumps(payload, indent=2))

@@ -17,7 +17,7 @@ from chunkbench.engine.config import ConfigError, EngineConfig
 from chunkbench.engine.request import SamplingParams
 from chunkbench.llm import LLM
 from chunkbench.errors import UserError
-from chunkbench.options import (Arrival, AttentionBackend, BlockSize, Budget, Burstiness, ChunkSchedule,
+from chunkbench.options import (Arrival, BackendOpt, CostModelPath, Gpu, AttentionBackend, BlockSize, Budget, Burstiness, ChunkSchedule,
                                 ChunkSize, Device, Dtype, Duration, Goodput, GpuMemoryUtilization, JsonOut,
                                 MaxModelLen, MaxNumSeqs, MaxPartialPrefills, Model, NoProgress, NumBlocks,
                                 NumRequests, Out, OutputLen, Policy, PrefixCaching, PromptLen, Rate, Seed, Tile,
@@ -114,6 +114,15 @@ def _workload(workload, num_requests, duration, rate, arrival, burstiness, time_
     return spec, requests
 
 
+def _backend(kind: str, model: str, gpu: str | None, cost_model: str | None):
+    from chunkbench.bench import choose_backend
+
+    chosen, note = choose_backend(kind, model, gpu, cost_model)
+    if note:
+        console.print(f"[bold yellow]{note}[/]")
+    return chosen
+
+
 def _default_out(kind: str) -> Path:
     import datetime
 
@@ -150,6 +159,9 @@ def run(
     dtype: Dtype = "auto",
     attention_backend: AttentionBackend = "auto",
     seed: Seed = 0,
+    backend: BackendOpt = "auto",
+    gpu: Gpu = None,
+    cost_model: CostModelPath = None,
     warmup_steps: WarmupSteps = 3,
     out: Out = None,
     json_out: JsonOut = None,
@@ -170,8 +182,9 @@ def run(
         device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
     spec, requests = _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale,
                                prompt_len, output_len, tokenizer, seed, config.scheduler.max_model_len)
+    chosen = _backend(backend, model, gpu, cost_model)
     result = run_benchmark(config, requests, label=policy, goodput_ms=slos, seed=seed,
-                           warmup_steps=warmup_steps, progress=not no_progress)
+                           warmup_steps=warmup_steps, progress=not no_progress, backend=chosen)
     out = out or _default_out("run")
     save_run(result, out, spec)
     console.print(comparison_table([result], title=f"{model}, {workload}, {len(requests)} requests"))
@@ -215,6 +228,9 @@ def compare(
     dtype: Dtype = "auto",
     attention_backend: AttentionBackend = "auto",
     seed: Seed = 0,
+    backend: BackendOpt = "auto",
+    gpu: Gpu = None,
+    cost_model: CostModelPath = None,
     warmup_steps: WarmupSteps = 3,
     out: Out = None,
     json_out: JsonOut = None,
@@ -237,8 +253,11 @@ def compare(
     model_len = EngineConfig.create(**base).scheduler.max_model_len
     spec, requests = _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale,
                                prompt_len, output_len, tokenizer, seed, model_len)
-    runs = compare_policies(base, policies, requests, goodput_ms=slos, seed=seed, warmup_steps=warmup_steps,
-                            progress=not no_progress)
+    chosen = _backend(backend, model, gpu, cost_model)
+    runs = compare_policies(base, policies, requests, backend=chosen, goodput_ms=slos, seed=seed,
+                            warmup_steps=warmup_steps, progress=not no_progress,
+                            on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
+                                                            f"{r.result.wall_seconds:.1f} s of wall time"))
     out = out or _default_out("compare")
     for r in runs:
         save_run(r, out / r.label.replace("/", "_").replace(":", "_").replace(",", "_").replace("=", "-"), spec)
@@ -254,6 +273,103 @@ def compare(
         json_out.write_text(json.dumps(summaries, indent=2))
     console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
                   "timeline.png and one folder per policy")
+
+
+@app.command()
+def profile(
+    model: Model = "small",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    max_model_len: MaxModelLen = None,
+    num_blocks: NumBlocks = None,
+    max_chunk: Annotated[int, typer.Option(help="Largest prefill chunk to time (tokens).")] = 2048,
+    repeats: Annotated[int, typer.Option(help="Timed repetitions per grid point; the median is kept.")] = 3,
+    out: Annotated[Optional[Path], typer.Option(
+        help="Where to write the profile. Default: results/profiles/<device>-<model>.json.")] = None,
+    seed: Seed = 0,
+    no_progress: NoProgress = False,
+) -> None:
+    """Time real engine steps over a grid of prefill chunks, decode batches and context lengths, fit the
+    simulator's cost model (non-negative least squares) and save it with its fit error."""
+    from chunkbench.profile import profile_path, run_profile
+
+    if repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {repeats}")
+    config = EngineConfig.create(model, max_model_len=max_model_len, num_blocks=num_blocks, device=device,
+                                 dtype=dtype, seed=seed)
+    fitted, measured = run_profile(config, repeats=repeats, max_chunk=max_chunk, progress=not no_progress)
+    out = out or Path(profile_path(fitted.device, config.model.name))
+    fitted.save(out)
+    table = Table("prefill chunks (tokens@context)", "decodes", "measured ms", "fitted ms", "error",
+                  title=f"{config.model.name} on {fitted.device}: {len(measured)} step shapes")
+    for step, seconds in measured:
+        predicted = fitted.predict(step)
+        table.add_row(" ".join(f"{q}@{c}" for q, c in step.prefills) or "-",
+                      f"{len(step.decodes)} x {step.decodes[0]}" if step.decodes else "-",
+                      f"{seconds * 1e3:.1f}", f"{predicted * 1e3:.1f}", f"{(predicted - seconds) / seconds:+.0%}")
+    console.print(table)
+    console.print(f"fit: mean error {fitted.fit['mean_abs_error_pct']:.1f}%, max {fitted.fit['max_abs_error_pct']:.1f}% "
+                  f"over {fitted.fit['points']} shapes; wrote {out}")
+
+
+kernels_app = typer.Typer(no_args_is_help=True, help="Check and benchmark the Triton attention kernels.")
+app.add_typer(kernels_app, name="kernels")
+
+
+@kernels_app.command("check")
+def kernels_check(device: Device = "auto") -> None:
+    """Run the kernel correctness cases against the torch reference on this device (CPU: the Triton
+    interpreter, fp32/fp16 only; CUDA: also bf16)."""
+    import os
+
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA device is available here")
+    from chunkbench.kernels.check import compare_to_reference, standard_cases
+
+    dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device.startswith("cuda") else [])
+    table = Table("case", "max abs error", "result", title=f"paged_attention vs reference on {device}")
+    failed = 0
+    for name, case in standard_cases(dtypes):
+        try:
+            table.add_row(name, f"{compare_to_reference(device=device, **case):.2e}", "[green]ok")
+        except AssertionError as exc:
+            failed += 1
+            table.add_row(name, "-", f"[red]FAIL {str(exc).splitlines()[0][:60]}")
+    console.print(table)
+    if failed:
+        raise typer.Exit(1)
+
+
+@kernels_app.command("bench")
+def kernels_bench(json_out: JsonOut = None) -> None:
+    """TFLOP/s and GB/s of paged_attention on prefill chunks (256-4096 tokens over 0-32k context) and decode
+    batches, against torch SDPA (and flash-attn when installed), with % of the device's peak. CUDA only."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("kernels bench needs a CUDA device; on the CPU run `chunkbench kernels check`")
+    from chunkbench.kernel_bench import run_kernel_bench
+
+    rows = run_kernel_bench()
+    table = Table("kind", "shape", "ours ms", "SDPA ms", "flash-attn ms", "ours / SDPA", "TFLOP/s", "GB/s",
+                  "% of peak", title=f"paged_attention on {torch.cuda.get_device_name()}, bf16, llama-3-8b heads")
+    for r in rows:
+        table.add_row(r.kind, r.shape, f"{r.ours_ms:.3f}", f"{r.sdpa_ms:.3f}" if r.sdpa_ms else "-",
+                      f"{r.flash_ms:.3f}" if r.flash_ms else "-",
+                      f"{r.sdpa_ms / r.ours_ms:.2f}x" if r.sdpa_ms else "-", f"{r.tflops:.1f}", f"{r.gbps:.0f}",
+                      f"{r.pct_of_peak:.0f}%" if r.pct_of_peak is not None else "-")
+    console.print(table)
+    if json_out:
+        import dataclasses
+
+        json_out.write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                        "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
 
 
 @app.callback()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Protocol
 
@@ -40,6 +42,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def resolve_backend(name: str, device: torch.device) -> str:
     if name == "auto":
         return "triton" if device.type == "cuda" else "torch"
+    if name == "triton" and device.type == "cpu":
+        if "triton" in sys.modules and not os.environ.get("TRITON_INTERPRET"):
+            raise ConfigError("--attention-backend triton on the CPU needs TRITON_INTERPRET=1 set before start-up")
+        os.environ["TRITON_INTERPRET"] = "1"  # must be set before the kernels are imported
     return name
 
 

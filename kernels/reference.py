@@ -38,6 +38,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         lens = seqused_k[decodes].long()
         k, v = _gather(k_cache, v_cache, block_table[decodes], max(lens_k[i] for i in decodes))
         mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[:, None]  # [decodes, keys]
+        keep = mask[:, None, :, None]  # zero the padding: a masked weight is 0, and 0 * NaN would be NaN
+        k, v = k.where(keep, 0.0), v.where(keep, 0.0)
         o = F.scaled_dot_product_attention(q[rows].float().unsqueeze(2), k, v, attn_mask=mask[:, None, None, :],
                                            scale=softmax_scale, enable_gqa=True)
         out[rows] = o.squeeze(2).to(out.dtype)

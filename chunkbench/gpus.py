@@ -1,0 +1,50 @@
+"""Accelerator specs: dense bf16 tensor FLOP/s (no sparsity), memory bandwidth, memory size.
+
+Figures are the vendors' datasheet peaks: NVIDIA A100 datasheet (SXM4 variants), H100 datasheet
+(SXM5 / PCIe), H200 product brief, L40S / L4 datasheets, Ada architecture whitepaper (RTX 4090, FP32
+accumulate), AMD Instinct MI300X datasheet. NVIDIA publishes no A10G datasheet: its figure is the A10's
+scaled by the A10G's lower tensor throughput as reported by AWS, and is approximate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    bf16_flops: float  # dense, FLOP/s
+    mem_bandwidth: float  # bytes/s
+    mem_bytes: float
+
+    def __str__(self) -> str:
+        return (f"{self.name} ({self.bf16_flops / 1e12:.0f} TFLOP/s bf16, {self.mem_bandwidth / 1e12:.2f} TB/s, "
+                f"{self.mem_bytes / 1e9:.0f} GB)")
+
+
+GB = 1e9
+GPUS: dict[str, GPUSpec] = {g.name: g for g in [
+    GPUSpec("a100-40g", 312e12, 1555 * GB, 40 * GB),
+    GPUSpec("a100-80g", 312e12, 2039 * GB, 80 * GB),
+    GPUSpec("h100-sxm", 989e12, 3350 * GB, 80 * GB),
+    GPUSpec("h100-pcie", 756e12, 2000 * GB, 80 * GB),
+    GPUSpec("h200", 989e12, 4800 * GB, 141 * GB),
+    GPUSpec("l40s", 362e12, 864 * GB, 48 * GB),
+    GPUSpec("l4", 121e12, 300 * GB, 24 * GB),
+    GPUSpec("a10g", 70e12, 600 * GB, 24 * GB),
+    GPUSpec("rtx-4090", 165e12, 1008 * GB, 24 * GB),
+    GPUSpec("mi300x", 1307e12, 5300 * GB, 192 * GB),
+]}
+
+_DEVICE_NAMES = [("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("A100-SXM4-40GB", "a100-40g"),
+                 ("A100", "a100-80g"), ("L40S", "l40s"), ("L4", "l4"), ("A10G", "a10g"), ("4090", "rtx-4090"),
+                 ("MI300X", "mi300x")]
+
+
+def spec_for_device(device_name: str) -> GPUSpec | None:
+    """The spec of a device by its CUDA name (e.g. 'NVIDIA H200'), or None when unknown."""
+    for fragment, key in _DEVICE_NAMES:
+        if fragment in device_name:
+            return GPUS[key]
+    return None

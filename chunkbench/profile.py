@@ -1,0 +1,84 @@
+"""`chunkbench profile`: time real engine steps over a designed grid and fit the simulator's cost model.
+
+Each grid point is one step shape (prefill chunks with cached context, decodes with context lengths) run
+straight through the model executor: a warm-up call, then the median of `repeats` timed calls. Points
+whose keys would not fit in the KV cache are left out: no real run can make them.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from rich.progress import Progress
+
+from chunkbench.cost_model import FittedCostModel
+from chunkbench.engine.block_manager import cdiv
+from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
+from chunkbench.engine.request import SamplingParams
+from chunkbench.engine.sim_executor import StepShape
+
+CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+CONTEXTS = (0, 1024, 4096)
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DECODE_CONTEXTS = (128, 1024, 4096)
+
+
+def profile_grid(max_model_len: int, max_chunk: int, kv_tokens: int) -> list[StepShape]:
+    def shape(prefills=(), decodes=()):
+        return StepShape(tuple(prefills), tuple(decodes), len(prefills) + len(decodes))
+
+    grid = [shape([(q, ctx)]) for q in CHUNKS for ctx in CONTEXTS if q <= max_chunk and q + ctx <= max_model_len]
+    grid += [shape(decodes=[ctx] * b) for b in DECODE_BATCHES for ctx in DECODE_CONTEXTS
+             if ctx < max_model_len and b * ctx <= kv_tokens]
+    grid += [shape([(q, ctx)], [512] * b) for b in (4, 16) for q in (64, 256, 1024) for ctx in (0, 1024)
+             if q <= max_chunk and q + ctx <= max_model_len and b * 512 + q + ctx <= kv_tokens]
+    grid += [shape([(q, 0)] * k) for q, k in ((128, 2), (128, 4), (64, 8), (256, 4)) if q * k <= max_chunk]
+    return grid
+
+
+def step_output(step: StepShape, block_size: int) -> SchedulerOutput:
+    """A SchedulerOutput of this shape. Requests share block ids: contents do not change the timing."""
+    sampling = SamplingParams(max_tokens=1)
+
+    def chunk(i, tokens, start, decode):
+        return ScheduledChunk(f"r{i}", [1] * tokens, start, list(range(cdiv(start + tokens, block_size))),
+                              sample=True, is_decode=decode, sampling=sampling, sample_index=0, sample_seed=0)
+
+    chunks = [chunk(i, q, ctx, False) for i, (q, ctx) in enumerate(step.prefills)]
+    chunks += [chunk(len(chunks) + i, 1, ctx - 1, True) for i, ctx in enumerate(step.decodes)]
+    return SchedulerOutput(chunks=chunks)
+
+
+def run_profile(config: EngineConfig, repeats: int = 3, max_chunk: int = 2048,
+                progress: bool = True) -> tuple[FittedCostModel, list[tuple[StepShape, float]]]:
+    from chunkbench.engine.executor import ModelExecutor
+
+    executor = ModelExecutor(config)
+    block_size = config.cache.block_size
+    grid = profile_grid(config.scheduler.max_model_len, max_chunk, executor.num_blocks * block_size)
+    measured = []
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("profiling steps", total=len(grid))
+        for step in grid:
+            output = step_output(step, block_size)
+            executor.execute(output)  # warm-up
+            seconds = statistics.median(executor.execute(output).seconds for _ in range(repeats))
+            measured.append((step, seconds))
+            bar.advance(task)
+    device = str(executor.device) if executor.device.type == "cpu" else _cuda_name()
+    model = FittedCostModel.fit_steps([s for s, _ in measured], [t for _, t in measured],
+                                      model_name=config.model.name, device=device, num_blocks=executor.num_blocks)
+    return model, measured
+
+
+def _cuda_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
+def profile_path(device: str, model: str) -> str:
+    """Where `profile` saves and `tune` looks: results/profiles/<device>-<model>.json."""
+    safe = device.lower().replace(" ", "-").replace("/", "-")
+    return f"results/profiles/{safe}-{model}.json"

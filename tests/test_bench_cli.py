@@ -1,0 +1,100 @@
+"""`chunkbench run` and `compare` end to end on `tiny`, and their user errors."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from chunkbench.bench import compare, config_for_policy, parse_policy_spec
+from chunkbench.errors import UserError
+from chunkbench.workload import WorkloadSpec, build_workload
+from tests.test_config_and_cli import run_cli
+
+TINY = ["--model", "tiny", "--num-blocks", "512", "--max-model-len", "1024", "--no-progress", "--warmup-steps", "1"]
+
+
+def test_run_writes_summary_and_parquet(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(["run", *TINY, "--workload", "chat", "--num-requests", "8", "--rate", "50",
+                               "--max-num-batched-tokens", "128", "--goodput", "ttft:60000", "--out", str(out),
+                               "--json", str(tmp_path / "s.json")], capsys)
+    assert code == 0, stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 8 and summary["failed"] == 0
+    assert summary["config"]["scheduler"]["max_num_batched_tokens"] == 128
+    for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+                "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "std_e2el_ms", "p90_scheduling_delay_ms",
+                "sla_attainment_pct", "num_stalls", "longest_stall_ms", "num_preemptions", "peak_kv_blocks",
+                "max_output_tokens_per_s"):
+        assert key in summary
+    assert summary["sla_attainment_pct"] == 100.0
+    requests = pd.read_parquet(out / "requests.parquet")
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert len(requests) == 8 and (requests["num_output_tokens"] == requests["output_len"]).all()
+    assert steps["prefill_tokens"].sum() == requests["prompt_len"].sum()
+    assert (steps["prefill_tokens"] + steps["decode_tokens"] <= 128).all()
+    assert json.loads((tmp_path / "s.json").read_text())["completed"] == 8
+
+
+def test_compare_runs_the_same_requests_through_each_policy(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code, stdout, _ = run_cli(["compare", "static", "continuous", "chunked:budget=64,schedule=32,16", *TINY,
+                               "--workload", "rag-mix", "--num-requests", "6", "--rate", "20", "--out", str(out),
+                               "--json", str(tmp_path / "c.json")], capsys)
+    assert code == 0, stdout
+    runs = json.loads((tmp_path / "c.json").read_text())["runs"]
+    assert list(runs) == ["static", "continuous", "chunked:budget=64,schedule=32,16"]
+    assert all(r["completed"] == 6 for r in runs.values())
+    assert len({r["total_input_tokens"] for r in runs.values()}) == 1
+    frames = [pd.read_parquet(p / "requests.parquet") for p in sorted(out.iterdir()) if p.is_dir()]
+    assert len(frames) == 3
+    for frame in frames[1:]:
+        pd.testing.assert_frame_equal(frame[["prompt_len", "output_len", "arrival_time"]],
+                                      frames[0][["prompt_len", "output_len", "arrival_time"]])
+    for name in ("report.html", "ttft_cdf.png", "itl_cdf.png", "timeline.png", "comparison.md"):
+        assert (out / name).stat().st_size > 1000 or name == "comparison.md"
+    assert "<table>" in (out / "report.html").read_text()
+
+
+def test_policy_specs():
+    assert parse_policy_spec("chunked:budget=512,schedule=2048,1024,512,tile=16") == (
+        "chunked", {"policy": "chunked", "max_num_batched_tokens": 512, "chunk_schedule": (2048, 1024, 512),
+                    "tile": 16})
+    assert parse_policy_spec("orca") == ("orca", {"policy": "orca"})
+    base = dict(model="tiny", max_num_batched_tokens=256, max_model_len=1024)
+    assert config_for_policy(base, "continuous").scheduler.max_num_batched_tokens == 2048
+    assert config_for_policy(base, "chunked").scheduler.max_num_batched_tokens == 256
+    for bad, message in [("chunked:size=5", "unknown knob 'size'"), ("chunked:budget=x", "whole number"),
+                         ("chunked:budget", "not key=value")]:
+        with pytest.raises(UserError, match=message):
+            parse_policy_spec(bad)
+
+
+def test_compare_needs_a_policy():
+    with pytest.raises(UserError, match="at least one policy"):
+        compare({"model": "tiny"}, [], build_workload(WorkloadSpec(num_requests=1)))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--workload", "nope"], "unknown workload 'nope'"),
+    (["run", "--policy", "fifo"], "--policy must be one of"),
+    (["compare", "static", "fifo"], "--policy must be one of"),
+    (["run", "--rate", "0"], "--rate must be > 0"),
+    (["run", "--rate", "-2"], "--rate must be > 0"),
+    (["run", "--workload", "/no/such.csv"], "no such file"),
+    (["run", "--goodput", "ttft=300"], "--goodput"),
+    (["run", "--goodput", "itl:30"], "unknown metric 'itl'"),
+])
+def test_bench_user_errors(args, message, capsys):
+    code, _, err = run_cli([*args, "--model", "tiny", "--no-progress"], capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_malformed_trace_file_is_a_user_error(tmp_path, capsys):
+    bad = tmp_path / "trace.csv"
+    bad.write_text("prompt_len,output_len\n12,seven\n")
+    unreadable = tmp_path / "locked.jsonl"
+    unreadable.write_text("{not json")
+    for path in (bad, unreadable):
+        code, _, err = run_cli(["run", "--model", "tiny", "--workload", str(path), "--no-progress"], capsys)
+        assert code == 2 and err.startswith("chunkbench: error: --workload"), err

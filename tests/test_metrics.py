@@ -1,0 +1,91 @@
+"""Metrics on hand-built timestamps, every key checked against a value worked out by hand."""
+
+import pytest
+
+from chunkbench.errors import UserError
+from chunkbench.metrics import RequestRecord, StepRecord, max_tokens_in_window, parse_goodput, summarize
+
+# r1: arrives at 0, first scheduled at 0.1, tokens at 0.5, 0.7, 1.0. r2: arrives at 1.0, one token at 1.2.
+R1 = RequestRecord(prompt_len=10, output_len=3, arrival_time=0.0, token_times=[0.5, 0.7, 1.0],
+                   first_scheduled_time=0.1)
+R2 = RequestRecord(prompt_len=20, output_len=1, arrival_time=1.0, token_times=[1.2], first_scheduled_time=1.05)
+FAILED = RequestRecord(prompt_len=5000, output_len=4, arrival_time=0.3, token_times=[], error="too long")
+STEPS = [StepRecord(0.0, 0.05, 0, 2, 2, 0, 3), StepRecord(0.1, 0.05, 0, 1, 1, 0, 5, num_preempted=1),
+         StepRecord(0.2, 0.10, 0, 1, 1, 0, 4), StepRecord(0.3, 0.40, 30, 1, 2, 0, 4)]
+
+
+def approx(value):
+    return pytest.approx(value, rel=1e-9, abs=1e-9)
+
+
+@pytest.fixture
+def summary():
+    return summarize([R1, R2, FAILED], STEPS, duration_s=1.2, goodput_ms={"ttft": 400, "tpot": 300},
+                     num_kv_blocks=10)
+
+
+def test_throughput_keys(summary):
+    assert summary["completed"] == 2 and summary["failed"] == 1
+    assert summary["total_input_tokens"] == 30 and summary["total_output_tokens"] == 4
+    assert summary["duration"] == approx(1.2)
+    assert summary["request_throughput"] == approx(2 / 1.2)
+    assert summary["output_throughput"] == approx(4 / 1.2)
+    assert summary["total_token_throughput"] == approx(34 / 1.2)
+    assert summary["max_output_tokens_per_s"] == 4  # 0.5, 0.7, 1.0, 1.2 all inside [0.5, 1.5)
+
+
+def test_ttft(summary):  # 500 ms and 200 ms
+    assert summary["mean_ttft_ms"] == approx(350) and summary["median_ttft_ms"] == approx(350)
+    assert summary["std_ttft_ms"] == approx(150)
+    assert summary["p50_ttft_ms"] == approx(350) and summary["p90_ttft_ms"] == approx(470)
+    assert summary["p95_ttft_ms"] == approx(485) and summary["p99_ttft_ms"] == approx(497)
+
+
+def test_tpot_excludes_the_first_token_and_single_token_requests(summary):
+    # r1: (1000 - 500) / (3 - 1) = 250 ms; r2 has one token and no TPOT.
+    for key in ("mean", "median", "p50", "p90", "p95", "p99"):
+        assert summary[f"{key}_tpot_ms"] == approx(250)
+    assert summary["std_tpot_ms"] == approx(0)
+
+
+def test_itl_pools_every_gap(summary):  # r1's gaps 200 and 300 ms; r2 has none
+    assert summary["mean_itl_ms"] == approx(250) and summary["median_itl_ms"] == approx(250)
+    assert summary["std_itl_ms"] == approx(50)
+    assert summary["p90_itl_ms"] == approx(290) and summary["p99_itl_ms"] == approx(299)
+
+
+def test_e2el_and_scheduling_delay(summary):
+    assert summary["mean_e2el_ms"] == approx(600) and summary["std_e2el_ms"] == approx(400)
+    assert summary["p90_e2el_ms"] == approx(920) and summary["p99_e2el_ms"] == approx(992)
+    assert summary["mean_scheduling_delay_ms"] == approx(75)
+    assert summary["p99_scheduling_delay_ms"] == approx(50 + 0.99 * 50)
+
+
+def test_goodput_needs_every_slo(summary):
+    # ttft <= 400 and tpot <= 300: r1 misses TTFT (500); r2 meets both (its TPOT counts as 0).
+    assert summary["request_goodput"] == approx(1 / 1.2)
+    assert summary["sla_attainment_pct"] == approx(50)
+    assert summary["sla_attainment_ttft_pct"] == approx(50)
+    assert summary["sla_attainment_tpot_pct"] == approx(100)
+    tight = summarize([R1, R2], STEPS, 1.2, {"ttft": 600, "tpot": 200})  # r1 meets TTFT, misses TPOT
+    assert tight["request_goodput"] == approx(1 / 1.2)
+    assert summarize([R1, R2], STEPS, 1.2, {})["request_goodput"] == approx(2 / 1.2)
+
+
+def test_stalls_preemptions_and_kv(summary):
+    # decode-only steps: 50, 50, 100 ms -> median 50 ms -> threshold 250 ms; only the 300 ms gap stalls.
+    assert summary["stall_threshold_ms"] == approx(250)
+    assert summary["num_stalls"] == 1 and summary["longest_stall_ms"] == approx(300)
+    assert summary["num_preemptions"] == 1
+    assert summary["peak_kv_blocks"] == 5 and summary["peak_kv_usage_pct"] == approx(50)
+    assert summary["num_steps"] == 4
+
+
+def test_window_and_goodput_parsing():
+    assert max_tokens_in_window([0.0, 0.999, 1.0, 1.5, 1.6]) == 4  # [0.999, 1.999)
+    assert max_tokens_in_window([]) == 0
+    assert parse_goodput("ttft:300 tpot:50 e2el:2000") == {"ttft": 300.0, "tpot": 50.0, "e2el": 2000.0}
+    assert parse_goodput(None) == {}
+    for bad in ("ttft", "ttft:abc", "itl:30", "ttft:-5"):
+        with pytest.raises(UserError, match="--goodput"):
+            parse_goodput(bad)

@@ -76,6 +76,8 @@ class RooflineCostModel:
 
 # Piecewise-linear token terms let a non-negative fit bend both ways: min(T, k) flattens (CPU GEMMs get
 # more efficient with more rows), max(0, T - k) steepens (GPU GEMMs leave the memory-bound regime).
+# decode_padded_keys (decodes x longest decode context) is what a padded, batched decode attention reads,
+# as the CPU reference path does; decode_keys is what a paged kernel reads. The fit weighs both.
 KNOTS = (32, 128, 512)
 
 
@@ -83,12 +85,12 @@ def features(step: StepShape) -> list[float]:
     t = step.num_tokens
     return ([1.0, t] + [min(t, k) for k in KNOTS] + [max(0, t - k) for k in KNOTS]
             + [step.num_sampled, step.prefill_attention_pairs, step.prefill_keys, step.decode_keys,
-               len(step.prefills), len(step.decodes)])
+               len(step.decodes) * max(step.decodes, default=0), len(step.prefills), len(step.decodes)])
 
 
 FEATURE_NAMES = (["step", "tokens"] + [f"min(tokens,{k})" for k in KNOTS] + [f"max(0,tokens-{k})" for k in KNOTS]
-                 + ["sampled_rows", "prefill_attention_pairs", "prefill_keys", "decode_keys", "prefill_chunks",
-                    "decodes"])
+                 + ["sampled_rows", "prefill_attention_pairs", "prefill_keys", "decode_keys",
+                    "decode_padded_keys", "prefill_chunks", "decodes"])
 
 
 @dataclass(frozen=True)

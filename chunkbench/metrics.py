@@ -83,13 +83,17 @@ def parse_goodput(text: str | list[str] | None) -> dict[str, float]:
     return slos
 
 
-def _stats(prefix: str, values_s: list[float]) -> dict[str, float]:
+def pct_key(p: float) -> str:
+    return f"p{int(p) if float(p).is_integer() else p}"
+
+
+def _stats(prefix: str, values_s: list[float], percentiles=PERCENTILES) -> dict[str, float]:
     ms = np.asarray(values_s, dtype=float) * 1000.0
     if ms.size == 0:
         ms = np.zeros(1)
     out = {f"mean_{prefix}_ms": float(ms.mean()), f"median_{prefix}_ms": float(np.median(ms)),
            f"std_{prefix}_ms": float(ms.std())}
-    out.update({f"p{p}_{prefix}_ms": float(np.percentile(ms, p)) for p in PERCENTILES})
+    out.update({f"{pct_key(p)}_{prefix}_ms": float(np.percentile(ms, p)) for p in percentiles})
     return out
 
 
@@ -122,9 +126,10 @@ def max_tokens_in_window(times: list[float], window: float = 1.0) -> int:
 
 def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s: float,
               goodput_ms: dict[str, float] | None = None, num_kv_blocks: int | None = None,
-              stall_threshold_s: float | None = None) -> dict[str, float]:
+              stall_threshold_s: float | None = None, extra_percentiles=()) -> dict[str, float]:
     """The summary dict: vLLM's keys plus goodput, SLA attainment, stalls, delays, preemptions, KV peak."""
     goodput_ms = goodput_ms or {}
+    pcts = sorted(set(PERCENTILES) | set(extra_percentiles))
     done = [r for r in records if r.ok]
     duration_s = max(duration_s, 1e-9)
     total_in = sum(r.prompt_len for r in done)
@@ -142,12 +147,12 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
         "total_token_throughput": (total_in + total_out) / duration_s,
         "max_output_tokens_per_s": max_tokens_in_window([t for r in done for t in r.token_times]),
     }
-    summary |= _stats("ttft", [r.ttft for r in done])
-    summary |= _stats("tpot", [r.tpot for r in done if r.tpot is not None])
-    summary |= _stats("itl", [g for r in done for g in r.itls])
-    summary |= _stats("e2el", [r.e2el for r in done])
+    summary |= _stats("ttft", [r.ttft for r in done], pcts)
+    summary |= _stats("tpot", [r.tpot for r in done if r.tpot is not None], pcts)
+    summary |= _stats("itl", [g for r in done for g in r.itls], pcts)
+    summary |= _stats("e2el", [r.e2el for r in done], pcts)
     summary |= _stats("scheduling_delay", [r.first_scheduled_time - r.arrival_time for r in done
-                                           if r.first_scheduled_time is not None])
+                                           if r.first_scheduled_time is not None], pcts)
     summary["sla_attainment_pct"] = 100.0 * len(good) / len(done) if done else 0.0
     for name in goodput_ms:
         met = sum(is_good(r, {name: goodput_ms[name]}) for r in done)

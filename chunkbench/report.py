@@ -100,13 +100,11 @@ def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
         plt.close(fig)
     fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.2 * len(runs)), sharex=True, squeeze=False)
     for ax, r in zip(axes[:, 0], runs):
-        starts = np.array([s.start for s in r.result.steps])
-        widths = np.array([s.seconds for s in r.result.steps])
-        prefill = np.array([s.prefill_tokens for s in r.result.steps])
-        decode = np.array([s.decode_tokens for s in r.result.steps])
-        ax.bar(starts, decode, width=widths, align="edge", color="tab:blue", label="decode tokens")
-        ax.bar(starts, prefill, width=widths, bottom=decode, align="edge", color="tab:orange",
-               label="prefill tokens")
+        starts = np.array([s.start for s in r.result.steps] + [r.result.duration])
+        decode = np.array([s.decode_tokens for s in r.result.steps] + [0])
+        total = decode + np.array([s.prefill_tokens for s in r.result.steps] + [0])
+        ax.fill_between(starts, 0, decode, step="post", color="tab:blue", label="decode tokens", lw=0)
+        ax.fill_between(starts, decode, total, step="post", color="tab:orange", label="prefill tokens", lw=0)
         ax.set_ylabel("tokens/step")
         ax.set_title(r.label, fontsize=9)
     axes[0, 0].legend(fontsize=8)

@@ -38,8 +38,9 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         lens = seqused_k[decodes].long()
         k, v = _gather(k_cache, v_cache, block_table[decodes], max(lens_k[i] for i in decodes))
         mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[:, None]  # [decodes, keys]
-        keep = mask[:, None, :, None]  # zero the padding: a masked weight is 0, and 0 * NaN would be NaN
-        k, v = k.where(keep, 0.0), v.where(keep, 0.0)
+        for row, i in enumerate(decodes):  # zero the padding of our gathered copy: 0 * NaN would be NaN
+            k[row, :, lens_k[i]:] = 0.0
+            v[row, :, lens_k[i]:] = 0.0
         o = F.scaled_dot_product_attention(q[rows].float().unsqueeze(2), k, v, attn_mask=mask[:, None, None, :],
                                            scale=softmax_scale, enable_gqa=True)
         out[rows] = o.squeeze(2).to(out.dtype)
@@ -65,7 +66,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def _gather(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
             seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pages of each row of `block_table` as fp32 `[rows, num_kv_heads, seqlen_k, head_dim]`."""
+    """Pages of each row of `block_table` as fp32 `[rows, num_kv_heads, seqlen_k, head_dim]`: a fresh copy
+    (advanced indexing copies), so callers may write into it."""
     pages = block_table[:, : -(-seqlen_k // k_cache.shape[1])].long()
     shape = (pages.shape[0], -1, *k_cache.shape[2:])
     k = k_cache[pages].reshape(shape)[:, :seqlen_k].transpose(1, 2).float()

@@ -1,0 +1,120 @@
+"""Search spaces for the tuner, read from TOML (sweeps/*.toml): the knobs and the values each may take."""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chunkbench.engine.config import POLICIES
+from chunkbench.errors import UserError
+
+KNOBS = ("policy", "max_num_batched_tokens", "chunk_size", "chunk_schedule", "tile", "max_num_seqs",
+         "max_partial_prefills")
+CHUNK_KNOBS = ("chunk_size", "chunk_schedule", "tile", "max_partial_prefills")  # only `chunked` uses these
+SCHEDULE_FAMILIES = ("fixed", "decreasing", "linear")
+WORKLOAD_KEYS = ("name", "rate", "num_requests", "duration", "arrival", "burstiness", "time_scale",
+                 "prompt_len", "output_len", "seed")
+BUILTIN = Path(__file__).resolve().parent.parent / "sweeps"
+
+
+def chunk_schedule(family: str, budget: int) -> tuple[int, ...]:
+    """A progressive schedule derived from the budget B: fixed (), decreasing (B, B/2, B/4),
+    linear (B, 3B/4, B/2, B/4); entries rounded down to multiples of 16, at least 16."""
+    fractions = {"fixed": (), "decreasing": (1, 1 / 2, 1 / 4), "linear": (1, 3 / 4, 1 / 2, 1 / 4)}[family]
+    return tuple(max(16, int(budget * f) // 16 * 16) for f in fractions)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    values: dict[str, list]
+    workload: dict = field(default_factory=dict)
+    source: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SearchSpace":
+        """A TOML file, or the name of a built-in space (default, latency, throughput)."""
+        path = Path(path)
+        if not path.exists() and (BUILTIN / f"{path.name}.toml").exists():
+            path = BUILTIN / f"{path.name}.toml"
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise UserError(f"--space: cannot read {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"--space: {path} is not valid TOML: {exc}") from None
+        space = cls(values=data.get("space", {}), workload=data.get("workload", {}), source=str(path))
+        space.validate()
+        return space
+
+    def validate(self) -> None:
+        where = f"--space {self.source}" if self.source else "--space"
+        if not self.values:
+            raise UserError(f"{where}: the [space] table is empty; list values for {', '.join(KNOBS)}")
+        unknown = set(self.values) - set(KNOBS)
+        if unknown:
+            raise UserError(f"{where}: unknown knob(s) {', '.join(sorted(unknown))}; use {', '.join(KNOBS)}")
+        for key in set(self.workload) - set(WORKLOAD_KEYS):
+            raise UserError(f"{where}: unknown [workload] key '{key}'; use {', '.join(WORKLOAD_KEYS)}")
+        for key, values in self.values.items():
+            if not isinstance(values, list) or not values:
+                raise UserError(f"{where}: '{key}' must be a non-empty list of values")
+            if len(set(map(str, values))) != len(values):
+                raise UserError(f"{where}: '{key}' lists a value twice")
+        for policy in self.values.get("policy", ["chunked"]):
+            if policy not in POLICIES:
+                raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(POLICIES)}")
+        for family in self.values.get("chunk_schedule", ["fixed"]):
+            if family not in SCHEDULE_FAMILIES:
+                raise UserError(f"{where}: unknown chunk_schedule family '{family}'; use "
+                                f"{', '.join(SCHEDULE_FAMILIES)}")
+        for key in ("max_num_batched_tokens", "max_num_seqs", "chunk_size", "tile", "max_partial_prefills"):
+            for v in self.values.get(key, []):
+                if not isinstance(v, int) or v < (1 if key in ("max_num_batched_tokens", "max_num_seqs") else 0):
+                    raise UserError(f"{where}: '{key}' values must be whole numbers "
+                                    f"{'>= 1' if key in ('max_num_batched_tokens', 'max_num_seqs') else '>= 0 (0 = no cap)'}, got {v!r}")
+        budgets = self.values.get("max_num_batched_tokens", [2048])
+        tiles = [t for t in self.values.get("tile", [0]) if t]
+        if tiles and min(tiles) > max(budgets):
+            raise UserError(f"{where}: contradictory: every tile ({min(tiles)}+) exceeds every budget "
+                            f"({max(budgets)})")
+
+    def params(self, suggest) -> dict:
+        """A point of the space: `suggest(name, choices)` picks each knob (an Optuna trial's
+        suggest_categorical, or an enumerator). Chunk knobs are only asked for the chunked policy."""
+        point = {"policy": suggest("policy", self.values.get("policy", ["chunked"]))}
+        point["max_num_batched_tokens"] = suggest("max_num_batched_tokens",
+                                                  self.values.get("max_num_batched_tokens", [2048]))
+        point["max_num_seqs"] = suggest("max_num_seqs", self.values.get("max_num_seqs", [256]))
+        if point["policy"] == "chunked":
+            for key in CHUNK_KNOBS:
+                if key in self.values:
+                    point[key] = suggest(key, self.values[key])
+        return point
+
+    def points(self) -> list[dict]:
+        """Every point of the space (for exhaustive search and tests)."""
+        names = [k for k in KNOBS if k in self.values] or ["policy"]
+        found = {}
+        for combo in itertools.product(*(self.values.get(k, ["chunked"]) for k in names)):
+            chosen = dict(zip(names, combo))
+            point = self.params(lambda name, choices: chosen.get(name, choices[0]))
+            found[tuple(sorted(point.items()))] = point
+        return list(found.values())
+
+
+def engine_kwargs(point: dict, max_model_len: int) -> dict:
+    """Engine keyword arguments for a point. Policies that never split a prompt get a budget of at least
+    max_model_len, as vLLM enforces without chunked prefill."""
+    budget = point["max_num_batched_tokens"]
+    kwargs = {"policy": point["policy"], "max_num_seqs": point["max_num_seqs"]}
+    if point["policy"] != "chunked":
+        kwargs["max_num_batched_tokens"] = max(budget, max_model_len)
+        return kwargs
+    tile = point.get("tile") or None
+    kwargs.update(max_num_batched_tokens=budget, chunk_size=point.get("chunk_size") or None,
+                  chunk_schedule=chunk_schedule(point.get("chunk_schedule", "fixed"), budget),
+                  tile=tile if tile and tile <= budget else None,
+                  max_partial_prefills=point.get("max_partial_prefills") or None)
+    return kwargs

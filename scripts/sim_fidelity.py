@@ -1,0 +1,69 @@
+"""Simulator fidelity on this machine: the same requests through the real engine and through the simulator
+calibrated by a profile of the same model, for several workloads at two rates each.
+
+    .venv/bin/chunkbench profile --model small --device cpu --repeats 5
+    .venv/bin/python scripts/sim_fidelity.py --profile results/profiles/cpu-small.json
+
+Prints a Markdown table: median TTFT, p99 ITL and output throughput, real against simulated, and the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from chunkbench.bench import Backend, run_benchmark
+from chunkbench.cost_model import FittedCostModel
+from chunkbench.engine.config import EngineConfig
+from chunkbench.workload import WorkloadSpec, build_workload
+
+METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"),
+           ("output_throughput", "output tok/s"))
+CASES = [  # (label, workload spec) sized for `small` on a 2-core CPU: each real run takes a few minutes
+    ("chat @0.3/s", WorkloadSpec(name="chat", num_requests=30, rate=0.3)),
+    ("chat @0.6/s", WorkloadSpec(name="chat", num_requests=30, rate=0.6)),
+    ("rag-mix @0.15/s", WorkloadSpec(name="rag-mix", num_requests=20, rate=0.15)),
+    ("rag-mix @0.3/s", WorkloadSpec(name="rag-mix", num_requests=20, rate=0.3)),
+    ("azure-conv x1/20", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=20.0)),
+    ("azure-conv x1/10", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=10.0)),
+]
+
+
+def compare_case(model: str, profile: str, spec: WorkloadSpec, budget: int) -> dict:
+    num_blocks = FittedCostModel.load(profile).num_blocks
+    config = EngineConfig.create(model, policy="chunked", max_num_batched_tokens=budget, num_blocks=num_blocks,
+                                 max_model_len=8192 if model == "small" else None)
+    workload = build_workload(spec, config.scheduler.max_model_len)
+    real = run_benchmark(config, workload, progress=False)
+    sim = run_benchmark(config, workload, backend=Backend("sim", cost_model=profile), progress=False)
+    return {"real": {k: real.summary[k] for k, _ in METRICS}, "sim": {k: sim.summary[k] for k, _ in METRICS},
+            "real_wall_s": real.result.wall_seconds, "sim_wall_s": sim.result.wall_seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--budget", type=int, default=512)
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+    rows, results = [], {}
+    header = "| case | " + " | ".join(f"{name} real | sim | error" for _, name in METRICS) + " |"
+    print(header)
+    print("|---" * (1 + 3 * len(METRICS)) + "|")
+    for label, spec in CASES:
+        result = compare_case(args.model, args.profile, spec, args.budget)
+        results[label] = result
+        cells = []
+        for key, _ in METRICS:
+            real, sim = result["real"][key], result["sim"][key]
+            cells += [f"{real:,.1f}", f"{sim:,.1f}", f"{(sim - real) / real:+.1%}"]
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

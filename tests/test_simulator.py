@@ -1,0 +1,99 @@
+"""The simulator: the real scheduler on a virtual clock with modelled step times."""
+
+import pytest
+
+from chunkbench.bench import Backend, compare, run_benchmark, sim_engine
+from chunkbench.cost_model import FittedCostModel, RooflineCostModel, features
+from chunkbench.engine.config import EngineConfig, ModelConfig
+from chunkbench.engine.sim_executor import StepShape
+from chunkbench.errors import UserError
+from chunkbench.gpus import GPUS
+from chunkbench.workload import WorkloadSpec, build_workload
+
+LLAMA_8B = ModelConfig.from_name("llama-3-8b")
+H100 = Backend("sim", "h100-sxm")
+
+
+def prefill(tokens, context=0):
+    return StepShape(((tokens, context),), (), 1)
+
+
+def decodes(batch, context):
+    return StepShape((), (context,) * batch, batch)
+
+
+def test_same_inputs_give_bit_identical_results():
+    workload = build_workload(WorkloadSpec(name="rag-mix", num_requests=150, rate=6.0, seed=3))
+    config = EngineConfig.create("llama-3-8b", policy="chunked", max_num_batched_tokens=512)
+    a = run_benchmark(config, workload, backend=H100, progress=False)
+    b = run_benchmark(config, workload, backend=H100, progress=False)
+    assert a.summary == b.summary
+    assert [r.token_times for r in a.result.requests] == [r.token_times for r in b.result.requests]
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_linear_time_grows_with_tokens_and_shows_the_tile_step(gpu):
+    cost = RooflineCostModel(LLAMA_8B, GPUS[gpu])
+    times = [cost.predict(prefill(t)) for t in (1024, 1025, 1088, 2048)]
+    assert times[0] < times[1] and times[3] > times[0]
+    # 1025..1088 tokens fill the same GEMM tiles: only attention grows inside a tile, the tile edge jumps.
+    assert times[2] - times[1] < 0.5 * (times[1] - times[0])
+    assert times[1] / times[0] > 1.01
+
+
+def test_tile_step_at_256_on_h100():
+    cost = RooflineCostModel(LLAMA_8B, GPUS["h100-sxm"])
+    assert cost.predict(prefill(257)) > 1.05 * cost.predict(prefill(256))
+
+
+def test_decode_time_grows_with_batch_context():
+    cost = RooflineCostModel(LLAMA_8B, GPUS["h100-sxm"])
+    assert cost.predict(decodes(32, 1024)) < cost.predict(decodes(32, 4096)) < cost.predict(decodes(32, 16384))
+    assert cost.predict(decodes(8, 4096)) < cost.predict(decodes(64, 4096))
+    # Decoding is memory-bound: 64 sequences cost far less than 64 times one.
+    assert cost.predict(decodes(64, 512)) < 3 * cost.predict(decodes(1, 512))
+
+
+def test_kv_capacity_from_gpu_memory():
+    cost = RooflineCostModel(LLAMA_8B, GPUS["h100-sxm"])
+    # 80 GB * (0.9 - 0.05) - 16 GB of weights = 52 GB; a 16-token block of llama-3-8b is 2 MiB in bf16.
+    assert cost.kv_blocks(16, 0.9) == int((80e9 * 0.85 - LLAMA_8B.num_params * 2) // (2 * 32 * 16 * 1024 * 2))
+    with pytest.raises(UserError, match="does not fit"):
+        RooflineCostModel(ModelConfig.from_name("llama-3-70b"), GPUS["h100-sxm"]).kv_blocks(16, 0.9)
+
+
+def test_chunked_beats_continuous_on_p99_itl_for_rag_mix():
+    workload = build_workload(WorkloadSpec(name="rag-mix", num_requests=300, rate=5.0))
+    base = dict(model="llama-3-8b")
+    continuous, chunked = compare(base, ["continuous", "chunked:budget=512"], workload, backend=H100,
+                                  progress=False)
+    assert chunked.summary["p99_itl_ms"] < continuous.summary["p99_itl_ms"]
+    assert chunked.summary["longest_stall_ms"] < continuous.summary["longest_stall_ms"]
+    assert chunked.summary["completed"] == continuous.summary["completed"] == 300
+
+
+def test_fitted_model_recovers_known_costs_and_round_trips(tmp_path):
+    true = [0.002, 1e-4, 0, 0, 0, 0, 0, 0, 0, 3e-9, 0, 2e-7, 0, 0, 0]  # step, tokens, ..., pairs, ..., decode keys
+    shapes = [prefill(q, c) for q in (16, 64, 256, 1024) for c in (0, 512)] + \
+             [decodes(b, c) for b in (1, 8, 32) for c in (128, 2048)]
+    seconds = [sum(w * f for w, f in zip(true, features(s))) for s in shapes]
+    fitted = FittedCostModel.fit_steps(shapes, seconds, model_name="m", device="d", num_blocks=99)
+    assert fitted.fit["max_abs_error_pct"] < 1.0
+    fitted.save(tmp_path / "p.json")
+    loaded = FittedCostModel.load(tmp_path / "p.json")
+    assert loaded == fitted
+    config = EngineConfig.create("tiny")
+    assert sim_engine(config, Backend("sim", cost_model=str(tmp_path / "p.json"))).block_manager.num_blocks == 99
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(UserError, match="--cost-model"):
+        FittedCostModel.load(tmp_path / "bad.json")
+
+
+def test_simulated_requests_never_sleep_and_respect_arrivals():
+    workload = build_workload(WorkloadSpec(name="azure-conv", num_requests=200))
+    run = run_benchmark(EngineConfig.create("llama-3-8b"), workload, backend=H100, progress=False)
+    assert run.summary["completed"] == 200
+    assert run.result.wall_seconds < run.result.duration  # 200 trace requests span minutes of virtual time
+    for record, w in zip(run.result.requests, workload):
+        assert record.arrival_time == pytest.approx(w.arrival_time)
+        assert record.token_times[0] > record.arrival_time and len(record.token_times) == w.output_len

@@ -110,11 +110,12 @@ def sim_engine(config: EngineConfig, backend: Backend) -> LLMEngine:
 def run_benchmark(config: EngineConfig, workload: list[WorkloadRequest], *, label: str = "run",
                   goodput_ms: dict[str, float] | None = None, seed: int = 0, warmup_steps: int = 3,
                   progress: bool = True, pool: ExecutorPool | None = None,
-                  backend: Backend | None = None) -> BenchRun:
+                  backend: Backend | None = None, percentiles=()) -> BenchRun:
     engine = (pool or ExecutorPool(backend)).engine(config)
     result = run_workload(engine, workload, seed=seed, warmup_steps=warmup_steps, progress=progress,
                           description=label)
-    summary = summarize(result.requests, result.steps, result.duration, goodput_ms, result.num_kv_blocks)
+    summary = summarize(result.requests, result.steps, result.duration, goodput_ms, result.num_kv_blocks,
+                        extra_percentiles=percentiles)
     return BenchRun(label, config, summary, result, str((pool.backend if pool else backend) or Backend()))
 
 

@@ -312,6 +312,144 @@ def profile(
                   f"over {fitted.fit['points']} shapes; wrote {out}")
 
 
+@app.command()
+def tune(
+    model: Model = "llama-3-8b",
+    sla_ttft: Annotated[Optional[str], typer.Option(help="TTFT target: 300ms, 0.3s, or p90:300ms for another "
+                                                    "percentile than --sla-percentile.")] = None,
+    sla_tbt: Annotated[Optional[str], typer.Option(help="Time-between-tokens (ITL) target, same forms.")] = None,
+    sla_tpot: Annotated[Optional[str], typer.Option(help="Time-per-output-token target, same forms.")] = None,
+    sla_e2el: Annotated[Optional[str], typer.Option(help="End-to-end latency target, same forms.")] = None,
+    sla_percentile: Annotated[float, typer.Option(help="Percentile the targets apply to (0-100].")] = 99.0,
+    objective: Annotated[str, typer.Option(help="goodput (maximise request goodput under the SLAs), capacity "
+                                           "(highest req/s meeting them, by bisection) or pareto (NSGA-II over "
+                                           "p99 TTFT, p99 TBT and throughput).")] = "goodput",
+    space: Annotated[str, typer.Option(help="Search space: a TOML file, or default, latency, throughput "
+                                       "(sweeps/*.toml).")] = "default",
+    workload: Annotated[Optional[str], typer.Option(help="Workload (overrides the space file's); see `run`.")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space file's).")] = None,
+    num_requests: Annotated[Optional[int], typer.Option(help="Requests per trial (overrides the space file's).")] = None,
+    n_trials: Annotated[int, typer.Option(help="Complete trials the study should hold, over all processes.")] = 60,
+    timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds (s).")] = None,
+    backend: BackendOpt = "auto",
+    gpu: Gpu = None,
+    cost_model: CostModelPath = None,
+    verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
+                                            "when the model runs on this device.")] = 3,
+    study: Annotated[Optional[str], typer.Option(help="Study name; an existing study resumes. Default: "
+                                                 "<model>-<workload>-<objective>.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna RDB URL (postgresql://user:pw@host/db) to share "
+                                                   "a study between machines. Default: SQLite in the output "
+                                                   "folder.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output folder. Default: results/tune/<study>.")] = None,
+    max_model_len: MaxModelLen = None,
+    num_blocks: NumBlocks = None,
+    max_sched_delay: Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay (ms).")] = 2000.0,
+    seed: Seed = 0,
+    no_progress: NoProgress = False,
+) -> None:
+    """Search token budget, chunk caps, progressive chunk schedules and seats against SLAs; write the best
+    config for chunkbench, vLLM and SGLang, trials.csv, plots and report.html."""
+    from chunkbench.sla import parse_slas
+    from chunkbench.space import SearchSpace
+    from chunkbench.tuner import OBJECTIVES, TuneSpec, default_study_name
+
+    slos = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el}, sla_percentile)
+    if objective not in OBJECTIVES:
+        raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
+    if objective == "capacity" and not slos:
+        raise UserError("--objective capacity needs at least one --sla-* target")
+    if n_trials < 1:
+        raise UserError(f"--n-trials must be >= 1, got {n_trials}")
+    search_space = SearchSpace.load(space)
+    from chunkbench.workload import WorkloadSpec
+
+    w = search_space.workload
+    spec_workload = WorkloadSpec(**{**{k: v for k, v in w.items()},
+                                    **{k: v for k, v in dict(name=workload, rate=rate, num_requests=num_requests,
+                                                             seed=seed).items() if v is not None}})
+    overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed).items()
+                 if v is not None}
+    EngineConfig.create(model, **overrides)  # validate the fixed flags
+    chosen, verify = _tune_backend(backend, model, gpu, cost_model, verify_top)
+    spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=chosen,
+                    objective=objective, n_trials=n_trials, timeout_s=timeout, seed=seed,
+                    max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)
+    from chunkbench.workload import build_workload
+
+    build_workload(spec_workload)  # a bad workload fails here, before anything is written
+    from chunkbench.tune_run import tune_and_report
+
+    tune_and_report(spec, study or default_study_name(spec), storage, out, verify, progress=not no_progress,
+                    command="chunkbench " + " ".join(sys.argv[1:]))
+
+
+def _tune_backend(kind: str, model: str, gpu: str | None, cost_model: str | None, verify_top: int):
+    """auto: simulate, calibrated by this device's profile of the model when there is one, and verify the
+    best trials on the real engine when the model runs here. Returns (backend, trials to verify)."""
+    from chunkbench.bench import Backend, choose_backend
+    from chunkbench.engine.config import MODEL_PRESETS, ModelConfig
+    from chunkbench.profile import profile_path
+
+    if kind != "auto":
+        chosen, note = choose_backend(kind, model, gpu, cost_model)
+        if note:
+            console.print(f"[bold yellow]{note}[/]")
+        return chosen, 0
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    runs_here = torch.cuda.is_available() or ModelConfig.from_name(model).num_params <= MODEL_PRESETS["small"].num_params
+    profile = cost_model or profile_path(device, ModelConfig.from_name(model).name)
+    if not gpu and Path(profile).exists():
+        console.print(f"searching in simulation calibrated by {profile}"
+                      + (f"; the best {verify_top} are re-measured on the real engine" if runs_here else ""))
+        return Backend("sim", cost_model=profile), verify_top if runs_here else 0
+    chosen = gpu or "h100-sxm"
+    hint = "" if not runs_here else f" (run `chunkbench profile --model {model}` to calibrate for this machine)"
+    console.print(f"[bold yellow]searching SIMULATED on {chosen} (roofline){hint}; no real-engine check[/]")
+    return Backend("sim", chosen), 0
+
+
+@app.command()
+def gate(
+    suite: Annotated[Path, typer.Option(help="Suite file: named cases, each a workload, policy, knobs, backend "
+                                        "and the metrics it guards.")] = Path("sweeps/ci.toml"),
+    baseline: Annotated[Path, typer.Option(help="Baseline JSON recorded with --update.")] = Path(
+        "results/baselines/ci.json"),
+    update: Annotated[bool, typer.Option("--update", help="Run the suite and rewrite the baseline (with this "
+                                         "machine's description and the date).")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Write a JUnit XML report: one testcase per guarded "
+                                                  "metric.")] = None,
+    markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Write a Markdown table (e.g. to "
+                                                         "$GITHUB_STEP_SUMMARY).")] = None,
+) -> None:
+    """Run the benchmark suite and compare with the baseline: exit 1 on a regression, 0 when clean, 2 on a
+    usage error."""
+    from chunkbench import gate as gating
+
+    cases = gating.load_suite(suite)
+    verdicts = gating.run_gate(cases, baseline, update)
+    table = Table("case", "metric", "baseline", "now", "change", "95% interval", "verdict",
+                  title=f"chunkbench gate: {suite} against {baseline}")
+    style = {"REGRESSED": "bold red", "improved": "green", "ok": ""}
+    for v in verdicts:
+        table.add_row(v.case, v.metric, f"{v.baseline:.4g}", f"{v.now:.4g}", f"{v.change:+.1%}",
+                      f"{v.interval[0]:.4g}..{v.interval[1]:.4g}", f"[{style[v.verdict]}]{v.verdict}")
+    console.print(table)
+    for path, text in ((junit, gating.junit_xml(verdicts)), (markdown_out, gating.markdown(verdicts))):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    regressions = [v for v in verdicts if v.verdict == "REGRESSED"]
+    if update:
+        console.print(f"baseline written to {baseline}")
+    elif regressions:
+        for v in regressions:
+            print(f"chunkbench gate: REGRESSION {gating.describe(v)}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
 kernels_app = typer.Typer(no_args_is_help=True, help="Check and benchmark the Triton attention kernels.")
 app.add_typer(kernels_app, name="kernels")
 
@@ -393,3 +531,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"chunkbench: error: {exc}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

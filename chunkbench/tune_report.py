@@ -1,0 +1,170 @@
+"""What `chunkbench tune` leaves in results/tune/<study>/: configs, trials.csv, plots, report.html."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import optuna
+from rich.table import Table
+
+from chunkbench.emit import chunkbench_toml, sglang_flags, vllm_flags, vllm_yaml
+from chunkbench.engine.config import EngineConfig
+from chunkbench.sla import SLO
+from chunkbench.tuner import TuneSpec, closest_trial, feasible_trials, is_feasible
+
+OUTPUTS = ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
+           "report.html")
+
+
+def trial_config(spec: TuneSpec, trial: optuna.trial.FrozenTrial) -> EngineConfig:
+    return spec.base_config(**trial.user_attrs["knobs"])
+
+
+def knobs_text(trial: optuna.trial.FrozenTrial) -> str:
+    k = trial.user_attrs["knobs"]
+    parts = [k["policy"], f"budget {k['max_num_batched_tokens']}", f"seqs {k['max_num_seqs']}"]
+    if k.get("chunk_size"):
+        parts.append(f"chunk {k['chunk_size']}")
+    if k.get("chunk_schedule"):
+        parts.append("schedule " + ",".join(map(str, k["chunk_schedule"])))
+    if k.get("tile"):
+        parts.append(f"tile {k['tile']}")
+    if k.get("max_partial_prefills"):
+        parts.append(f"partial {k['max_partial_prefills']}")
+    return ", ".join(parts)
+
+
+def sla_misses(trial: optuna.trial.FrozenTrial, slos: list[SLO]) -> list[str]:
+    return [f"{slo} missed by {trial.constraints[slo.name]:,.0f} ms" for slo in slos
+            if trial.constraints.get(slo.name, 0.0) > 0]
+
+
+def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict], top: int = 5) -> Table:
+    winners = feasible_trials(study)
+    keys = [s.summary_key for s in spec.slos]
+    table = Table(title=f"{spec.model}: best of {len(study.trials)} trials ({spec.objective}, {spec.backend})")
+    for column in ["trial", "knobs", "goodput req/s" if spec.objective != "capacity" else "capacity req/s",
+                   *keys, "output tok/s"] + (["engine " + k for k in keys] if verified else []):
+        table.add_column(column, justify="left" if column == "knobs" else "right")
+    for t in winners[:top]:
+        m = t.user_attrs["metrics"]
+        value = m.get("capacity_rps", m.get("request_goodput", 0.0))
+        row = [str(t.number), knobs_text(t), f"{value:.2f}"] + [f"{m[k]:,.0f}" for k in keys] + \
+              [f"{m.get('output_throughput', 0):,.0f}"]
+        if verified:
+            real = verified.get(t.number)
+            row += [f"{real[k]:,.0f}" if real else "-" for k in keys]
+        table.add_row(*row)
+    return table
+
+
+def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: dict[int, dict],
+                  command: str) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
+    """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    winners = feasible_trials(study)
+    winner = winners[0] if winners else None
+    lines = []
+    chosen = winner or closest_trial(study, spec.slos)
+    slo_text = ", ".join(map(str, spec.slos)) or "no SLA"
+    if winner is None:
+        lines.append(f"No trial met {slo_text}.")
+        if chosen is not None:
+            lines.append(f"Closest: trial {chosen.number} ({knobs_text(chosen)}): "
+                         + "; ".join(sla_misses(chosen, spec.slos)))
+    if chosen is not None:
+        config = trial_config(spec, chosen)
+        header = [f"chunkbench tune: {'best feasible' if winner else 'CLOSEST (no trial met the SLA)'} trial "
+                  f"{chosen.number} of study '{study.study_name}'", f"SLA: {slo_text}",
+                  f"workload: {spec.workload.name} at {spec.workload.rate} req/s; figures {spec.backend}"]
+        (out_dir / "recommended.toml").write_text(chunkbench_toml(config, header))
+        (out_dir / "vllm.yaml").write_text(vllm_yaml(config, header))
+        (out_dir / "vllm_flags.txt").write_text(vllm_flags(config) + "\n")
+        (out_dir / "sglang.txt").write_text(sglang_flags(config) + "\n")
+        lines.append(f"vllm: {vllm_flags(config)}")
+        lines.append(f"sglang: {sglang_flags(config)}")
+    frame = study.trials_dataframe(attrs=("number", "state", "values", "params", "user_attrs", "duration"))
+    frame.to_csv(out_dir / "trials.csv", index=False)
+    _plot_search(spec, study, out_dir)
+    _write_html(spec, study, out_dir, winner, chosen, verified, command)
+    return winner, lines
+
+
+def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    ok = [is_feasible(t) for t in done]
+    if spec.objective == "pareto":
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        points = ax.scatter([t.values[0] for t in done], [t.values[1] for t in done],
+                            c=[t.values[2] for t in done], marker="o", cmap="viridis",
+                            edgecolors=["black" if f else "none" for f in ok])
+        fig.colorbar(points, label="output throughput (tok/s)")
+        ax.set_xlabel("p99 TTFT (ms)")
+        ax.set_ylabel("p99 TBT (ms)")
+        ax.set_title("trials (black edge: meets the SLA)")
+        name = "pareto.png"
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        numbers = [t.number for t in done]
+        values = [t.values[0] for t in done]
+        ax.scatter([n for n, f in zip(numbers, ok) if f], [v for v, f in zip(values, ok) if f], color="tab:green",
+                   label="meets the SLA")
+        ax.scatter([n for n, f in zip(numbers, ok) if not f], [v for v, f in zip(values, ok) if not f],
+                   color="tab:red", marker="x", label="misses the SLA")
+        best, curve = float("-inf"), []
+        for v, f in zip(values, ok):
+            best = max(best, v) if f else best
+            curve.append(best if best > float("-inf") else None)
+        ax.plot(numbers, curve, color="black", lw=1, label="best feasible so far")
+        ax.set_xlabel("trial")
+        ax.set_ylabel("capacity (req/s)" if spec.objective == "capacity" else "request goodput (req/s)")
+        ax.legend()
+        name = "search.png"
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=110)
+    if name != "search.png":  # every objective leaves a search.png; pareto also its front
+        fig.savefig(out_dir / "search.png", dpi=110)
+    plt.close(fig)
+
+
+def _write_html(spec, study, out_dir, winner, chosen, verified, command) -> None:
+    esc = html.escape
+    slo_rows = ""
+    if chosen is not None:
+        m = chosen.user_attrs["metrics"]
+        for slo in spec.slos:
+            value = m[slo.summary_key]
+            slo_rows += (f"<tr><td>{esc(str(slo))}</td><td>{value:,.1f} ms</td>"
+                         f"<td>{'met' if value <= slo.limit_ms else 'MISSED'}</td></tr>")
+    runners = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td><td>{t.values[0]:.3f}</td>"
+                      f"<td>{esc(json.dumps(verified.get(t.number, {})))}</td></tr>"
+                      for t in feasible_trials(study)[:10])
+    failed = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+              if not is_feasible(t)]
+    why = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td>"
+                  f"<td>{esc('; '.join(sla_misses(t, spec.slos)))}</td></tr>" for t in failed[:30])
+    crashed = "".join(f"<tr><td>{t.number}</td><td>{esc(t.user_attrs.get('error', 'unknown'))}</td></tr>"
+                      for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    image = base64.b64encode((out_dir / "search.png").read_bytes()).decode()
+    title = (f"winner: trial {winner.number}, {knobs_text(winner)}" if winner else
+             "no trial met the SLA" + (f"; closest: trial {chosen.number}, {knobs_text(chosen)}" if chosen else ""))
+    (out_dir / "report.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8">
+<title>chunkbench tune {esc(study.study_name)}</title><style>body{{font-family:system-ui,sans-serif;margin:2em;
+max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px}}
+</style></head><body><h1>chunkbench tune: {esc(study.study_name)}</h1><p><code>{esc(command)}</code></p>
+<p>{esc(spec.model)}, workload {esc(spec.workload.name)} at {spec.workload.rate} req/s, objective
+{spec.objective}, {esc(str(spec.backend))}, {len(study.trials)} trials.</p>
+<h2>{esc(title)}</h2><table><tr><th>SLA</th><th>measured</th><th></th></tr>{slo_rows}</table>
+<img alt="search" src="data:image/png;base64,{image}">
+<h2>Feasible trials, best first</h2><table><tr><th>trial</th><th>knobs</th><th>objective</th>
+<th>real engine (verified)</th></tr>{runners}</table>
+<h2>Why the others failed</h2><table><tr><th>trial</th><th>knobs</th><th>SLA misses</th></tr>{why}</table>
+<h2>Crashed trials</h2><table><tr><th>trial</th><th>error</th></tr>{crashed}</table></body></html>""")

@@ -1,0 +1,57 @@
+"""The `tune` command's work: open the study, run trials with a progress bar, verify, write the outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from chunkbench.bench import Backend
+from chunkbench.tune_report import OUTPUTS, results_table, write_outputs
+from chunkbench.tuner import TuneSpec, create_study, evaluate, feasible_trials, open_storage, run_study
+from chunkbench.workload import build_workload
+
+console = Console()
+
+
+def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Path | None, verify: int,
+                    progress: bool = True, command: str = "chunkbench tune") -> Path:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out = out or Path("results/tune") / name
+    if storage_url is None:
+        out.mkdir(parents=True, exist_ok=True)
+        storage_url = f"sqlite:///{out / 'study.db'}"
+    storage = open_storage(storage_url)  # an unreachable server fails here, before anything is written
+    study = create_study(spec, name, storage)
+    out.mkdir(parents=True, exist_ok=True)
+    done_before = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    if done_before:
+        console.print(f"resuming study '{name}': {done_before} complete trials kept")
+    bar = Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
+                   TimeElapsedColumn(), disable=not progress, console=console)
+    with bar:
+        task = bar.add_task("tune", total=spec.n_trials, completed=done_before, best="")
+
+        def on_trial(s: optuna.Study) -> None:
+            complete = len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+            best = feasible_trials(s)
+            label = f"best feasible: trial {best[0].number}, {best[0].values[0]:.3f}" if best else "none feasible yet"
+            bar.update(task, completed=complete, best=label)
+
+        run_study(spec, study, storage, storage_url, on_trial=on_trial)
+    verified: dict[int, dict] = {}
+    if verify:
+        workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
+        for trial in feasible_trials(study)[:verify]:
+            console.print(f"verifying trial {trial.number} on the real engine ...")
+            verified[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=Backend("engine"),
+                                              progress=progress).metrics
+    winner, lines = write_outputs(spec, study, out, verified, command)
+    console.print(results_table(spec, study, verified))
+    for line in lines:
+        console.print(line, soft_wrap=True)
+    written = [name for name in OUTPUTS if (out / name).exists()]
+    console.print(f"wrote {out}/: {', '.join(written)}")
+    return out

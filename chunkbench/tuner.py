@@ -1,0 +1,276 @@
+"""`chunkbench tune`: Bayesian search over scheduler knobs against SLAs, on Optuna RDB storage.
+
+Objectives: `goodput` (maximise request goodput; SLAs as constraints), `capacity` (the highest request rate
+meeting the SLAs with a bounded median scheduling delay, by bisection), `pareto` (NSGA-II over p99 TTFT,
+p99 TBT and output throughput). Trials run in the simulator or on the real engine.
+
+Several processes may work on one study (`--storage postgresql://...`): a lock held from "how many trials
+are done or running?" until the new trial exists keeps the total exactly `n_trials`. Trials record
+heartbeats, so one left RUNNING by a killed process is failed after a grace period and replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import warnings
+
+import optuna
+from optuna.trial import TrialState
+
+from chunkbench.bench import Backend, run_benchmark
+from chunkbench.engine.config import ConfigError, EngineConfig
+from chunkbench.errors import UserError
+from chunkbench.sla import SLO, goodput_slos, violations
+from chunkbench.space import SearchSpace, engine_kwargs
+from chunkbench.workload import WorkloadRequest, WorkloadSpec, build_workload
+
+OBJECTIVES = ("goodput", "capacity", "pareto")
+HEARTBEAT_S, GRACE_S = 2, 8
+METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
+                "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
+                "num_preemptions", "longest_stall_ms", "completed")
+
+
+@dataclass
+class TuneSpec:
+    model: str
+    slos: list[SLO]
+    space: SearchSpace
+    workload: WorkloadSpec
+    backend: Backend
+    objective: str = "goodput"
+    n_trials: int = 60
+    timeout_s: float | None = None
+    seed: int = 0
+    max_sched_delay_ms: float = 2000.0  # capacity: median scheduling delay bound (Sarathi-Serve uses 2 s)
+    engine_overrides: dict = field(default_factory=dict)  # fixed flags: max_model_len, num_blocks, ...
+
+    def base_config(self, **knobs) -> EngineConfig:
+        return EngineConfig.create(self.model, **{**self.engine_overrides, **knobs})
+
+
+@dataclass
+class TrialOutcome:
+    values: list[float]
+    constraints: dict[str, float]  # per SLO: measured minus limit (ms); <= 0 is met
+    metrics: dict
+    knobs: dict
+
+    @property
+    def feasible(self) -> bool:
+        return max(self.constraints.values(), default=0.0) <= 0
+
+
+# ---------- one trial ----------
+
+def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
+             progress: bool = False) -> TrialOutcome:
+    """Run one configuration (engine keyword arguments) against the SLAs."""
+    config = spec.base_config(**knobs)
+    backend = backend or spec.backend
+    if spec.objective == "capacity":
+        return _capacity(spec, config, workload, knobs, backend)
+    run = run_benchmark(config, workload, backend=backend, goodput_ms=goodput_slos(spec.slos), seed=spec.seed,
+                        progress=progress, percentiles=[s.percentile for s in spec.slos])
+    summary = run.summary
+    metrics = {k: summary[k] for k in METRIC_ATTRS} | {s.summary_key: summary[s.summary_key] for s in spec.slos}
+    if spec.objective == "pareto":
+        values = [summary["p99_ttft_ms"], summary["p99_itl_ms"], summary["output_throughput"]]
+    else:
+        values = [summary["request_goodput"]]
+    return TrialOutcome(values, dict(zip((s.name for s in spec.slos), violations(summary, spec.slos))), metrics,
+                        knobs)
+
+
+def _capacity(spec: TuneSpec, config: EngineConfig, workload: list[WorkloadRequest], knobs: dict,
+              backend: Backend) -> TrialOutcome:
+    """Highest rate (req/s) meeting every SLO with median scheduling delay <= the bound: the workload's
+    arrivals are compressed or stretched, then bisected (geometric) between a feasible and an infeasible rate."""
+    base_rate = len(workload) / max(workload[-1].arrival_time, 1e-9)
+
+    def feasible(rate: float) -> tuple[bool, dict]:
+        scaled = [replace(w, arrival_time=w.arrival_time * base_rate / rate) for w in workload]
+        run = run_benchmark(config, scaled, backend=backend, goodput_ms=goodput_slos(spec.slos), seed=spec.seed,
+                            progress=False, percentiles=[s.percentile for s in spec.slos])
+        ok = max(violations(run.summary, spec.slos), default=0) <= 0 and \
+            run.summary["median_scheduling_delay_ms"] <= spec.max_sched_delay_ms
+        return ok, run.summary
+
+    lo, hi, best = None, None, None
+    rate = base_rate
+    for _ in range(8):  # bracket
+        ok, summary = feasible(rate)
+        if ok:
+            lo, best = rate, summary
+            if hi is not None:
+                break
+            rate *= 2
+        else:
+            hi = rate
+            if lo is not None:
+                break
+            rate /= 2
+    if lo is not None and hi is not None:
+        for _ in range(5):
+            mid = (lo * hi) ** 0.5
+            ok, summary = feasible(mid)
+            lo, best = (mid, summary) if ok else (lo, best)
+            hi = hi if ok else mid
+    capacity = lo or 0.0
+    metrics = {k: best[k] for k in METRIC_ATTRS} if best else {}
+    return TrialOutcome([capacity], {"capacity": 0.0 if capacity > 0 else 1.0}, metrics | {"capacity_rps": capacity},
+                        knobs)
+
+
+# ---------- the study ----------
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                              engine_kwargs={"pool_pre_ping": True})
+    except Exception as exc:  # sqlalchemy raises many kinds for a bad or unreachable URL
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--storage: cannot open {url.split('@')[-1]}: {first}") from None
+
+
+def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    return max(trial.constraints.values(), default=0.0) <= 0
+
+
+def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage) -> optuna.Study:
+    seed = spec.seed + zlib.crc32(name.encode())  # distinct processes on one study still differ a little
+    if spec.objective == "pareto":
+        sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, spec.n_trials // 4)))
+        directions = ["minimize", "minimize", "maximize"]
+    else:
+        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                             n_startup_trials=min(10, max(3, spec.n_trials // 5)))
+        directions = ["maximize"]
+    study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=directions,
+                                load_if_exists=True)
+    stored = study.user_attrs.get("objective")
+    if stored and stored != spec.objective:
+        raise UserError(f"--study {name}: it was created with --objective {stored}, not {spec.objective}")
+    study.set_user_attr("objective", spec.objective)
+    study.set_user_attr("model", spec.model)
+    study.set_user_attr("slos", [str(s) for s in spec.slos])
+    return study
+
+
+@contextlib.contextmanager
+def study_lock(url: str, name: str):
+    """Serialise 'count trials, create one' across processes: a file lock beside a SQLite database, a
+    PostgreSQL advisory lock for a server. Other databases are not locked (the total may overshoot by one
+    per extra process)."""
+    if url.startswith("sqlite:///"):
+        with open(url.removeprefix("sqlite:///") + ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+    elif url.startswith("postgresql"):
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        key = zlib.crc32(f"chunkbench/{name}".encode())
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            try:
+                yield
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+        engine.dispose()
+    else:
+        yield
+
+
+class _Heartbeat(threading.Thread):
+    def __init__(self, storage: optuna.storages.RDBStorage, trial_id: int) -> None:
+        super().__init__(daemon=True)
+        self.storage, self.trial_id, self.stopped = storage, trial_id, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_S):
+            self.storage.record_heartbeat(self.trial_id)
+
+
+def run_study(spec: TuneSpec, study: optuna.Study, storage: optuna.storages.RDBStorage, url: str,
+              on_trial=None) -> None:
+    """Run trials until the study holds `n_trials` complete ones (counting all processes), or the timeout."""
+    workload_max_len = spec.base_config().scheduler.max_model_len
+    workload = build_workload(spec.workload, workload_max_len)
+    deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
+    with warnings.catch_warnings():
+        # We drive trials with ask/tell and record heartbeats ourselves (see _Heartbeat), which Optuna flags.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial)
+
+
+def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial) -> None:
+    while deadline is None or time.monotonic() < deadline:
+        with study_lock(url, study.study_name):
+            optuna.storages.fail_stale_trials(study)
+            states = [t.state for t in study.get_trials(deepcopy=False)]
+            complete, running = states.count(TrialState.COMPLETE), states.count(TrialState.RUNNING)
+            if complete >= spec.n_trials or len(states) >= 3 * spec.n_trials:  # done, or too many crashes
+                return
+            trial = study.ask() if complete + running < spec.n_trials else None
+            if trial is not None:  # a trial with no heartbeat is never seen as stale if this process dies
+                storage.record_heartbeat(trial._trial_id)
+        if trial is None:  # the rest are running elsewhere: wait for them to finish or go stale
+            time.sleep(1.0)
+            continue
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        heartbeat = _Heartbeat(storage, trial._trial_id)
+        heartbeat.start()
+        try:
+            point = spec.space.params(trial.suggest_categorical)
+            outcome = evaluate(spec, engine_kwargs(point, workload_max_len), workload)
+        except (ConfigError, RuntimeError, MemoryError, ValueError) as exc:  # e.g. out of memory
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        finally:
+            heartbeat.stopped.set()
+        for name, value in outcome.constraints.items():  # the samplers read these (Optuna's constraints)
+            trial.set_constraint(name, value)
+        trial.set_user_attr("metrics", outcome.metrics)
+        trial.set_user_attr("knobs", {k: list(v) if isinstance(v, tuple) else v for k, v in outcome.knobs.items()})
+        study.tell(trial, outcome.values if len(outcome.values) > 1 else outcome.values[0])
+        if on_trial:
+            on_trial(study)
+
+
+def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Complete trials meeting every SLO, best first (pareto: the feasible front, by throughput)."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
+    if study.user_attrs.get("objective") == "pareto":
+        front = {t.number for t in study.best_trials}
+        done = [t for t in done if t.number in front] or done
+        return sorted(done, key=lambda t: -t.values[2])
+    return sorted(done, key=lambda t: (-t.values[0], t.number))
+
+
+def closest_trial(study: optuna.Study, slos: list[SLO]) -> optuna.trial.FrozenTrial | None:
+    """When nothing is feasible: the complete trial whose worst SLO miss (relative to its limit) is smallest."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not done:
+        return None
+    return min(done, key=lambda t: max((t.constraints.get(s.name, 0.0) / s.limit_ms for s in slos), default=0.0))
+
+
+def default_study_name(spec: TuneSpec) -> str:
+    return f"{spec.model}-{Path(spec.workload.name).stem}-{spec.objective}".replace("/", "_")

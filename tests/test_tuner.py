@@ -1,0 +1,198 @@
+"""The tuner: SLA parsing, search quality against an exhaustive optimum, outputs, resumption, bad input."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from chunkbench.bench import Backend
+from chunkbench.errors import UserError
+from chunkbench.sla import SLO, parse_slas
+from chunkbench.space import SearchSpace, chunk_schedule, engine_kwargs
+from chunkbench.tuner import TuneSpec, create_study, evaluate, feasible_trials, open_storage, run_study
+from chunkbench.workload import WorkloadSpec, build_workload
+from tests.test_config_and_cli import run_cli
+
+H100 = Backend("sim", "h100-sxm")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_sla_strings():
+    slos = parse_slas({"ttft": "300ms", "tbt": "p90:0.1s", "tpot": None, "e2el": "5s"}, 99)
+    assert slos == [SLO("ttft", 99, 300.0), SLO("tbt", 90, 100.0), SLO("e2el", 99, 5000.0)]
+    assert slos[1].summary_key == "p90_itl_ms" and str(slos[0]) == "p99 TTFT <= 300 ms"
+    for bad, message in [("abc", "not a duration"), ("-5ms", "must be positive"), ("0ms", "must be positive"),
+                         ("300", "not a duration"), ("p101:3ms", "percentile")]:
+        with pytest.raises(UserError, match=f"--sla-ttft: .*{message}"):
+            parse_slas({"ttft": bad})
+
+
+def test_schedules_and_knobs():
+    assert chunk_schedule("decreasing", 2048) == (2048, 1024, 512)
+    assert chunk_schedule("linear", 1024) == (1024, 768, 512, 256)
+    assert chunk_schedule("fixed", 512) == ()
+    assert engine_kwargs({"policy": "continuous", "max_num_batched_tokens": 512, "max_num_seqs": 8}, 8192) == \
+        {"policy": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 8192}
+
+
+def small_space() -> SearchSpace:
+    """150 points: 6 budgets x 5 chunk caps x 5 seat limits."""
+    return SearchSpace({"policy": ["chunked"], "max_num_batched_tokens": [128, 256, 512, 1024, 2048, 4096],
+                        "chunk_size": [0, 64, 128, 256, 1024], "max_num_seqs": [2, 4, 8, 16, 64]})
+
+
+def test_search_finds_the_exhaustive_optimum_with_a_fifth_of_the_trials(tmp_path):
+    space = small_space()
+    points = space.points()
+    assert len(points) == 150
+    workload_spec = WorkloadSpec(name="rag-mix", num_requests=120, rate=6.0, seed=1)
+    spec = TuneSpec(model="llama-3-8b", slos=parse_slas({"ttft": "2s", "tbt": "100ms"}), space=space,
+                    workload=workload_spec, backend=H100, n_trials=30, seed=0)
+    workload = build_workload(workload_spec, 8192)
+    exhaustive = []
+    for point in points:
+        outcome = evaluate(spec, engine_kwargs(point, 8192), workload)
+        if outcome.feasible:
+            exhaustive.append(outcome.values[0])
+    optimum = max(exhaustive)
+    assert len(exhaustive) < len(points), "the SLA should rule some points out"
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = open_storage(url)
+    study = create_study(spec, "quality", storage)
+    run_study(spec, study, storage, url)
+    best = feasible_trials(study)[0].values[0]
+    assert len(study.trials) == 30 <= len(points) / 5
+    assert best >= 0.98 * optimum, f"tuner {best:.3f} vs exhaustive {optimum:.3f}"
+
+
+TUNE = ["tune", "--model", "llama-3-8b", "--sla-ttft", "300ms", "--sla-tbt", "100ms", "--num-requests", "60",
+        "--no-progress"]
+
+
+def test_tune_writes_every_output(tmp_path, capsys):
+    out = tmp_path / "t"
+    code, stdout, err = run_cli([*TUNE, "--n-trials", "8", "--out", str(out)], capsys)
+    assert code == 0, err
+    for name in ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
+                 "report.html", "study.db"):
+        assert (out / name).exists(), name
+    config = yaml.safe_load((out / "vllm.yaml").read_text())
+    assert config["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
+    real_vllm_options = {"max-num-batched-tokens", "max-num-seqs", "max-model-len", "enable-chunked-prefill",
+                         "block-size", "gpu-memory-utilization", "enable-prefix-caching",
+                         "long-prefill-token-threshold", "max-num-partial-prefills", "model"}
+    assert set(config) <= real_vllm_options and config["max-num-batched-tokens"] >= 256
+    assert "--chunked-prefill-size" in (out / "sglang.txt").read_text()
+    assert "SIMULATED" in stdout
+
+
+def test_nothing_feasible_names_the_closest_trial(tmp_path, capsys):
+    code, stdout, _ = run_cli([*TUNE[:3], "--sla-ttft", "1ms", "--n-trials", "4", "--out", str(tmp_path / "x"),
+                               "--num-requests", "30", "--no-progress"], capsys)
+    assert code == 0
+    assert "No trial met p99 TTFT <= 1 ms" in stdout and "Closest: trial" in stdout and "missed by" in stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sla-ttft", "abc"], "--sla-ttft: 'abc' is not a duration"),
+    (["--sla-tbt", "-100ms"], "--sla-tbt: must be positive"),
+    (["--objective", "speed"], "--objective must be one of"),
+    (["--space", "/no/such.toml"], "--space: cannot read"),
+    (["--storage", "postgresql://nobody:x@127.0.0.1:1/none"], "--storage: cannot open"),
+])
+def test_tune_bad_input_writes_nothing(args, message, tmp_path, capsys):
+    out = tmp_path / "never"
+    code, _, err = run_cli(["tune", "--model", "llama-3-8b", "--out", str(out), "--no-progress", *args], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("[space]\n", "the [space] table is empty"),
+    ("[space]\nmax_num_batched_tokens = []\n", "must be a non-empty list"),
+    ("[space]\npolicy = ['fifo']\n", "unknown policy 'fifo'"),
+    ("[space]\nmax_num_batched_tokens = [128, 256]\ntile = [512]\n", "contradictory"),
+    ("[space]\nbudget = [1]\n", "unknown knob"),
+    ("[space\n", "not valid TOML"),
+])
+def test_bad_spaces(toml, message, tmp_path):
+    path = tmp_path / "space.toml"
+    path.write_text(toml)
+    with pytest.raises(UserError, match=re.escape(message)):
+        SearchSpace.load(path)
+
+
+def test_builtin_spaces_load():
+    for name in ("default", "latency", "throughput"):
+        space = SearchSpace.load(name)
+        assert space.points() and space.workload
+
+
+@pytest.mark.slow
+def test_kill_minus_nine_then_rerun_keeps_finished_trials(tmp_path):
+    out = tmp_path / "study"
+    command = [sys.executable, "-m", "chunkbench.cli", *TUNE, "--n-trials", "12", "--out", str(out),
+               "--num-requests", "100"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    db = out / "study.db"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # kill as soon as a few trials are in
+        time.sleep(0.5)
+        if db.exists() and _complete(db) >= 3:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = _complete(db)
+    assert 3 <= kept < 12
+    first_numbers = _complete_numbers(db)
+    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    assert _complete(db) == 12
+    assert set(first_numbers) <= set(_complete_numbers(db))
+
+
+def _study(db: Path) -> optuna.Study:
+    name = optuna.get_all_study_names(f"sqlite:///{db}")[0]
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+
+
+def _complete(db: Path) -> int:
+    try:
+        return len(_complete_numbers(db))
+    except Exception:  # the database may not hold a study yet
+        return 0
+
+
+def _complete_numbers(db: Path) -> list[int]:
+    return [t.number for t in _study(db).get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
+
+
+POSTGRES = os.environ.get("CHUNKBENCH_TEST_POSTGRES_URL")
+
+
+@pytest.mark.skipif(not POSTGRES, reason="set CHUNKBENCH_TEST_POSTGRES_URL (scripts/postgres.sh starts a server; "
+                    ".ci/run does it)")
+def test_two_processes_share_one_postgres_study(tmp_path):
+    import uuid
+
+    name = f"distributed-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, "-m", "chunkbench.cli", *TUNE, "--n-trials", "16", "--storage", POSTGRES,
+               "--study", name]
+    procs = [subprocess.Popen([*command, "--out", str(tmp_path / f"w{i}"), "--seed", str(i)], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    trials = optuna.load_study(study_name=name, storage=POSTGRES).get_trials()
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 16 and len(trials) == 16, [t.state for t in trials]
+    assert sorted(t.number for t in trials) == list(range(16))  # none lost, none twice
+    workers = {t.user_attrs.get("worker") for t in trials}
+    assert len(workers) == 2, "both processes ran trials"

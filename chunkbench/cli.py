@@ -430,12 +430,13 @@ def gate(
 
     cases = gating.load_suite(suite)
     verdicts = gating.run_gate(cases, baseline, update)
-    table = Table("case", "metric", "baseline", "now", "change", "95% interval", "verdict",
-                  title=f"chunkbench gate: {suite} against {baseline}")
-    style = {"REGRESSED": "bold red", "improved": "green", "ok": ""}
+    table = Table(title=f"chunkbench gate: {suite} against {baseline}")
+    for column in ("case", "metric", "baseline", "now", "change", "95% interval", "verdict"):
+        table.add_column(column, overflow="fold")
+    style = {"REGRESSED": "bold red", "improved": "green", "ok": "default"}
     for v in verdicts:
         table.add_row(v.case, v.metric, f"{v.baseline:.4g}", f"{v.now:.4g}", f"{v.change:+.1%}",
-                      f"{v.interval[0]:.4g}..{v.interval[1]:.4g}", f"[{style[v.verdict]}]{v.verdict}")
+                      f"{v.interval[0]:.4g}..{v.interval[1]:.4g}", f"[{style[v.verdict]}]{v.verdict}[/]")
     console.print(table)
     for path, text in ((junit, gating.junit_xml(verdicts)), (markdown_out, gating.markdown(verdicts))):
         if path:

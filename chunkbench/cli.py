@@ -17,11 +17,12 @@ from chunkbench.engine.config import ConfigError, EngineConfig
 from chunkbench.engine.request import SamplingParams
 from chunkbench.llm import LLM
 from chunkbench.errors import UserError
-from chunkbench.options import (Arrival, BackendOpt, CostModelPath, Gpu, AttentionBackend, BlockSize, Budget, Burstiness, ChunkSchedule,
-                                ChunkSize, Device, Dtype, Duration, Goodput, GpuMemoryUtilization, JsonOut,
-                                MaxModelLen, MaxNumSeqs, MaxPartialPrefills, Model, NoProgress, NumBlocks,
-                                NumRequests, Out, OutputLen, Policy, PrefixCaching, PromptLen, Rate, Seed, Tile,
-                                TimeScale, Tokenizer, WarmupSteps, Workload)
+from chunkbench.options import (Arrival, AttentionBackend, BackendOpt, BlockSize, Budget, Burstiness,
+                                ChunkSchedule, ChunkSize, CostModelPath, Device, Dtype, Duration, Goodput, Gpu,
+                                GpuMemoryUtilization, JsonOut, MaxModelLen, MaxNumSeqs, MaxPartialPrefills, Model,
+                                NoProgress, NumBlocks, NumPrefixes, NumRequests, Out, OutputLen, Policy,
+                                PrefixCaching, PrefixLen, PromptLen, Rate, Seed, Tile, TimeScale, Tokenizer,
+                                WarmupSteps, Workload)
 
 app = typer.Typer(
     name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -96,21 +97,20 @@ def generate(
         raise typer.Exit(2)
 
 
-def _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale, prompt_len, output_len,
-              tokenizer, seed, max_model_len):
+def _workload(max_model_len: int, **fields):
+    """The workload spec from the flags and its requests; clipping warnings are shown, not raised."""
+    import warnings
+
     from chunkbench.workload import WorkloadSpec, build_workload
 
-    spec = WorkloadSpec(name=workload, num_requests=num_requests, duration=duration, rate=rate, arrival=arrival,
-                        burstiness=burstiness, time_scale=time_scale, prompt_len=prompt_len,
-                        output_len=output_len, tokenizer=tokenizer, seed=seed)
-    import warnings
+    spec = WorkloadSpec(**fields)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         requests = build_workload(spec, max_model_len)
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}")
     if not requests:
-        raise UserError(f"--workload {workload}: no requests (check --num-requests and --duration)")
+        raise UserError(f"--workload {spec.name}: no requests (check --num-requests and --duration)")
     return spec, requests
 
 
@@ -143,6 +143,8 @@ def run(
     prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
     output_len: OutputLen = "lognormal:128:0.6:4:1024",
     tokenizer: Tokenizer = None,
+    prefix_len: PrefixLen = 0,
+    num_prefixes: NumPrefixes = 1,
     goodput: Goodput = None,
     max_num_batched_tokens: Budget = None,
     max_num_seqs: MaxNumSeqs = 256,
@@ -180,8 +182,10 @@ def run(
         max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
         gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
         device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
-    spec, requests = _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale,
-                               prompt_len, output_len, tokenizer, seed, config.scheduler.max_model_len)
+    spec, requests = _workload(config.scheduler.max_model_len, name=workload, num_requests=num_requests,
+                               duration=duration, rate=rate, arrival=arrival, burstiness=burstiness,
+                               time_scale=time_scale, prompt_len=prompt_len, output_len=output_len,
+                               tokenizer=tokenizer, prefix_len=prefix_len, num_prefixes=num_prefixes, seed=seed)
     chosen = _backend(backend, model, gpu, cost_model)
     result = run_benchmark(config, requests, label=policy, goodput_ms=slos, seed=seed,
                            warmup_steps=warmup_steps, progress=not no_progress, backend=chosen)
@@ -212,6 +216,8 @@ def compare(
     prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
     output_len: OutputLen = "lognormal:128:0.6:4:1024",
     tokenizer: Tokenizer = None,
+    prefix_len: PrefixLen = 0,
+    num_prefixes: NumPrefixes = 1,
     goodput: Goodput = None,
     max_num_batched_tokens: Budget = None,
     max_num_seqs: MaxNumSeqs = 256,
@@ -251,8 +257,10 @@ def compare(
                 gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
                 device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
     model_len = EngineConfig.create(**base).scheduler.max_model_len
-    spec, requests = _workload(workload, num_requests, duration, rate, arrival, burstiness, time_scale,
-                               prompt_len, output_len, tokenizer, seed, model_len)
+    spec, requests = _workload(model_len, name=workload, num_requests=num_requests, duration=duration, rate=rate,
+                               arrival=arrival, burstiness=burstiness, time_scale=time_scale,
+                               prompt_len=prompt_len, output_len=output_len, tokenizer=tokenizer,
+                               prefix_len=prefix_len, num_prefixes=num_prefixes, seed=seed)
     chosen = _backend(backend, model, gpu, cost_model)
     runs = compare_policies(base, policies, requests, backend=chosen, goodput_ms=slos, seed=seed,
                             warmup_steps=warmup_steps, progress=not no_progress,

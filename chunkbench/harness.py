@@ -31,10 +31,14 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
 
-def prompt_ids(request_index: int, length: int, vocab_size: int, seed: int) -> list[int]:
-    """Deterministic random prompt tokens for a workload request (content does not change timing)."""
-    rng = np.random.default_rng([seed, request_index])
-    return rng.integers(0, vocab_size, length).tolist()
+def prompt_ids(request_index: int, request: WorkloadRequest, vocab_size: int, seed: int) -> list[int]:
+    """Deterministic random prompt tokens: the request's shared segments (the same tokens wherever a segment
+    key recurs, so prefixes repeat), then its own tokens. Content does not change timing."""
+    ids: list[int] = []
+    for key, length in request.shared:
+        ids += np.random.default_rng([seed, 1, key]).integers(0, vocab_size, length).tolist()
+    own = request.prompt_len - len(ids)
+    return ids + np.random.default_rng([seed, 0, request_index]).integers(0, vocab_size, own).tolist()
 
 
 def warm_up(engine: LLMEngine, steps: int = 3) -> None:
@@ -76,7 +80,7 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                     i = order[next_index]
                     w = workload[i]
                     requests[i] = engine.add_request(
-                        prompt_ids(i, w.prompt_len, vocab, seed),
+                        prompt_ids(i, w, vocab, seed),
                         SamplingParams(max_tokens=w.output_len, ignore_eos=True),
                         request_id=str(i), arrival_time=start + w.arrival_time)
                     next_index += 1
@@ -95,7 +99,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                         start=step_start - start, seconds=result.seconds,
                         prefill_tokens=output.num_prefill_tokens, decode_tokens=output.num_decode_tokens,
                         num_running=output.num_running, num_waiting=output.num_waiting,
-                        kv_blocks_used=output.num_used_blocks, num_preempted=len(output.preempted)))
+                        kv_blocks_used=output.num_used_blocks, num_preempted=len(output.preempted),
+                        cached_tokens=output.num_cached_tokens))
                     output_tokens += len(result.sampled)
                 newly_done = sum(r.is_finished for r in updated)
                 if newly_done:

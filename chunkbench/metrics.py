@@ -62,6 +62,7 @@ class StepRecord:
     num_waiting: int
     kv_blocks_used: int
     num_preempted: int = 0
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied to requests admitted in this step
 
 
 def parse_goodput(text: str | list[str] | None) -> dict[str, float]:
@@ -163,6 +164,12 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     summary["peak_kv_blocks"] = peak
     if num_kv_blocks:
         summary["peak_kv_usage_pct"] = 100.0 * peak / num_kv_blocks
+    cached = sum(r.num_cached_tokens for r in done)
+    summary["cached_prompt_tokens"] = cached
+    summary["computed_prompt_tokens"] = total_in - cached
+    summary["prefix_cache_hit_rate_pct"] = 100.0 * cached / total_in if total_in else 0.0
+    summary["prefix_cache_request_hit_rate_pct"] = (100.0 * sum(r.num_cached_tokens > 0 for r in done) / len(done)
+                                                    if done else 0.0)
     summary["num_steps"] = len(steps)
     return summary
 
@@ -197,5 +204,9 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo("num_preemptions", "requests evicted from the KV cache and recomputed", "count"),
     MetricInfo("peak_kv_blocks / peak_kv_usage_pct", "most KV blocks in use at once, and as a share of the "
                "cache", "blocks / %"),
+    MetricInfo("prefix_cache_hit_rate_pct / prefix_cache_request_hit_rate_pct", "prompt tokens served from "
+               "the prefix cache / requests that found any cached prefix (first admission)", "%"),
+    MetricInfo("cached_prompt_tokens / computed_prompt_tokens", "prompt tokens taken from the prefix cache / "
+               "prompt tokens computed", "tokens"),
     MetricInfo("num_steps", "engine steps in the run", "count"),
 ]

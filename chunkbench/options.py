@@ -80,3 +80,6 @@ Gpu = Annotated[Optional[str], typer.Option(
     "rtx-4090, mi300x.")]
 CostModelPath = Annotated[Optional[str], typer.Option(
     "--cost-model", help="sim: a profile written by `chunkbench profile` (JSON) instead of a roofline.")]
+PrefixLen = Annotated[int, typer.Option(help="Shared prefix put before every prompt (tokens), as vLLM's random "
+                                        "dataset with --random-prefix-len.")]
+NumPrefixes = Annotated[int, typer.Option(help="Distinct shared prefixes, assigned round-robin (prefixes).")]

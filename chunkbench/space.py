@@ -11,7 +11,7 @@ from chunkbench.engine.config import POLICIES
 from chunkbench.errors import UserError
 
 KNOBS = ("policy", "max_num_batched_tokens", "chunk_size", "chunk_schedule", "tile", "max_num_seqs",
-         "max_partial_prefills")
+         "max_partial_prefills", "enable_prefix_caching")
 CHUNK_KNOBS = ("chunk_size", "chunk_schedule", "tile", "max_partial_prefills")  # only `chunked` uses these
 SCHEDULE_FAMILIES = ("fixed", "decreasing", "linear")
 WORKLOAD_KEYS = ("name", "rate", "num_requests", "duration", "arrival", "burstiness", "time_scale",
@@ -65,6 +65,8 @@ class SearchSpace:
         for policy in self.values.get("policy", ["chunked"]):
             if policy not in POLICIES:
                 raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(POLICIES)}")
+        if any(not isinstance(v, bool) for v in self.values.get("enable_prefix_caching", [])):
+            raise UserError(f"{where}: 'enable_prefix_caching' values must be true or false")
         for family in self.values.get("chunk_schedule", ["fixed"]):
             if family not in SCHEDULE_FAMILIES:
                 raise UserError(f"{where}: unknown chunk_schedule family '{family}'; use "
@@ -87,6 +89,8 @@ class SearchSpace:
         point["max_num_batched_tokens"] = suggest("max_num_batched_tokens",
                                                   self.values.get("max_num_batched_tokens", [2048]))
         point["max_num_seqs"] = suggest("max_num_seqs", self.values.get("max_num_seqs", [256]))
+        if "enable_prefix_caching" in self.values:
+            point["enable_prefix_caching"] = suggest("enable_prefix_caching", self.values["enable_prefix_caching"])
         if point["policy"] == "chunked":
             for key in CHUNK_KNOBS:
                 if key in self.values:
@@ -109,6 +113,8 @@ def engine_kwargs(point: dict, max_model_len: int) -> dict:
     max_model_len, as vLLM enforces without chunked prefill."""
     budget = point["max_num_batched_tokens"]
     kwargs = {"policy": point["policy"], "max_num_seqs": point["max_num_seqs"]}
+    if "enable_prefix_caching" in point:
+        kwargs["enable_prefix_caching"] = point["enable_prefix_caching"]
     if point["policy"] != "chunked":
         kwargs["max_num_batched_tokens"] = max(budget, max_model_len)
         return kwargs

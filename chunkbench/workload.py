@@ -24,6 +24,9 @@ class WorkloadRequest:
     prompt_len: int
     output_len: int
     arrival_time: float  # seconds from the start of the run
+    # The prompt starts with these segments (key, tokens): equal keys give equal tokens across requests, so
+    # shared system prompts and conversation histories hit the prefix cache. The rest is the request's own.
+    shared: tuple[tuple[int, int], ...] = ()
 
 
 # ---------- distributions ----------
@@ -107,7 +110,9 @@ NAMED = {
     "azure-conv": "Azure LLM conversation trace (Splitwise, 2023), real arrivals",
     "azure-code": "Azure LLM coding trace (Splitwise, 2023), real arrivals",
     "arxiv-summarization": "arXiv summarization token counts (long prompts), Poisson arrivals at --rate",
+    "multi-turn": "4-turn chats: each turn's prompt is the whole conversation so far plus a new message",
 }
+MULTI_TURN_TURNS, MULTI_TURN_GAP_S = 4, 5.0  # turns per conversation; seconds between a conversation's turns
 TRACE_FILES = {"azure-conv": "splitwise_conv.csv", "azure-code": "splitwise_code.csv",
                "arxiv-summarization": "arxiv_summarization.csv"}
 
@@ -125,6 +130,25 @@ def _named_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
     return prompts, outputs
 
 
+def _multi_turn(n: int, rate: float, rng: np.random.Generator) -> list[WorkloadRequest]:
+    """Conversations start as a Poisson process at rate / turns; turn t comes MULTI_TURN_GAP_S after t-1.
+    The answers in later prompts are the workload's, not the model's (as when replaying a chat dataset), so
+    the cache serves each turn the previous turn's prompt, not its generated answer."""
+    conversations = -(-n // MULTI_TURN_TURNS)
+    starts = sample_arrivals("poisson", conversations, rate / MULTI_TURN_TURNS, 1.0, rng)
+    requests = []
+    for c, start in enumerate(starts):
+        users = sample_lengths("lognormal:128:0.6:8:1024", MULTI_TURN_TURNS, rng)
+        answers = sample_lengths("lognormal:128:0.6:8:512", MULTI_TURN_TURNS, rng)
+        history: tuple[tuple[int, int], ...] = ()
+        for t in range(MULTI_TURN_TURNS):
+            segments = history + ((c * 2 * MULTI_TURN_TURNS + 2 * t, int(users[t])),)
+            requests.append(WorkloadRequest(sum(length for _, length in segments), int(answers[t]),
+                                            float(start + t * MULTI_TURN_GAP_S), segments))
+            history = segments + ((c * 2 * MULTI_TURN_TURNS + 2 * t + 1, int(answers[t])),)
+    return sorted(requests, key=lambda r: r.arrival_time)[:n]
+
+
 def read_trace(name: str) -> pd.DataFrame:
     with resources.files("chunkbench.data").joinpath(TRACE_FILES[name]).open() as f:
         return pd.read_csv(f)
@@ -134,7 +158,9 @@ def read_trace(name: str) -> pd.DataFrame:
 
 COLUMN_ALIASES = {"prompt_len": ("prompt_len", "input_len", "prompt_tokens", "num_prefill_tokens"),
                   "output_len": ("output_len", "output_tokens", "num_decode_tokens", "max_tokens"),
-                  "arrival_time": ("arrival_time", "arrived_at", "timestamp")}
+                  "arrival_time": ("arrival_time", "arrived_at", "timestamp"),
+                  "prefix_group": ("prefix_group",), "prefix_len": ("prefix_len",)}
+OPTIONAL_COLUMNS = ("arrival_time", "prefix_group", "prefix_len")
 
 
 def _read_token_file(path: Path) -> pd.DataFrame:
@@ -148,7 +174,7 @@ def _read_token_file(path: Path) -> pd.DataFrame:
     columns = {}
     for name, aliases in COLUMN_ALIASES.items():
         found = next((a for a in aliases if a in frame.columns), None)
-        if found is None and name != "arrival_time":
+        if found is None and name not in OPTIONAL_COLUMNS:
             raise UserError(f"--workload: {path} has no {name} column (accepted names: {', '.join(aliases)})")
         if found is not None:
             columns[name] = pd.to_numeric(frame[found], errors="coerce")
@@ -208,6 +234,8 @@ class WorkloadSpec:
     prompt_len: str = "lognormal:256:0.8:4:4096"  # synthetic only
     output_len: str = "lognormal:128:0.6:4:1024"  # synthetic only
     tokenizer: str | None = None
+    prefix_len: int = 0  # tokens of shared prefix put before every prompt (as vLLM's random dataset)
+    num_prefixes: int = 1  # distinct shared prefixes, assigned round-robin
     seed: int = 0
 
 
@@ -221,8 +249,11 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
         raise UserError(f"--time-scale must be > 0, got {spec.time_scale}")
     if spec.arrival not in (None, "trace", "all-at-once") and spec.rate <= 0:
         raise UserError(f"--rate must be > 0 requests/s, got {spec.rate}")
+    if spec.prefix_len < 0 or spec.num_prefixes < 1:
+        raise UserError("--prefix-len must be >= 0 and --num-prefixes >= 1")
     n = spec.num_requests or 1000
     arrivals = None
+    shared = [()] * n
     if spec.name in TRACE_FILES or Path(spec.name).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
         if spec.name in TRACE_FILES:
             frame = read_trace(spec.name).rename(columns={"num_prefill_tokens": "prompt_len",
@@ -235,9 +266,21 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
             frame = _read_sharegpt(path, spec.tokenizer) if path.suffix == ".json" else _read_token_file(path)
         frame = frame.head(spec.num_requests) if spec.num_requests else frame
         prompts, outputs = frame["prompt_len"].to_numpy(np.int64), frame["output_len"].to_numpy(np.int64)
+        if "prefix_group" in frame:  # a group's requests share their first prefix_len tokens
+            lens = frame["prefix_len"] if "prefix_len" in frame else pd.Series(np.zeros(len(frame)))
+            shared = [((1_000_000 + int(g), min(int(length), int(p))),) if length > 0 else ()
+                      for g, length, p in zip(frame["prefix_group"], lens, prompts)]
         if "arrival_time" in frame and spec.arrival in (None, "trace"):
             arrivals = (frame["arrival_time"].to_numpy(float) - frame["arrival_time"].iloc[0]) * spec.time_scale
         n = len(prompts)
+    elif spec.name == "multi-turn":
+        if spec.rate <= 0:
+            raise UserError(f"--rate must be > 0 requests/s, got {spec.rate}")
+        requests = _multi_turn(n, spec.rate, rng)
+        prompts = np.array([r.prompt_len for r in requests])
+        outputs = np.array([r.output_len for r in requests])
+        arrivals = np.array([r.arrival_time for r in requests])
+        shared = [r.shared for r in requests]
     elif spec.name in NAMED:
         prompts, outputs = _named_lengths(spec.name, n, rng)
     elif spec.name == "synthetic":
@@ -250,7 +293,11 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
         if spec.arrival == "trace":
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")
         arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng)
-    requests = [WorkloadRequest(int(p), int(o), float(a)) for p, o, a in zip(prompts, outputs, arrivals)]
+    requests = [WorkloadRequest(int(p), int(o), float(a), sh) for p, o, a, sh in zip(prompts, outputs, arrivals, shared)]
+    if spec.prefix_len:  # a shared prefix before each prompt, round-robin over the prefixes
+        requests = [WorkloadRequest(r.prompt_len + spec.prefix_len, r.output_len, r.arrival_time,
+                                    ((2_000_000 + i % spec.num_prefixes, spec.prefix_len),) + r.shared)
+                    for i, r in enumerate(requests)]
     if spec.duration is not None:
         requests = [r for r in requests if r.arrival_time <= spec.duration]
     if max_model_len is not None:
@@ -264,7 +311,12 @@ def clip_to_model(requests: list[WorkloadRequest], max_model_len: int) -> list[W
     for r in requests:
         if r.prompt_len + r.output_len > max_model_len:
             prompt = min(r.prompt_len, max_model_len - 1)
-            r = WorkloadRequest(prompt, min(r.output_len, max_model_len - prompt), r.arrival_time)
+            shared, room = [], prompt  # keep the shared segments that still fit
+            for key, length in r.shared:
+                shared.append((key, min(length, room)))
+                room -= shared[-1][1]
+            r = WorkloadRequest(prompt, min(r.output_len, max_model_len - prompt), r.arrival_time,
+                                tuple(seg for seg in shared if seg[1] > 0))
         clipped.append(r)
     count = sum(a != b for a, b in zip(requests, clipped))
     if count:

@@ -44,7 +44,8 @@ class LLMEngine:
             executor = ModelExecutor(config)
         self.executor = executor
         self.clock = clock or RealClock()
-        self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size)
+        self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size,
+                                          enable_caching=config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, seed=config.seed)
         self._ids = itertools.count()
         self._rejected: list[Request] = []

@@ -38,6 +38,7 @@ class ScheduledChunk:
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens of requests admitted this step that the prefix cache held
     num_running: int = 0  # after scheduling
     num_waiting: int = 0
     num_used_blocks: int = 0

@@ -59,6 +59,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # wall/virtual time each output token appeared
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of its full blocks, filled lazily
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -75,6 +76,15 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """Tokens at positions [start, end) of prompt + output, without building the whole list."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
 
     @property
     def is_decoding(self) -> bool:

@@ -32,6 +32,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self._step_cached_tokens = 0  # prompt tokens found in the prefix cache by this step's admissions
 
     # ---- requests in and out ----
 
@@ -74,6 +75,7 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> SchedulerOutput:
         scheduled: dict[Request, int] = {}  # request -> tokens to compute this step (in step order)
         preempted: list[Request] = []
+        self._step_cached_tokens = 0
         policy = self.config.policy
         if policy == "chunked":
             self._schedule_chunked(scheduled, preempted)
@@ -104,8 +106,9 @@ class Scheduler:
             if cap is not None and partial >= cap:
                 break
             request = self.waiting[0]
+            hits = self._lookup_prefix(request)
             n = self._chunk_len(request, budget, scheduled)
-            if not n or not self._admit(request, n, scheduled):
+            if not n or not self._admit(request, n, scheduled, hits):
                 break
             budget -= n
 
@@ -126,9 +129,9 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if self.config.policy == "static" and not self.running:
             while self.waiting and len(self.running) < self.config.max_num_seqs:
-                request = self.waiting.popleft()
-                request.status = RequestStatus.RUNNING
-                self.running.append(request)
+                request = self.waiting[0]
+                if not self._admit(request, 0, None, self._lookup_prefix(request)):  # its prefill comes below
+                    break
         for request in [r for r in self.running if not r.is_decoding]:
             n = request.num_tokens_to_compute
             if n > budget:
@@ -148,8 +151,9 @@ class Scheduler:
     def _admit_whole_prompts(self, budget: int, scheduled: dict[Request, int]) -> int:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            hits = self._lookup_prefix(request)
             n = request.num_tokens_to_compute
-            if n > budget or not self._admit(request, n, scheduled):
+            if n > budget or not self._admit(request, n, scheduled, hits):
                 break
             budget -= n
         return budget
@@ -167,14 +171,26 @@ class Scheduler:
                 n -= excess
         return n
 
-    def _admit(self, request: Request, n: int, scheduled: dict[Request, int]) -> bool:
-        if not self.block_manager.can_allocate(request, n):
+    def _lookup_prefix(self, request: Request) -> list[int]:
+        """Cached blocks the request's prompt starts with; tentatively counts their tokens as computed."""
+        hits = self.block_manager.cached_prefix(request) if request.num_computed_tokens == 0 else []
+        request.num_computed_tokens = len(hits) * self.block_manager.block_size
+        return hits
+
+    def _admit(self, request: Request, n: int, scheduled: dict[Request, int] | None, hits: list[int]) -> bool:
+        """Move the head of the queue to running with blocks for `n` tokens (scheduled unless None)."""
+        if not self.block_manager.can_allocate(request, n, hits):
+            request.num_computed_tokens = 0  # undo the tentative prefix hit
             return False
         self.waiting.popleft()
-        self.block_manager.allocate(request, n)
+        self.block_manager.allocate(request, n, hits)
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = request.num_computed_tokens
+        self._step_cached_tokens += request.num_computed_tokens
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        scheduled[request] = n
+        if scheduled is not None:
+            scheduled[request] = n
         return True
 
     def _reserve(self, request: Request, n: int, scheduled: dict[Request, int],
@@ -212,7 +228,7 @@ class Scheduler:
                 seed = zlib.crc32(f"{self.seed}/{request.request_id}".encode())
             chunks.append(ScheduledChunk(
                 request_id=request.request_id,
-                token_ids=request.all_token_ids[start:start + n],
+                token_ids=request.token_ids_between(start, start + n),
                 start_pos=start,
                 block_table=list(self.block_manager.block_table(request.request_id)),
                 sample=start + n == request.num_tokens,
@@ -222,6 +238,7 @@ class Scheduler:
                 sample_seed=seed,
             ))
         return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],
+                               num_cached_tokens=self._step_cached_tokens,
                                num_running=len(self.running), num_waiting=len(self.waiting),
                                num_used_blocks=self.block_manager.num_used_blocks)
 
@@ -233,6 +250,7 @@ class Scheduler:
             if request.is_finished:  # aborted while the step ran
                 continue
             request.num_computed_tokens += chunk.num_tokens
+            self.block_manager.computed(request)
             if not chunk.is_decode:
                 request.num_chunks += 1
             if not chunk.sample:

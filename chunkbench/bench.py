@@ -34,13 +34,18 @@ DEFAULT_SIM_GPU = "h100-sxm"
 class Backend:
     """Where steps run: the real engine on this machine, or the simulator with a cost model."""
 
-    kind: str = "engine"  # "engine" or "sim"
+    kind: str = "engine"  # "engine", "sim", or "launch" (a server started per trial, measured over HTTP)
     gpu: str | None = None  # roofline cost model on this GPU
     cost_model: str | None = None  # a fitted profile (JSON) instead
+    launch: str | None = None  # launch: the server command, with {knob} placeholders
+    endpoint: str | None = None  # launch: its OpenAI base URL, e.g. http://127.0.0.1:8000/v1
+    launch_timeout_s: float = 300.0
 
     def __str__(self) -> str:
         if self.kind == "engine":
             return "engine"
+        if self.kind == "launch":
+            return f"launched server at {self.endpoint}"
         return f"simulated, {'profile ' + self.cost_model if self.cost_model else 'roofline on ' + self.gpu}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -344,6 +345,12 @@ def tune(
     cost_model: CostModelPath = None,
     verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
                                             "when the model runs on this device.")] = 3,
+    launch: Annotated[Optional[str], typer.Option(help="--backend launch: server command per trial, with "
+                                                  "{model} and knob placeholders, e.g. \"vllm serve {model} "
+                                                  "--max-num-batched-tokens {max_num_batched_tokens}\".")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(help="--backend launch: the launched server's OpenAI base "
+                                                    "URL, e.g. http://127.0.0.1:8000/v1.")] = None,
+    launch_timeout: Annotated[float, typer.Option(help="--backend launch: seconds to wait for /health.")] = 300.0,
     study: Annotated[Optional[str], typer.Option(help="Study name; an existing study resumes. Default: "
                                                  "<model>-<workload>-<objective>.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna RDB URL (postgresql://user:pw@host/db) to share "
@@ -379,7 +386,16 @@ def tune(
     overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed).items()
                  if v is not None}
     EngineConfig.create(model, **overrides)  # validate the fixed flags
-    chosen, verify = _tune_backend(backend, model, gpu, cost_model, verify_top)
+    if backend == "launch":
+        from chunkbench.bench import Backend
+        from chunkbench.tuner import launch_command
+
+        if not launch or not endpoint:
+            raise UserError("--backend launch needs --launch COMMAND and --endpoint URL")
+        launch_command(launch, model, {})  # placeholders checked before anything starts
+        chosen, verify = Backend("launch", launch=launch, endpoint=endpoint, launch_timeout_s=launch_timeout), 0
+    else:
+        chosen, verify = _tune_backend(backend, model, gpu, cost_model, verify_top)
     spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=chosen,
                     objective=objective, n_trials=n_trials, timeout_s=timeout, seed=seed,
                     max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)
@@ -457,6 +473,112 @@ def gate(
         for v in regressions:
             print(f"chunkbench gate: REGRESSION {gating.describe(v)}", file=sys.stderr)
         raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    model: Model = "tiny",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Model name the API reports.")] = None,
+    policy: Policy = "chunked",
+    max_num_batched_tokens: Budget = None,
+    max_num_seqs: MaxNumSeqs = 256,
+    max_model_len: MaxModelLen = None,
+    chunk_size: ChunkSize = None,
+    chunk_schedule: ChunkSchedule = None,
+    tile: Tile = None,
+    max_partial_prefills: MaxPartialPrefills = None,
+    block_size: BlockSize = 16,
+    num_blocks: NumBlocks = None,
+    gpu_memory_utilization: GpuMemoryUtilization = 0.9,
+    enable_prefix_caching: PrefixCaching = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    attention_backend: AttentionBackend = "auto",
+    seed: Seed = 0,
+) -> None:
+    """Serve the built-in engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics)."""
+    import uvicorn
+
+    from chunkbench.server import create_app
+
+    config = EngineConfig.create(
+        model, policy=policy, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, chunk_size=chunk_size, chunk_schedule=chunk_schedule, tile=tile,
+        max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
+        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+        device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
+    uvicorn.run(create_app(config, served_model_name), host=host, port=port, log_level="warning")
+
+
+@app.command()
+def bench(
+    endpoint: Annotated[str, typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+                                          "(chunkbench serve, vLLM, SGLang).")],
+    workload: Workload = "chat",
+    num_requests: NumRequests = 100,
+    duration: Duration = None,
+    rate: Rate = 1.0,
+    arrival: Arrival = None,
+    burstiness: Burstiness = 1.0,
+    time_scale: TimeScale = 1.0,
+    prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
+    output_len: OutputLen = "lognormal:128:0.6:4:1024",
+    prefix_len: PrefixLen = 0,
+    num_prefixes: NumPrefixes = 1,
+    max_concurrency: Annotated[Optional[int], typer.Option(help="Most requests in flight (requests); "
+                                                           "default: no limit.")] = None,
+    served_model: Annotated[Optional[str], typer.Option("--model", help="Model name to send; default: the "
+                                                        "server's first /v1/models entry.")] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(help="Token ids of the random prompts are below this; "
+                                                      "default: the server's, else 32000.")] = None,
+    max_model_len: MaxModelLen = None,
+    goodput: Goodput = None,
+    seed: Seed = 0,
+    out: Out = None,
+    json_out: JsonOut = None,
+) -> None:
+    """Benchmark any OpenAI-compatible server with chunkbench's workloads and metrics (same JSON as `run`),
+    including failed requests and their errors."""
+    import asyncio
+
+    import httpx
+
+    from chunkbench.client import bench_endpoint
+    from chunkbench.metrics import parse_goodput, summarize
+
+    slos = parse_goodput(goodput)
+    try:
+        card = httpx.get(endpoint.rstrip("/") + "/models", timeout=10).json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        raise UserError(f"--endpoint: no model list at {endpoint}/models: {exc}") from None
+    limit = max_model_len or card.get("max_model_len") or 8192
+    spec, requests = _workload(limit, name=workload, num_requests=num_requests, duration=duration, rate=rate,
+                               arrival=arrival, burstiness=burstiness, time_scale=time_scale,
+                               prompt_len=prompt_len, output_len=output_len, prefix_len=prefix_len,
+                               num_prefixes=num_prefixes, seed=seed)
+    result = asyncio.run(bench_endpoint(endpoint, requests, vocab_size or card.get("vocab_size") or 32000,
+                                        served_model or card.get("id"), max_concurrency, seed))
+    summary = summarize(result.records, [], result.duration, slos)
+    failures = [{"request": i, "error": e} for i, e in enumerate(result.errors) if e]
+    payload = {**summary, "endpoint": endpoint, "workload": dataclasses.asdict(spec), "failed_requests": failures}
+    out = out or _default_out("bench")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(payload, indent=2))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(payload, indent=2))
+    from chunkbench.bench import BenchRun
+    from chunkbench.harness import RunResult
+    from chunkbench.report import comparison_table
+
+    run_view = BenchRun(endpoint, None, summary, RunResult(result.records, [], result.duration, 0))
+    console.print(comparison_table([run_view], title=f"{endpoint}, {workload}, {len(requests)} requests"))
+    for failure in failures[:10]:
+        console.print(f"[red]request {failure['request']} failed:[/] {failure['error']}")
+    console.print(f"wrote {out}/summary.json")
 
 
 kernels_app = typer.Typer(no_args_is_help=True, help="Check and benchmark the Triton attention kernels.")

@@ -73,8 +73,8 @@ NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide the progre
 # ---- where steps run ----
 BackendOpt = Annotated[str, typer.Option(
     "--backend", help="engine (the real model on this machine), sim (the simulator: the real scheduler, step "
-    "times from --gpu's roofline or --cost-model), or auto (engine, except a model larger than 'small' "
-    "without a CUDA device: sim on h100-sxm).")]
+    "times from --gpu's roofline or --cost-model), launch (tune only: a server started per trial, see "
+    "--launch), or auto (engine, except a model larger than 'small' without a CUDA device: sim on h100-sxm).")]
 Gpu = Annotated[Optional[str], typer.Option(
     help="sim: GPU for the roofline cost model: a100-40g, a100-80g, h100-sxm, h100-pcie, h200, l40s, l4, a10g, "
     "rtx-4090, mi300x.")]

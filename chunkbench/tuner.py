@@ -79,9 +79,12 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
     backend = backend or spec.backend
     if spec.objective == "capacity":
         return _capacity(spec, config, workload, knobs, backend)
-    run = run_benchmark(config, workload, backend=backend, goodput_ms=goodput_slos(spec.slos), seed=spec.seed,
-                        progress=progress, percentiles=[s.percentile for s in spec.slos])
-    summary = run.summary
+    if backend.kind == "launch":
+        summary = launched_summary(spec, backend, knobs, workload)
+    else:
+        summary = run_benchmark(config, workload, backend=backend, goodput_ms=goodput_slos(spec.slos),
+                                seed=spec.seed, progress=progress,
+                                percentiles=[s.percentile for s in spec.slos]).summary
     metrics = {k: summary[k] for k in METRIC_ATTRS} | {s.summary_key: summary[s.summary_key] for s in spec.slos}
     if spec.objective == "pareto":
         values = [summary["p99_ttft_ms"], summary["p99_itl_ms"], summary["output_throughput"]]
@@ -89,6 +92,51 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
         values = [summary["request_goodput"]]
     return TrialOutcome(values, dict(zip((s.name for s in spec.slos), violations(summary, spec.slos))), metrics,
                         knobs)
+
+
+def launch_command(template: str, model: str, knobs: dict) -> str:
+    """The server command for a trial: {model} and every knob, e.g. {max_num_batched_tokens}; a knob the
+    trial leaves unset formats as 0 (vLLM's 'no cap' for long_prefill_token_threshold)."""
+    values = {"model": model, "policy": knobs.get("policy", "chunked"), "enable_prefix_caching": False,
+              "max_num_batched_tokens": 0, "max_num_seqs": 0, "chunk_size": 0, "tile": 0, "max_partial_prefills": 0}
+    values.update({k: v for k, v in knobs.items() if v is not None})
+    values["chunk_schedule"] = ",".join(map(str, knobs.get("chunk_schedule") or ())) or "0"
+    values["long_prefill_token_threshold"] = values["chunk_size"]
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserError(f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
+                        f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
+
+
+def launched_summary(spec: TuneSpec, backend: Backend, knobs: dict, workload: list[WorkloadRequest]) -> dict:
+    """Start the server with this trial's knobs, wait for /health, benchmark it over HTTP, stop it.
+    A server that does not come up raises RuntimeError, which fails the trial, not the study."""
+    import asyncio
+    import shlex
+    import signal
+    import subprocess
+
+    from chunkbench.client import bench_endpoint, wait_healthy
+    from chunkbench.metrics import summarize
+
+    command = launch_command(backend.launch, spec.model, knobs)
+    process = subprocess.Popen(shlex.split(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        wait_healthy(backend.endpoint, backend.launch_timeout_s, process)
+        vocab = EngineConfig.create(spec.model).model.vocab_size if spec.model else 32000
+        result = asyncio.run(bench_endpoint(backend.endpoint, workload, vocab, seed=spec.seed))
+        return summarize(result.records, [], result.duration, goodput_slos(spec.slos),
+                         extra_percentiles=[s.percentile for s in spec.slos])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def _capacity(spec: TuneSpec, config: EngineConfig, workload: list[WorkloadRequest], knobs: dict,

@@ -253,7 +253,7 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
         raise UserError("--prefix-len must be >= 0 and --num-prefixes >= 1")
     n = spec.num_requests or 1000
     arrivals = None
-    shared = [()] * n
+    shared = None  # per request shared prefix segments, when the source has them
     if spec.name in TRACE_FILES or Path(spec.name).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
         if spec.name in TRACE_FILES:
             frame = read_trace(spec.name).rename(columns={"num_prefill_tokens": "prompt_len",
@@ -293,6 +293,7 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
         if spec.arrival == "trace":
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")
         arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng)
+    shared = shared or [()] * len(prompts)
     requests = [WorkloadRequest(int(p), int(o), float(a), sh) for p, o, a, sh in zip(prompts, outputs, arrivals, shared)]
     if spec.prefix_len:  # a shared prefix before each prompt, round-robin over the prefixes
         requests = [WorkloadRequest(r.prompt_len + spec.prefix_len, r.output_len, r.arrival_time,

@@ -18,12 +18,9 @@ from chunkbench.engine.config import ConfigError, EngineConfig
 from chunkbench.engine.request import SamplingParams
 from chunkbench.llm import LLM
 from chunkbench.errors import UserError
-from chunkbench.options import (Arrival, AttentionBackend, BackendOpt, BlockSize, Budget, Burstiness,
-                                ChunkSchedule, ChunkSize, CostModelPath, Device, Dtype, Duration, Goodput, Gpu,
-                                GpuMemoryUtilization, JsonOut, MaxModelLen, MaxNumSeqs, MaxPartialPrefills, Model,
-                                NoProgress, NumBlocks, NumPrefixes, NumRequests, Out, OutputLen, Policy,
-                                PrefixCaching, PrefixLen, PromptLen, Rate, Seed, Tile, TimeScale, Tokenizer,
-                                WarmupSteps, Workload)
+from chunkbench.options import (ENGINE_OPTIONS, WORKLOAD_OPTIONS, BackendOpt, CostModelPath, Device, Dtype,
+                                Goodput, Gpu, JsonOut, MaxModelLen, Model, NoProgress, NumBlocks, Out, Seed,
+                                WarmupSteps, pick, with_options)
 
 app = typer.Typer(
     name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -44,6 +41,7 @@ def parse_int_list(flag: str, text: str) -> list[int]:
 
 
 @app.command()
+@with_options(ENGINE_OPTIONS)
 def generate(
     model: Model = "tiny",
     prompt_lens: Annotated[str, typer.Option(help="Prompt lengths, comma-separated (tokens); the prompts "
@@ -51,32 +49,13 @@ def generate(
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate per prompt (tokens).")] = 16,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (0-1].")] = 1.0,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the prompts and outputs here.")] = None,
-    policy: Policy = "chunked",
-    max_num_batched_tokens: Budget = None,
-    max_num_seqs: MaxNumSeqs = 256,
-    max_model_len: MaxModelLen = None,
-    chunk_size: ChunkSize = None,
-    chunk_schedule: ChunkSchedule = None,
-    tile: Tile = None,
-    max_partial_prefills: MaxPartialPrefills = None,
-    block_size: BlockSize = 16,
-    num_blocks: NumBlocks = None,
-    gpu_memory_utilization: GpuMemoryUtilization = 0.9,
-    enable_prefix_caching: PrefixCaching = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    attention_backend: AttentionBackend = "auto",
-    seed: Seed = 0,
+    json_out: JsonOut = None,
+    **engine,
 ) -> None:
     """Generate from random prompts with the built-in engine (greedy by default) and print the tokens."""
     lens = parse_int_list("--prompt-lens", prompt_lens)
-    config = EngineConfig.create(
-        model, policy=policy, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, chunk_size=chunk_size, chunk_schedule=chunk_schedule, tile=tile,
-        max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
-        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-        device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
+    config = EngineConfig.create(model, **engine)
+    seed = engine["seed"]
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
     rng = random.Random(seed)
     prompts = [[rng.randrange(config.model.vocab_size) for _ in range(n)] for n in lens]
@@ -98,13 +77,13 @@ def generate(
         raise typer.Exit(2)
 
 
-def _workload(max_model_len: int, **fields):
+def _workload(max_model_len: int, workload: str, **fields):
     """The workload spec from the flags and its requests; clipping warnings are shown, not raised."""
     import warnings
 
     from chunkbench.workload import WorkloadSpec, build_workload
 
-    spec = WorkloadSpec(**fields)
+    spec = WorkloadSpec(name=workload, **fields)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         requests = build_workload(spec, max_model_len)
@@ -131,37 +110,11 @@ def _default_out(kind: str) -> Path:
 
 
 @app.command()
+@with_options(ENGINE_OPTIONS)
+@with_options(WORKLOAD_OPTIONS)
 def run(
     model: Model = "small",
-    policy: Policy = "chunked",
-    workload: Workload = "chat",
-    num_requests: NumRequests = 100,
-    duration: Duration = None,
-    rate: Rate = 1.0,
-    arrival: Arrival = None,
-    burstiness: Burstiness = 1.0,
-    time_scale: TimeScale = 1.0,
-    prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
-    output_len: OutputLen = "lognormal:128:0.6:4:1024",
-    tokenizer: Tokenizer = None,
-    prefix_len: PrefixLen = 0,
-    num_prefixes: NumPrefixes = 1,
     goodput: Goodput = None,
-    max_num_batched_tokens: Budget = None,
-    max_num_seqs: MaxNumSeqs = 256,
-    max_model_len: MaxModelLen = None,
-    chunk_size: ChunkSize = None,
-    chunk_schedule: ChunkSchedule = None,
-    tile: Tile = None,
-    max_partial_prefills: MaxPartialPrefills = None,
-    block_size: BlockSize = 16,
-    num_blocks: NumBlocks = None,
-    gpu_memory_utilization: GpuMemoryUtilization = 0.9,
-    enable_prefix_caching: PrefixCaching = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    attention_backend: AttentionBackend = "auto",
-    seed: Seed = 0,
     backend: BackendOpt = "auto",
     gpu: Gpu = None,
     cost_model: CostModelPath = None,
@@ -169,6 +122,7 @@ def run(
     out: Out = None,
     json_out: JsonOut = None,
     no_progress: NoProgress = False,
+    **options,
 ) -> None:
     """Serve one workload with one engine config; print the metrics and write summary.json,
     requests.parquet and steps.parquet."""
@@ -177,22 +131,19 @@ def run(
     from chunkbench.report import comparison_table
 
     slos = parse_goodput(goodput)
-    config = EngineConfig.create(
-        model, policy=policy, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, chunk_size=chunk_size, chunk_schedule=chunk_schedule, tile=tile,
-        max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
-        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-        device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
-    spec, requests = _workload(config.scheduler.max_model_len, name=workload, num_requests=num_requests,
-                               duration=duration, rate=rate, arrival=arrival, burstiness=burstiness,
-                               time_scale=time_scale, prompt_len=prompt_len, output_len=output_len,
-                               tokenizer=tokenizer, prefix_len=prefix_len, num_prefixes=num_prefixes, seed=seed)
+    config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
+    seed, workload = options["seed"], options["workload"]
+    spec, requests = _workload(config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
     chosen = _backend(backend, model, gpu, cost_model)
-    result = run_benchmark(config, requests, label=policy, goodput_ms=slos, seed=seed,
+    result = run_benchmark(config, requests, label=config.scheduler.policy, goodput_ms=slos, seed=seed,
                            warmup_steps=warmup_steps, progress=not no_progress, backend=chosen)
     out = out or _default_out("run")
     save_run(result, out, spec)
     console.print(comparison_table([result], title=f"{model}, {workload}, {len(requests)} requests"))
+    if chosen.kind == "sim":
+        steps, wall = result.summary["num_steps"], result.result.wall_seconds
+        console.print(f"simulated {steps:,} steps ({result.summary['duration']:,.0f} s of virtual time) in "
+                      f"{wall:.1f} s of wall time: {steps / max(wall, 1e-9):,.0f} steps/s")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text((out / "summary.json").read_text())
@@ -202,39 +153,14 @@ def run(
 
 
 @app.command()
+@with_options(ENGINE_OPTIONS)
+@with_options(WORKLOAD_OPTIONS, workload="rag-mix")
 def compare(
     policies: Annotated[list[str], typer.Argument(
         help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
         "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios.")],
     model: Model = "small",
-    workload: Workload = "rag-mix",
-    num_requests: NumRequests = 100,
-    duration: Duration = None,
-    rate: Rate = 1.0,
-    arrival: Arrival = None,
-    burstiness: Burstiness = 1.0,
-    time_scale: TimeScale = 1.0,
-    prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
-    output_len: OutputLen = "lognormal:128:0.6:4:1024",
-    tokenizer: Tokenizer = None,
-    prefix_len: PrefixLen = 0,
-    num_prefixes: NumPrefixes = 1,
     goodput: Goodput = None,
-    max_num_batched_tokens: Budget = None,
-    max_num_seqs: MaxNumSeqs = 256,
-    max_model_len: MaxModelLen = None,
-    chunk_size: ChunkSize = None,
-    chunk_schedule: ChunkSchedule = None,
-    tile: Tile = None,
-    max_partial_prefills: MaxPartialPrefills = None,
-    block_size: BlockSize = 16,
-    num_blocks: NumBlocks = None,
-    gpu_memory_utilization: GpuMemoryUtilization = 0.9,
-    enable_prefix_caching: PrefixCaching = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    attention_backend: AttentionBackend = "auto",
-    seed: Seed = 0,
     backend: BackendOpt = "auto",
     gpu: Gpu = None,
     cost_model: CostModelPath = None,
@@ -242,6 +168,7 @@ def compare(
     out: Out = None,
     json_out: JsonOut = None,
     no_progress: NoProgress = False,
+    **options,
 ) -> None:
     """Run the same requests through several policies; print one table (a column per policy, ratios against
     the first) and write comparison.json, plots and report.html. Policies that never split a prompt get a
@@ -252,16 +179,12 @@ def compare(
     from chunkbench.report import comparison_table, markdown_table, plot_comparison, write_html
 
     slos = parse_goodput(goodput)
-    base = dict(model=model, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len, chunk_size=chunk_size, chunk_schedule=chunk_schedule, tile=tile,
-                max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
-                gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-                device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
+    engine = pick(options, ENGINE_OPTIONS)
+    engine.pop("policy")  # each positional policy sets its own
+    base = dict(model=model, **engine)
+    seed, workload = options["seed"], options["workload"]
     model_len = EngineConfig.create(**base).scheduler.max_model_len
-    spec, requests = _workload(model_len, name=workload, num_requests=num_requests, duration=duration, rate=rate,
-                               arrival=arrival, burstiness=burstiness, time_scale=time_scale,
-                               prompt_len=prompt_len, output_len=output_len, tokenizer=tokenizer,
-                               prefix_len=prefix_len, num_prefixes=num_prefixes, seed=seed)
+    spec, requests = _workload(model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
     chosen = _backend(backend, model, gpu, cost_model)
     runs = compare_policies(base, policies, requests, backend=chosen, goodput_ms=slos, seed=seed,
                             warmup_steps=warmup_steps, progress=not no_progress,
@@ -476,27 +399,13 @@ def gate(
 
 
 @app.command()
+@with_options(ENGINE_OPTIONS)
 def serve(
     model: Model = "tiny",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name the API reports.")] = None,
-    policy: Policy = "chunked",
-    max_num_batched_tokens: Budget = None,
-    max_num_seqs: MaxNumSeqs = 256,
-    max_model_len: MaxModelLen = None,
-    chunk_size: ChunkSize = None,
-    chunk_schedule: ChunkSchedule = None,
-    tile: Tile = None,
-    max_partial_prefills: MaxPartialPrefills = None,
-    block_size: BlockSize = 16,
-    num_blocks: NumBlocks = None,
-    gpu_memory_utilization: GpuMemoryUtilization = 0.9,
-    enable_prefix_caching: PrefixCaching = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    attention_backend: AttentionBackend = "auto",
-    seed: Seed = 0,
+    **engine,
 ) -> None:
     """Serve the built-in engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /metrics)."""
@@ -504,30 +413,15 @@ def serve(
 
     from chunkbench.server import create_app
 
-    config = EngineConfig.create(
-        model, policy=policy, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, chunk_size=chunk_size, chunk_schedule=chunk_schedule, tile=tile,
-        max_partial_prefills=max_partial_prefills, block_size=block_size, num_blocks=num_blocks,
-        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-        device=device, dtype=dtype, attention_backend=attention_backend, seed=seed)
+    config = EngineConfig.create(model, **engine)
     uvicorn.run(create_app(config, served_model_name), host=host, port=port, log_level="warning")
 
 
 @app.command()
+@with_options(WORKLOAD_OPTIONS)
 def bench(
     endpoint: Annotated[str, typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
                                           "(chunkbench serve, vLLM, SGLang).")],
-    workload: Workload = "chat",
-    num_requests: NumRequests = 100,
-    duration: Duration = None,
-    rate: Rate = 1.0,
-    arrival: Arrival = None,
-    burstiness: Burstiness = 1.0,
-    time_scale: TimeScale = 1.0,
-    prompt_len: PromptLen = "lognormal:256:0.8:4:4096",
-    output_len: OutputLen = "lognormal:128:0.6:4:1024",
-    prefix_len: PrefixLen = 0,
-    num_prefixes: NumPrefixes = 1,
     max_concurrency: Annotated[Optional[int], typer.Option(help="Most requests in flight (requests); "
                                                            "default: no limit.")] = None,
     served_model: Annotated[Optional[str], typer.Option("--model", help="Model name to send; default: the "
@@ -539,6 +433,7 @@ def bench(
     seed: Seed = 0,
     out: Out = None,
     json_out: JsonOut = None,
+    **workload_options,
 ) -> None:
     """Benchmark any OpenAI-compatible server with chunkbench's workloads and metrics (same JSON as `run`),
     including failed requests and their errors."""
@@ -555,10 +450,8 @@ def bench(
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         raise UserError(f"--endpoint: no model list at {endpoint}/models: {exc}") from None
     limit = max_model_len or card.get("max_model_len") or 8192
-    spec, requests = _workload(limit, name=workload, num_requests=num_requests, duration=duration, rate=rate,
-                               arrival=arrival, burstiness=burstiness, time_scale=time_scale,
-                               prompt_len=prompt_len, output_len=output_len, prefix_len=prefix_len,
-                               num_prefixes=num_prefixes, seed=seed)
+    spec, requests = _workload(limit, seed=seed, **pick(workload_options, WORKLOAD_OPTIONS))
+    workload = spec.name
     result = asyncio.run(bench_endpoint(endpoint, requests, vocab_size or card.get("vocab_size") or 32000,
                                         served_model or card.get("id"), max_concurrency, seed))
     summary = summarize(result.records, [], result.duration, slos)

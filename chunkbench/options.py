@@ -83,3 +83,46 @@ CostModelPath = Annotated[Optional[str], typer.Option(
 PrefixLen = Annotated[int, typer.Option(help="Shared prefix put before every prompt (tokens), as vLLM's random "
                                         "dataset with --random-prefix-len.")]
 NumPrefixes = Annotated[int, typer.Option(help="Distinct shared prefixes, assigned round-robin (prefixes).")]
+
+
+# ---- option groups, declared once and added to each command that takes them ----
+
+ENGINE_OPTIONS = {  # EngineConfig.create keyword -> (annotated type, default)
+    "policy": (Policy, "chunked"), "max_num_batched_tokens": (Budget, None), "max_num_seqs": (MaxNumSeqs, 256),
+    "max_model_len": (MaxModelLen, None), "chunk_size": (ChunkSize, None), "chunk_schedule": (ChunkSchedule, None),
+    "tile": (Tile, None), "max_partial_prefills": (MaxPartialPrefills, None), "block_size": (BlockSize, 16),
+    "num_blocks": (NumBlocks, None), "gpu_memory_utilization": (GpuMemoryUtilization, 0.9),
+    "enable_prefix_caching": (PrefixCaching, False), "device": (Device, "auto"), "dtype": (Dtype, "auto"),
+    "attention_backend": (AttentionBackend, "auto"), "seed": (Seed, 0),
+}
+WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated type, default)
+    "workload": (Workload, "chat"), "num_requests": (NumRequests, 100), "duration": (Duration, None),
+    "rate": (Rate, 1.0), "arrival": (Arrival, None), "burstiness": (Burstiness, 1.0),
+    "time_scale": (TimeScale, 1.0), "prompt_len": (PromptLen, "lognormal:256:0.8:4:4096"),
+    "output_len": (OutputLen, "lognormal:128:0.6:4:1024"), "tokenizer": (Tokenizer, None),
+    "prefix_len": (PrefixLen, 0), "num_prefixes": (NumPrefixes, 1),
+}
+
+
+def with_options(group: dict, **defaults):
+    """Add a group of options to a Typer command: the function takes them as **kwargs, and Typer sees them
+    in its signature (after the command's own). `defaults` overrides a default, e.g. workload="rag-mix"."""
+    import inspect
+
+    def decorate(fn):
+        signature = inspect.signature(fn, eval_str=True)  # what Typer reads; string annotations resolved
+        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        names = {p.name for p in own}
+        extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
+                                   default=defaults.get(name, default))
+                 for name, (kind, default) in group.items() if name not in names]
+        fn.__signature__ = signature.replace(parameters=own + extra)
+        fn.__annotations__ = {**fn.__annotations__, **{p.name: p.annotation for p in extra}}
+        return fn
+
+    return decorate
+
+
+def pick(values: dict, group: dict) -> dict:
+    """The entries of a command's keyword arguments that belong to an option group."""
+    return {name: values[name] for name in group if name in values}

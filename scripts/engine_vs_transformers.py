@@ -99,8 +99,8 @@ def main() -> None:
             ours, theirs = statistics.median(steps), statistics.median(hf_list)
         rows.append((name, tokens / ours, tokens / theirs))
     print(f"model {args.model}, fp32, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"| phase | chunkbench tokens/s | transformers tokens/s | ratio |")
-    print(f"|---|---|---|---|")
+    print("| phase | chunkbench tokens/s | transformers tokens/s | ratio |")
+    print("|---|---|---|---|")
     for name, ours, theirs in rows:
         label = f"prefill ({args.prompt_len}-token prompt)" if name == "prefill" else f"decode (batch {args.batch})"
         print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |")

@@ -18,9 +18,9 @@ from chunkbench.engine.config import ConfigError, EngineConfig
 from chunkbench.engine.request import SamplingParams
 from chunkbench.llm import LLM
 from chunkbench.errors import UserError
-from chunkbench.options import (ENGINE_OPTIONS, WORKLOAD_OPTIONS, BackendOpt, CostModelPath, Device, Dtype,
+from chunkbench.options import (ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, BackendOpt, CostModelPath, Device, Dtype,
                                 Goodput, Gpu, JsonOut, MaxModelLen, Model, NoProgress, NumBlocks, Out, Seed,
-                                WarmupSteps, pick, with_options)
+                                pick, with_options)
 
 app = typer.Typer(
     name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -110,22 +110,16 @@ def _default_out(kind: str) -> Path:
 
 
 @app.command()
+@with_options(RUN_OPTIONS)
 @with_options(ENGINE_OPTIONS)
 @with_options(WORKLOAD_OPTIONS)
 def run(
     model: Model = "small",
-    goodput: Goodput = None,
-    backend: BackendOpt = "auto",
-    gpu: Gpu = None,
-    cost_model: CostModelPath = None,
-    warmup_steps: WarmupSteps = 3,
-    out: Out = None,
-    json_out: JsonOut = None,
-    no_progress: NoProgress = False,
     **options,
 ) -> None:
     """Serve one workload with one engine config; print the metrics and write summary.json,
     requests.parquet and steps.parquet."""
+    goodput, backend, gpu, cost_model, warmup_steps, out, json_out, no_progress = pick(options, RUN_OPTIONS).values()
     from chunkbench.bench import run_benchmark, save_run
     from chunkbench.metrics import parse_goodput
     from chunkbench.report import comparison_table
@@ -153,6 +147,7 @@ def run(
 
 
 @app.command()
+@with_options(RUN_OPTIONS)
 @with_options(ENGINE_OPTIONS)
 @with_options(WORKLOAD_OPTIONS, workload="rag-mix")
 def compare(
@@ -160,19 +155,12 @@ def compare(
         help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
         "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios.")],
     model: Model = "small",
-    goodput: Goodput = None,
-    backend: BackendOpt = "auto",
-    gpu: Gpu = None,
-    cost_model: CostModelPath = None,
-    warmup_steps: WarmupSteps = 3,
-    out: Out = None,
-    json_out: JsonOut = None,
-    no_progress: NoProgress = False,
     **options,
 ) -> None:
     """Run the same requests through several policies; print one table (a column per policy, ratios against
     the first) and write comparison.json, plots and report.html. Policies that never split a prompt get a
     budget of at least max-model-len."""
+    goodput, backend, gpu, cost_model, warmup_steps, out, json_out, no_progress = pick(options, RUN_OPTIONS).values()
     from chunkbench.bench import compare as compare_policies
     from chunkbench.bench import save_run
     from chunkbench.metrics import parse_goodput

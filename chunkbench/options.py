@@ -103,6 +103,12 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
     "prefix_len": (PrefixLen, 0), "num_prefixes": (NumPrefixes, 1),
 }
 
+RUN_OPTIONS = {  # how `run` and `compare` execute and where they write
+    "goodput": (Goodput, None), "backend": (BackendOpt, "auto"), "gpu": (Gpu, None),
+    "cost_model": (CostModelPath, None), "warmup_steps": (WarmupSteps, 3), "out": (Out, None),
+    "json_out": (JsonOut, None), "no_progress": (NoProgress, False),
+}
+
 
 def with_options(group: dict, **defaults):
     """Add a group of options to a Typer command: the function takes them as **kwargs, and Typer sees them

@@ -93,6 +93,9 @@ class AsyncEngine:
                     self._remember(request)
             if self.engine.last_step is not None:
                 self.step_seconds.append(self.engine.last_step[1].seconds)
+            else:  # nothing schedulable right now (e.g. only rejections handed back): do not spin
+                self._wake.wait(timeout=0.01)
+                self._wake.clear()
 
     def _remember(self, request: Request) -> None:
         self.finished[request.request_id] = request

@@ -93,6 +93,10 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                     continue
                 step_start = engine.clock.now()
                 updated = engine.step()
+                if engine.last_step is None and not updated:  # work left, none schedulable: a scheduler bug
+                    raise RuntimeError(f"the engine has unfinished requests but scheduled nothing "
+                                       f"({len(engine.scheduler.waiting)} waiting, "
+                                       f"{len(engine.scheduler.running)} running)")
                 if engine.last_step is not None:
                     output, result = engine.last_step
                     steps.append(StepRecord(

@@ -154,6 +154,7 @@ class Scheduler:
             hits = self._lookup_prefix(request)
             n = request.num_tokens_to_compute
             if n > budget or not self._admit(request, n, scheduled, hits):
+                request.num_computed_tokens = 0  # it stays waiting, holding no blocks
                 break
             budget -= n
         return budget
@@ -172,15 +173,16 @@ class Scheduler:
         return n
 
     def _lookup_prefix(self, request: Request) -> list[int]:
-        """Cached blocks the request's prompt starts with; tentatively counts their tokens as computed."""
-        hits = self.block_manager.cached_prefix(request) if request.num_computed_tokens == 0 else []
+        """Cached blocks a waiting request's tokens start with; tentatively counts them as computed (a
+        waiting request holds no blocks, so it has nothing else computed)."""
+        hits = self.block_manager.cached_prefix(request)
         request.num_computed_tokens = len(hits) * self.block_manager.block_size
         return hits
 
     def _admit(self, request: Request, n: int, scheduled: dict[Request, int] | None, hits: list[int]) -> bool:
         """Move the head of the queue to running with blocks for `n` tokens (scheduled unless None)."""
         if not self.block_manager.can_allocate(request, n, hits):
-            request.num_computed_tokens = 0  # undo the tentative prefix hit
+            request.num_computed_tokens = 0  # undo the tentative prefix hit: it stays waiting
             return False
         self.waiting.popleft()
         self.block_manager.allocate(request, n, hits)

@@ -28,17 +28,18 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """Attention of a flattened mixed batch `q [num_tokens, num_heads, head_dim]` over the paged cache.
 
     Gathers each request's pages and takes a masked softmax in fp32 (SDPA; GQA by broadcasting the KV heads).
-    Single-query requests (decodes) go through one padded, batched call; prefill chunks one by one.
+    Single-query requests (decodes) go through padded, batched calls, grouped by context length; prefill
+    chunks one by one.
     """
     cu = cu_seqlens_q.tolist()
     lens_k = seqused_k.tolist()
-    decodes = [i for i in range(len(lens_k)) if cu[i + 1] - cu[i] == 1]
-    if decodes:
-        rows = torch.tensor([cu[i] for i in decodes], device=q.device)
-        lens = seqused_k[decodes].long()
-        k, v = _gather(k_cache, v_cache, block_table[decodes], max(lens_k[i] for i in decodes))
+    decodes = sorted((i for i in range(len(lens_k)) if cu[i + 1] - cu[i] == 1), key=lambda i: lens_k[i])
+    for group in _length_buckets(decodes, lens_k):
+        rows = torch.tensor([cu[i] for i in group], device=q.device)
+        lens = seqused_k[group].long()
+        k, v = _gather(k_cache, v_cache, block_table[group], lens_k[group[-1]])
         mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[:, None]  # [decodes, keys]
-        for row, i in enumerate(decodes):  # zero the padding of our gathered copy: 0 * NaN would be NaN
+        for row, i in enumerate(group):  # zero the padding of our gathered copy: 0 * NaN would be NaN
             k[row, :, lens_k[i]:] = 0.0
             v[row, :, lens_k[i]:] = 0.0
         o = F.scaled_dot_product_attention(q[rows].float().unsqueeze(2), k, v, attn_mask=mask[:, None, None, :],
@@ -62,6 +63,18 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                 o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=softmax_scale, enable_gqa=True)
             out[q_start + row: q_start + row + rows] = o[0].transpose(0, 1).to(out.dtype)
     return out
+
+
+def _length_buckets(indices: list[int], lengths: list[int], spread: float = 2.0) -> list[list[int]]:
+    """Split indices sorted by length into runs whose longest is at most `spread` times their shortest, so
+    a batch padded to its longest wastes at most half its reads (one long context must not pad all)."""
+    groups: list[list[int]] = []
+    for i in indices:
+        if groups and lengths[i] <= spread * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _gather(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

@@ -24,8 +24,9 @@ CASES = [  # (label, workload spec) sized for `small` on a 2-core CPU: each real
     ("chat @0.6/s", WorkloadSpec(name="chat", num_requests=30, rate=0.6)),
     ("rag-mix @0.15/s", WorkloadSpec(name="rag-mix", num_requests=20, rate=0.15)),
     ("rag-mix @0.3/s", WorkloadSpec(name="rag-mix", num_requests=20, rate=0.3)),
-    ("azure-conv x1/20", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=20.0)),
-    ("azure-conv x1/10", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=10.0)),
+    # The trace's first 25 requests arrive at 1.4/s; stretched 10x and 5x they arrive at 0.14/s and 0.28/s.
+    ("azure-conv @0.14/s", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=10.0)),
+    ("azure-conv @0.28/s", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=5.0)),
 ]
 
 

@@ -122,3 +122,20 @@ def test_shared_prefix_workloads():
     for conversation in by_conversation.values():
         for earlier, later in zip(conversation, conversation[1:]):  # each turn extends the previous one
             assert later.shared[:len(earlier.shared)] == earlier.shared and later.prompt_len > earlier.prompt_len
+
+
+def test_a_prompt_left_waiting_keeps_its_cache_hit():
+    """continuous: a prompt that does not fit the rest of this step's budget is admitted next step with
+    its cached prefix, not recomputed from scratch."""
+    engine = LLMEngine(EngineConfig.create("tiny", policy="continuous", max_num_batched_tokens=256,
+                                           max_model_len=256, num_blocks=128, enable_prefix_caching=True))
+    engine.add_request(SYSTEM + [1] * 10, SamplingParams(max_tokens=1))
+    while engine.has_unfinished():
+        engine.step()
+    b = engine.add_request(SYSTEM + [2] * 160, SamplingParams(max_tokens=2))  # 170 to compute after the hit
+    c = engine.add_request(SYSTEM + [3] * 110, SamplingParams(max_tokens=2))  # 120 > the 86 left: waits
+    engine.step()
+    assert [ch.request_id for ch in engine.last_step[0].chunks] == [b.request_id]
+    while engine.has_unfinished():
+        engine.step()
+    assert b.num_cached_tokens == 80 and c.num_cached_tokens == 80

@@ -18,7 +18,7 @@ from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
 from chunkbench.engine.request import SamplingParams
 from chunkbench.engine.sim_executor import StepShape
 
-CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # each point below must fit in the KV cache
 CONTEXTS = (0, 1024, 4096)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_CONTEXTS = (128, 1024, 4096)
@@ -30,20 +30,26 @@ def profile_grid(max_model_len: int, max_chunk: int, kv_tokens: int) -> list[Ste
 
     grid = [shape([(q, ctx)]) for q in CHUNKS for ctx in CONTEXTS if q <= max_chunk and q + ctx <= max_model_len]
     grid += [shape(decodes=[ctx] * b) for b in DECODE_BATCHES for ctx in DECODE_CONTEXTS
-             if ctx < max_model_len and b * ctx <= kv_tokens]
+             if ctx < max_model_len and b * (ctx + 16) <= kv_tokens]
     grid += [shape([(q, ctx)], [512] * b) for b in (4, 16) for q in (64, 256, 1024) for ctx in (0, 1024)
-             if q <= max_chunk and q + ctx <= max_model_len and b * 512 + q + ctx <= kv_tokens]
+             if q <= max_chunk and q + ctx <= max_model_len and b * 528 + q + ctx + 16 <= kv_tokens]
+    grid += [shape(decodes=[4096] + [256] * 15), shape(decodes=[2048] * 4 + [128] * 28)]  # mixed contexts
     grid += [shape([(q, 0)] * k) for q, k in ((128, 2), (128, 4), (64, 8), (256, 4)) if q * k <= max_chunk]
     return grid
 
 
 def step_output(step: StepShape, block_size: int) -> SchedulerOutput:
-    """A SchedulerOutput of this shape. Requests share block ids: contents do not change the timing."""
+    """A SchedulerOutput of this shape. Every request gets blocks of its own, as in a real run: requests
+    sharing blocks would read the same memory, which caches well and makes steps look cheaper."""
     sampling = SamplingParams(max_tokens=1)
+    next_block = 0
 
     def chunk(i, tokens, start, decode):
-        return ScheduledChunk(f"r{i}", [1] * tokens, start, list(range(cdiv(start + tokens, block_size))),
-                              sample=True, is_decode=decode, sampling=sampling, sample_index=0, sample_seed=0)
+        nonlocal next_block
+        blocks = list(range(next_block, next_block + cdiv(start + tokens, block_size)))
+        next_block += len(blocks)
+        return ScheduledChunk(f"r{i}", [1] * tokens, start, blocks, sample=True, is_decode=decode,
+                              sampling=sampling, sample_index=0, sample_seed=0)
 
     chunks = [chunk(i, q, ctx, False) for i, (q, ctx) in enumerate(step.prefills)]
     chunks += [chunk(len(chunks) + i, 1, ctx - 1, True) for i, ctx in enumerate(step.decodes)]

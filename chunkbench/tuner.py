@@ -213,6 +213,7 @@ def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage)
     study.set_user_attr("objective", spec.objective)
     study.set_user_attr("model", spec.model)
     study.set_user_attr("slos", [str(s) for s in spec.slos])
+    study.set_user_attr("slo_limits", {s.name: s.limit_ms for s in spec.slos})
     return study
 
 
@@ -309,7 +310,14 @@ def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         front = {t.number for t in study.best_trials}
         done = [t for t in done if t.number in front] or done
         return sorted(done, key=lambda t: -t.values[2])
-    return sorted(done, key=lambda t: (-t.values[0], t.number))
+    # Equal goodput is common once every request meets the SLAs: prefer the most headroom (the smallest
+    # worst-case ratio of a metric to its limit; constraints are metric minus limit).
+    limits = study.user_attrs.get("slo_limits", {})
+
+    def headroom(t: optuna.trial.FrozenTrial) -> float:
+        return max(((v + limits[k]) / limits[k] for k, v in t.constraints.items() if k in limits), default=0.0)
+
+    return sorted(done, key=lambda t: (-round(t.values[0], 9), headroom(t), t.number))
 
 
 def closest_trial(study: optuna.Study, slos: list[SLO]) -> optuna.trial.FrozenTrial | None:

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from .request import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per request per step: built in the simulator's hot loop, so not frozen
 class ScheduledChunk:
     """Tokens of one request computed in this step: positions [start_pos, start_pos + len(token_ids))."""
 
     request_id: str
     token_ids: list[int]
     start_pos: int
-    block_table: list[int]
+    block_table: list[int]  # the request's live table: valid while this step executes
     sample: bool  # the chunk reaches the end of the request's tokens: sample the next one
     is_decode: bool
     sampling: SamplingParams

@@ -22,7 +22,10 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self.value.startswith("finished")
+        return self in FINISHED
+
+
+FINISHED = frozenset(s for s in RequestStatus if s.value.startswith("finished"))
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Request:
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # wall/virtual time each output token appeared
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of its full blocks, filled lazily
+    sample_seed: int = 0  # seed of its sampling stream, set when the scheduler takes it
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -89,7 +93,8 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """One uncomputed token, the last sampled one: the request needs a single-token step."""
-        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+        outputs = len(self.output_token_ids)
+        return outputs > 0 and self.num_computed_tokens == len(self.prompt_token_ids) + outputs - 1
 
     @property
     def num_tokens_to_compute(self) -> int:
@@ -97,7 +102,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status in FINISHED
 
     @property
     def finish_reason(self) -> str | None:

@@ -52,6 +52,10 @@ class Scheduler:
         return None
 
     def add(self, request: Request) -> None:
+        if request.sampling.seed is not None:
+            request.sample_seed = request.sampling.seed
+        else:  # stable per request, whatever else is in its batch
+            request.sample_seed = zlib.crc32(f"{self.seed}/{request.request_id}".encode())
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -101,9 +105,8 @@ class Scheduler:
             return  # vLLM v1: a step that preempts admits nothing
         cap = self.config.max_partial_prefills
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            partial = sum(1 for r in self.running
-                          if not r.is_decoding and scheduled.get(r, 0) < r.num_tokens_to_compute)
-            if cap is not None and partial >= cap:
+            if cap is not None and cap <= sum(1 for r in self.running  # prompts still mid-prefill after this step
+                                              if not r.is_decoding and scheduled.get(r, 0) < r.num_tokens_to_compute):
                 break
             request = self.waiting[0]
             hits = self._lookup_prefix(request)
@@ -198,6 +201,9 @@ class Scheduler:
     def _reserve(self, request: Request, n: int, scheduled: dict[Request, int],
                  preempted: list[Request]) -> bool:
         """Blocks for `n` more tokens of a running request, preempting the newest unscheduled ones."""
+        if self.block_manager.blocks_needed(request, n) == 0:  # most decodes: their last block has room
+            scheduled[request] = n
+            return True
         while not self.block_manager.can_allocate(request, n):
             victim = next(r for r in reversed(self.running) if r not in scheduled)
             self._preempt(victim)
@@ -225,19 +231,16 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             start = request.num_computed_tokens
-            seed = request.sampling.seed
-            if seed is None:
-                seed = zlib.crc32(f"{self.seed}/{request.request_id}".encode())
             chunks.append(ScheduledChunk(
                 request_id=request.request_id,
                 token_ids=request.token_ids_between(start, start + n),
                 start_pos=start,
-                block_table=list(self.block_manager.block_table(request.request_id)),
+                block_table=self.block_manager.block_table(request.request_id),  # read during this step only
                 sample=start + n == request.num_tokens,
                 is_decode=request.is_decoding,
                 sampling=request.sampling,
                 sample_index=request.num_output_tokens,
-                sample_seed=seed,
+                sample_seed=request.sample_seed,
             ))
         return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],
                                num_cached_tokens=self._step_cached_tokens,

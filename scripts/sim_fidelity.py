@@ -20,13 +20,13 @@ from chunkbench.workload import WorkloadSpec, build_workload
 METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"),
            ("output_throughput", "output tok/s"))
 CASES = [  # (label, workload spec) sized for `small` on a 2-core CPU: each real run takes a few minutes
-    ("chat @0.3/s", WorkloadSpec(name="chat", num_requests=30, rate=0.3)),
-    ("chat @0.6/s", WorkloadSpec(name="chat", num_requests=30, rate=0.6)),
-    ("rag-mix @0.15/s", WorkloadSpec(name="rag-mix", num_requests=20, rate=0.15)),
-    ("rag-mix @0.3/s", WorkloadSpec(name="rag-mix", num_requests=20, rate=0.3)),
-    # The trace's first 25 requests arrive at 1.4/s; stretched 10x and 5x they arrive at 0.14/s and 0.28/s.
-    ("azure-conv @0.14/s", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=10.0)),
-    ("azure-conv @0.28/s", WorkloadSpec(name="azure-conv", num_requests=25, time_scale=5.0)),
+    ("chat @0.3/s", WorkloadSpec(name="chat", num_requests=20, rate=0.3)),
+    ("chat @0.6/s", WorkloadSpec(name="chat", num_requests=20, rate=0.6)),
+    ("rag-mix @0.15/s", WorkloadSpec(name="rag-mix", num_requests=15, rate=0.15)),
+    ("rag-mix @0.3/s", WorkloadSpec(name="rag-mix", num_requests=15, rate=0.3)),
+    # The trace's first requests arrive at about 1.4/s; stretched 10x and 5x they arrive at 0.14/s and 0.28/s.
+    ("azure-conv @0.14/s", WorkloadSpec(name="azure-conv", num_requests=15, time_scale=10.0)),
+    ("azure-conv @0.28/s", WorkloadSpec(name="azure-conv", num_requests=15, time_scale=5.0)),
 ]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 import statistics
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from chunkbench.bench import Backend, config_for_policy, environment, run_benchmark
 from chunkbench.engine.config import POLICIES
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, read_toml
 from chunkbench.metrics import parse_goodput, summarize
 from chunkbench.workload import WorkloadSpec, build_workload
 
@@ -62,12 +61,7 @@ class Case:
 
 def load_suite(path: str | Path) -> list[Case]:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise UserError(f"--suite: cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"--suite: {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "--suite")
     defaults = data.get("defaults", {})
     metrics = known_metrics()
     cases = []

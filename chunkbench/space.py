@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chunkbench.engine.config import POLICIES
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, read_toml
 
 KNOBS = ("policy", "max_num_batched_tokens", "chunk_size", "chunk_schedule", "tile", "max_num_seqs",
          "max_partial_prefills", "enable_prefix_caching")
@@ -38,12 +37,7 @@ class SearchSpace:
         path = Path(path)
         if not path.exists() and (BUILTIN / f"{path.name}.toml").exists():
             path = BUILTIN / f"{path.name}.toml"
-        try:
-            data = tomllib.loads(path.read_text())
-        except OSError as exc:
-            raise UserError(f"--space: cannot read {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"--space: {path} is not valid TOML: {exc}") from None
+        data = read_toml(path, "--space")
         space = cls(values=data.get("space", {}), workload=data.get("workload", {}), source=str(path))
         space.validate()
         return space

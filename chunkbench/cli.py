@@ -291,7 +291,7 @@ def tune(
     from chunkbench.workload import WorkloadSpec
 
     w = search_space.workload
-    spec_workload = WorkloadSpec(**{**{k: v for k, v in w.items()},
+    spec_workload = WorkloadSpec(**{**w,
                                     **{k: v for k, v in dict(name=workload, rate=rate, num_requests=num_requests,
                                                              seed=seed).items() if v is not None}})
     overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed).items()

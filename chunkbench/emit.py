@@ -15,6 +15,12 @@ HF_IDS = {  # presets -> the Hugging Face repositories whose shapes they copy
 }
 
 
+def first_chunk_cap(s) -> int | None:
+    """The per-request prefill cap a server with a single chunk size should use: the chunk cap, else the
+    first entry of the progressive schedule."""
+    return s.chunk_size or (s.chunk_schedule[0] if s.chunk_schedule else None)
+
+
 def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
     """vLLM options (dashed names, as `vllm serve --config` reads them) and notes on what has no vLLM form."""
     s, notes = config.scheduler, []
@@ -23,7 +29,7 @@ def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
                "block-size": config.cache.block_size,
                "gpu-memory-utilization": config.cache.gpu_memory_utilization,
                "enable-prefix-caching": config.cache.enable_prefix_caching}
-    cap = s.chunk_size or (s.chunk_schedule[0] if s.chunk_schedule else None)
+    cap = first_chunk_cap(s)
     if cap:
         options["long-prefill-token-threshold"] = cap  # vLLM v1 caps a long prompt's chunk per step at this
     if s.max_partial_prefills:
@@ -61,7 +67,7 @@ def vllm_flags(config: EngineConfig) -> str:
 def sglang_flags(config: EngineConfig) -> str:
     """SGLang has one chunk size and a prefill-token budget; mixed chunks are Sarathi-style stall-free."""
     s = config.scheduler
-    chunk = s.chunk_size or (s.chunk_schedule[0] if s.chunk_schedule else s.max_num_batched_tokens)
+    chunk = first_chunk_cap(s) or s.max_num_batched_tokens
     flags = [f"--model-path {HF_IDS.get(config.model.name, config.model.name)}",
              f"--chunked-prefill-size {chunk if s.policy == 'chunked' else -1}",
              f"--max-prefill-tokens {s.max_num_batched_tokens}", f"--max-running-requests {s.max_num_seqs}",

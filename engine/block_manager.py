@@ -32,7 +32,6 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block holding it
         self.num_registered: dict[str, int] = {}  # blocks of a request's table already hashed and cached
-        self.peak_used_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -121,7 +120,6 @@ class BlockManager:
                 self.block_hash[block] = None
             self.ref_counts[block] = 1
             table.append(block)
-        self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         return table
 
     def computed(self, request: Request) -> None:

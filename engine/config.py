@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 POLICIES = ("static", "continuous", "orca", "chunked")
@@ -287,6 +287,3 @@ class EngineConfig:
                               enable_prefix_caching=enable_prefix_caching),
             device=device, dtype=dtype, attention_backend=attention_backend, seed=seed,
         )
-
-    def with_scheduler(self, **changes) -> "EngineConfig":
-        return replace(self, scheduler=replace(self.scheduler, **changes))

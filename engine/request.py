@@ -77,10 +77,6 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def token_ids_between(self, start: int, end: int) -> list[int]:
         """Tokens at positions [start, end) of prompt + output, without building the whole list."""
         p = len(self.prompt_token_ids)

@@ -6,24 +6,26 @@ p99 TBT and output throughput). Trials run in the simulator or on the real engin
 
 Several processes may work on one study (`--storage postgresql://...`): a lock held from "how many trials
 are done or running?" until the new trial exists keeps the total exactly `n_trials`. Trials record
-heartbeats, so one left RUNNING by a killed process is failed after a grace period and replaced.
+heartbeats, so one left RUNNING by a killed process is failed after a grace period and replaced; so is one
+whose process died between creating it and its first heartbeat (Optuna never sees those as stale).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import os
 import socket
 import threading
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import warnings
-
 import optuna
+import sqlalchemy
 from optuna.trial import TrialState
 
 from chunkbench.bench import Backend, run_benchmark
@@ -230,8 +232,6 @@ def study_lock(url: str, name: str):
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
     elif url.startswith("postgresql"):
-        import sqlalchemy
-
         engine = sqlalchemy.create_engine(url)
         key = zlib.crc32(f"chunkbench/{name}".encode())
         with engine.connect() as connection:
@@ -268,10 +268,29 @@ def run_study(spec: TuneSpec, study: optuna.Study, storage: optuna.storages.RDBS
         _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial)
 
 
+def fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage) -> None:
+    """Fail RUNNING trials no process will finish: Optuna's stale-heartbeat check, plus trials older than the
+    grace period that never recorded a heartbeat (their process was killed right after `ask`). Without the
+    second, such a trial counts as running forever and the study never reaches `n_trials`."""
+    optuna.storages.fail_stale_trials(study)
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if not running:
+        return
+    query = sqlalchemy.text("SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
+        sqlalchemy.bindparam("ids", expanding=True))
+    with storage.engine.connect() as connection:
+        beating = {row[0] for row in connection.execute(query, {"ids": [t._trial_id for t in running]})}
+    now = datetime.datetime.now()
+    for trial in running:
+        if trial._trial_id not in beating and (now - trial.datetime_start).total_seconds() > GRACE_S:
+            storage.set_trial_user_attr(trial._trial_id, "error", "its process died before its first heartbeat")
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+
+
 def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial) -> None:
     while deadline is None or time.monotonic() < deadline:
         with study_lock(url, study.study_name):
-            optuna.storages.fail_stale_trials(study)
+            fail_orphaned_trials(study, storage)
             states = [t.state for t in study.get_trials(deepcopy=False)]
             complete, running = states.count(TrialState.COMPLETE), states.count(TrialState.RUNNING)
             if complete >= spec.n_trials or len(states) >= 3 * spec.n_trials:  # done, or too many crashes

@@ -158,6 +158,27 @@ def test_kill_minus_nine_then_rerun_keeps_finished_trials(tmp_path):
     assert set(first_numbers) <= set(_complete_numbers(db))
 
 
+def test_a_trial_orphaned_before_its_first_heartbeat_is_replaced(tmp_path, monkeypatch):
+    """A process killed between `ask` and its first heartbeat leaves a RUNNING trial Optuna never calls stale;
+    the study must still reach n_trials (this hung CI once)."""
+    from chunkbench import tuner
+
+    spec = TuneSpec(model="llama-3-8b", slos=parse_slas({"ttft": "2s"}), space=small_space(),
+                    workload=WorkloadSpec(name="chat", num_requests=20, rate=4.0, seed=1), backend=H100,
+                    n_trials=3, timeout_s=60)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = open_storage(url)
+    monkeypatch.setattr(tuner, "GRACE_S", 0)  # after opening: Optuna's own grace period must be positive
+    study = create_study(spec, "orphan", storage)
+    with pytest.warns(UserWarning, match="Heartbeat"):
+        orphan = study.ask()  # never heartbeats, never told
+    time.sleep(0.01)
+    run_study(spec, study, storage, url)
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[orphan.number] == optuna.trial.TrialState.FAIL
+    assert list(states.values()).count(optuna.trial.TrialState.COMPLETE) == 3
+
+
 def _study(db: Path) -> optuna.Study:
     name = optuna.get_all_study_names(f"sqlite:///{db}")[0]
     return optuna.load_study(study_name=name, storage=f"sqlite:///{db}")

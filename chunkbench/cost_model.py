@@ -100,6 +100,7 @@ class FittedCostModel:
     device: str = ""
     num_blocks: int | None = None  # the profiled engine's KV cache, so simulation preempts as it did
     fit: dict | None = None
+    points: tuple = ()  # the measured (prefills, decodes, seconds) it was fitted to, so it can be refitted
 
     def predict(self, step: StepShape) -> float:
         return float(np.dot(self.coefficients, features(step)))
@@ -120,13 +121,20 @@ class FittedCostModel:
         errors = np.abs(predicted - y) / y
         fit = {"points": len(y), "mean_abs_error_pct": float(100 * errors.mean()),
                "max_abs_error_pct": float(100 * errors.max())}
-        return cls(tuple(float(c) for c in coef), fit=fit, **meta)
+        points = tuple((s.prefills, s.decodes, float(t)) for s, t in zip(steps, seconds))
+        return cls(tuple(float(c) for c in coef), fit=fit, points=points, **meta)
+
+    def measured(self) -> tuple[list[StepShape], list[float]]:
+        """The profiled steps and their seconds."""
+        steps = [StepShape(tuple(map(tuple, p)), tuple(d), len(p) + len(d)) for p, d, _ in self.points]
+        return steps, [t for _, _, t in self.points]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "kind": "fitted", "model": self.model_name, "device": self.device, "num_blocks": self.num_blocks,
-            "features": FEATURE_NAMES, "coefficients": list(self.coefficients), "fit": self.fit}, indent=2))
+            "features": FEATURE_NAMES, "coefficients": list(self.coefficients), "fit": self.fit,
+            "points": [[list(map(list, p)), list(d), t] for p, d, t in self.points]}, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
@@ -135,7 +143,7 @@ class FittedCostModel:
             if data.get("kind") != "fitted" or data.get("features") != FEATURE_NAMES:
                 raise ValueError("not a chunkbench profile of this version")
             return cls(tuple(data["coefficients"]), data.get("model", ""), data.get("device", ""),
-                       data.get("num_blocks"), data.get("fit"))
+                       data.get("num_blocks"), data.get("fit"), tuple(map(tuple, data.get("points", ()))))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"--cost-model: cannot use {path}: {exc}") from None
 

@@ -183,15 +183,23 @@ def _capacity(spec: TuneSpec, config: EngineConfig, workload: list[WorkloadReque
 
 # ---------- the study ----------
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
-            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                              engine_kwargs={"pool_pre_ping": True})
-    except Exception as exc:  # sqlalchemy raises many kinds for a bad or unreachable URL
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--storage: cannot open {url.split('@')[-1]}: {first}") from None
+# Processes opening a new database at once race to create Optuna's tables; the losers see these. Retry.
+SCHEMA_RACE = ("already exists", "database is locked", "duplicate key")
+
+
+def open_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                                  engine_kwargs={"pool_pre_ping": True})
+        except Exception as exc:  # sqlalchemy raises many kinds for a bad or unreachable URL
+            if attempt + 1 < attempts and any(s in str(exc) for s in SCHEMA_RACE):
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"--storage: cannot open {url.split('@')[-1]}: {first}") from None
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from chunkbench.bench import Backend, run_benchmark
+from chunkbench.bench import Backend, ExecutorPool, run_benchmark
 from chunkbench.cost_model import FittedCostModel
 from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.sim_executor import StepShape
 from chunkbench.workload import WorkloadSpec, build_workload
 
 METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"),
@@ -30,15 +31,56 @@ CASES = [  # (label, workload spec) sized for `small` on a 2-core CPU: each real
 ]
 
 
+class StepLog:
+    """The real executor, logging each step's shape and measured seconds."""
+
+    def __init__(self, executor) -> None:
+        self.executor, self.steps = executor, []
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+    def execute(self, output):
+        result = self.executor.execute(output)
+        self.steps.append((StepShape.from_output(output), result.seconds))
+        return result
+
+
+class LoggingPool(ExecutorPool):
+    def engine(self, config):
+        engine = super().engine(config)
+        engine.executor = self.log = StepLog(engine.executor)
+        return engine
+
+
 def compare_case(model: str, profile: str, spec: WorkloadSpec, budget: int) -> dict:
     num_blocks = FittedCostModel.load(profile).num_blocks
     config = EngineConfig.create(model, policy="chunked", max_num_batched_tokens=budget, num_blocks=num_blocks,
                                  max_model_len=8192 if model == "small" else None)
     workload = build_workload(spec, config.scheduler.max_model_len)
-    real = run_benchmark(config, workload, progress=False)
+    pool = LoggingPool()
+    real = run_benchmark(config, workload, progress=False, pool=pool)
     sim = run_benchmark(config, workload, backend=Backend("sim", cost_model=profile), progress=False)
     return {"real": {k: real.summary[k] for k, _ in METRICS}, "sim": {k: sim.summary[k] for k, _ in METRICS},
-            "real_wall_s": real.result.wall_seconds, "sim_wall_s": sim.result.wall_seconds}
+            "real_wall_s": real.result.wall_seconds, "sim_wall_s": sim.result.wall_seconds,
+            "real_steps": [[list(map(list, s.prefills)), list(s.decodes), t] for s, t in pool.log.steps]}
+
+
+def step_errors(profile: str, steps: list) -> list[str]:
+    """The cost model on the real run's own steps, by kind of step: seconds predicted against measured."""
+    cost = FittedCostModel.load(profile)
+    groups: dict[str, list[float]] = {}
+    for prefills, decodes, seconds in steps:
+        tokens = sum(q for q, _ in prefills)
+        kind = ("decode only" if not tokens else f"prefill <={next(b for b in (64, 256, 1024, 1 << 30) if tokens <= b)}")
+        kind += ", no decodes" if not decodes else ""
+        shape = StepShape(tuple(map(tuple, prefills)), tuple(decodes), len(prefills) + len(decodes))
+        groups.setdefault(kind, [0, 0.0, 0.0])
+        groups[kind][0] += 1
+        groups[kind][1] += seconds
+        groups[kind][2] += cost.predict(shape)
+    return [f"    {kind}: {n} steps, measured {real:.1f} s, predicted {pred:.1f} s ({(pred - real) / real:+.1%})"
+            for kind, (n, real, pred) in sorted(groups.items())]
 
 
 def main() -> None:
@@ -46,7 +88,9 @@ def main() -> None:
     parser.add_argument("--model", default="small")
     parser.add_argument("--profile", required=True)
     parser.add_argument("--budget", type=int, default=512)
-    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--json", default=None, help="also write the figures (and the real steps) here")
+    parser.add_argument("--steps", action="store_true",
+                        help="after each case, the cost model's error on the real run's steps, by kind of step")
     args = parser.parse_args()
     rows, results = [], {}
     header = "| case | " + " | ".join(f"{name} real | sim | error" for _, name in METRICS) + " |"
@@ -61,6 +105,8 @@ def main() -> None:
             cells += [f"{real:,.1f}", f"{sim:,.1f}", f"{(sim - real) / real:+.1%}"]
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
+        if args.steps:
+            print("\n".join(step_errors(args.profile, result["real_steps"])), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -126,7 +126,7 @@ class FittedCostModel:
 
     def measured(self) -> tuple[list[StepShape], list[float]]:
         """The profiled steps and their seconds."""
-        steps = [StepShape(tuple(map(tuple, p)), tuple(d), len(p) + len(d)) for p, d, _ in self.points]
+        steps = [StepShape(p, d, len(p) + len(d)) for p, d, _ in self.points]
         return steps, [t for _, _, t in self.points]
 
     def save(self, path: Path) -> None:
@@ -143,7 +143,8 @@ class FittedCostModel:
             if data.get("kind") != "fitted" or data.get("features") != FEATURE_NAMES:
                 raise ValueError("not a chunkbench profile of this version")
             return cls(tuple(data["coefficients"]), data.get("model", ""), data.get("device", ""),
-                       data.get("num_blocks"), data.get("fit"), tuple(map(tuple, data.get("points", ()))))
+                       data.get("num_blocks"), data.get("fit"),
+                       tuple((tuple(map(tuple, p)), tuple(d), t) for p, d, t in data.get("points", ())))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"--cost-model: cannot use {path}: {exc}") from None
 

@@ -203,7 +203,8 @@ def profile(
     max_model_len: MaxModelLen = None,
     num_blocks: NumBlocks = None,
     max_chunk: Annotated[int, typer.Option(help="Largest prefill chunk to time (tokens).")] = 2048,
-    repeats: Annotated[int, typer.Option(help="Timed repetitions per grid point; the median is kept.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timed passes over the grid, each in a new random order (after "
+                                               "one warm-up pass); the median per point is kept.")] = 5,
     out: Annotated[Optional[Path], typer.Option(
         help="Where to write the profile. Default: results/profiles/<device>-<model>.json.")] = None,
     seed: Seed = 0,
@@ -228,8 +229,11 @@ def profile(
                       f"{len(step.decodes)} x {step.decodes[0]}" if step.decodes else "-",
                       f"{seconds * 1e3:.1f}", f"{predicted * 1e3:.1f}", f"{(predicted - seconds) / seconds:+.0%}")
     console.print(table)
-    console.print(f"fit: mean error {fitted.fit['mean_abs_error_pct']:.1f}%, max {fitted.fit['max_abs_error_pct']:.1f}% "
-                  f"over {fitted.fit['points']} shapes; wrote {out}")
+    fit = fitted.fit
+    console.print(f"fit: mean error {fit['mean_abs_error_pct']:.1f}%, max {fit['max_abs_error_pct']:.1f}% over "
+                  f"{fit['points']} shapes; repeated timings of one shape spread {fit['timing_spread_pct']:.1f}% "
+                  f"(median of max-min over median); a step after an idle pause takes "
+                  f"{fitted.idle_factor:.2f}x; wrote {out}")
 
 
 @app.command()

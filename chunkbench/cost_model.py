@@ -16,6 +16,7 @@ from chunkbench.engine.config import ModelConfig
 from chunkbench.engine.sim_executor import StepShape
 from chunkbench.errors import UserError
 from chunkbench.gpus import GPUS, GPUSpec
+from chunkbench.kernels.buckets import length_buckets
 
 # Roofline constants. Sources: dense bf16 GEMMs in cuBLAS reach about 70% of the datasheet peak on
 # A100/H100 at serving sizes (NVIDIA's published GEMM benchmarks; vLLM and Vidur profiles agree within
@@ -76,21 +77,28 @@ class RooflineCostModel:
 
 # Piecewise-linear token terms let a non-negative fit bend both ways: min(T, k) flattens (CPU GEMMs get
 # more efficient with more rows), max(0, T - k) steepens (GPU GEMMs leave the memory-bound regime).
-# decode_padded_keys (decodes x longest decode context) is what a padded, batched decode attention reads,
-# as the CPU reference path does; decode_keys is what a paged kernel reads. The fit weighs both.
+# multi_row: a step of one token runs its linear layers as matrix-vector products, any other as GEMMs,
+# which on a CPU cost a jump (43 ms for one decode of `small` here, 64 ms for two).
+# Attention: prefill_attention_pairs are what a causal kernel computes; prefill_dense_pairs (chunk x all its
+# keys) what a masked dense softmax computes, as the CPU reference path does for chunks with cached context.
+# Decodes: decode_keys is what a paged kernel reads; decode_padded_keys and decode_groups describe the CPU
+# reference path, which pads decodes in buckets of similar length and makes one call per bucket.
 KNOTS = (32, 128, 512)
 
 
 def features(step: StepShape) -> list[float]:
     t = step.num_tokens
-    return ([1.0, t] + [min(t, k) for k in KNOTS] + [max(0, t - k) for k in KNOTS]
-            + [step.num_sampled, step.prefill_attention_pairs, step.prefill_keys, step.decode_keys,
-               len(step.decodes) * max(step.decodes, default=0), len(step.prefills), len(step.decodes)])
+    groups = length_buckets(sorted(range(len(step.decodes)), key=step.decodes.__getitem__), step.decodes)
+    padded = sum(len(g) * step.decodes[g[-1]] for g in groups)
+    return ([1.0, float(t > 1), t] + [min(t, k) for k in KNOTS] + [max(0, t - k) for k in KNOTS]
+            + [step.num_sampled, step.prefill_attention_pairs, sum(q * (q + ctx) for q, ctx in step.prefills),
+               step.prefill_keys, step.decode_keys, padded, len(groups), len(step.prefills), len(step.decodes)])
 
 
-FEATURE_NAMES = (["step", "tokens"] + [f"min(tokens,{k})" for k in KNOTS] + [f"max(0,tokens-{k})" for k in KNOTS]
-                 + ["sampled_rows", "prefill_attention_pairs", "prefill_keys", "decode_keys",
-                    "decode_padded_keys", "prefill_chunks", "decodes"])
+FEATURE_NAMES = (["step", "multi_row", "tokens"] + [f"min(tokens,{k})" for k in KNOTS]
+                 + [f"max(0,tokens-{k})" for k in KNOTS]
+                 + ["sampled_rows", "prefill_attention_pairs", "prefill_dense_pairs", "prefill_keys", "decode_keys",
+                    "decode_padded_keys", "decode_groups", "prefill_chunks", "decodes"])
 
 
 @dataclass(frozen=True)
@@ -101,13 +109,17 @@ class FittedCostModel:
     num_blocks: int | None = None  # the profiled engine's KV cache, so simulation preempts as it did
     fit: dict | None = None
     points: tuple = ()  # the measured (prefills, decodes, seconds) it was fitted to, so it can be refitted
+    idle_factor: float = 1.0  # a step after the engine sat idle takes this many times longer (profiled)
 
     def predict(self, step: StepShape) -> float:
         return float(np.dot(self.coefficients, features(step)))
 
     @classmethod
-    def fit_steps(cls, steps: list[StepShape], seconds: list[float], **meta) -> "FittedCostModel":
-        """Non-negative least squares on relative error (each row weighted by 1/seconds)."""
+    def fit_steps(cls, steps: list[StepShape], seconds: list[float], noise_pct: float | None = None,
+                  **meta) -> "FittedCostModel":
+        """Non-negative least squares on relative error (each row weighted by 1/seconds). `noise_pct`, the
+        median spread (max - min over median) of the repeated timings, is kept beside the fit error: a fit
+        cannot be trusted closer than the machine repeats itself."""
         from scipy.optimize import nnls
 
         x = np.array([features(s) for s in steps], dtype=float)
@@ -120,7 +132,7 @@ class FittedCostModel:
         predicted = x @ coef
         errors = np.abs(predicted - y) / y
         fit = {"points": len(y), "mean_abs_error_pct": float(100 * errors.mean()),
-               "max_abs_error_pct": float(100 * errors.max())}
+               "max_abs_error_pct": float(100 * errors.max()), "timing_spread_pct": noise_pct}
         points = tuple((s.prefills, s.decodes, float(t)) for s, t in zip(steps, seconds))
         return cls(tuple(float(c) for c in coef), fit=fit, points=points, **meta)
 
@@ -134,6 +146,7 @@ class FittedCostModel:
         path.write_text(json.dumps({
             "kind": "fitted", "model": self.model_name, "device": self.device, "num_blocks": self.num_blocks,
             "features": FEATURE_NAMES, "coefficients": list(self.coefficients), "fit": self.fit,
+            "idle_factor": self.idle_factor,
             "points": [[list(map(list, p)), list(d), t] for p, d, t in self.points]}, indent=1))
 
     @classmethod
@@ -144,7 +157,8 @@ class FittedCostModel:
                 raise ValueError("not a chunkbench profile of this version")
             return cls(tuple(data["coefficients"]), data.get("model", ""), data.get("device", ""),
                        data.get("num_blocks"), data.get("fit"),
-                       tuple((tuple(map(tuple, p)), tuple(d), t) for p, d, t in data.get("points", ())))
+                       tuple((tuple(map(tuple, p)), tuple(d), t) for p, d, t in data.get("points", ())),
+                       float(data.get("idle_factor", 1.0)))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"--cost-model: cannot use {path}: {exc}") from None
 

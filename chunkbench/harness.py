@@ -88,6 +88,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                     gap = workload[order[next_index]].arrival_time - now
                     if virtual:
                         engine.clock.advance(gap)
+                        if hasattr(engine.executor, "idle"):  # the simulator's next step runs cold
+                            engine.executor.idle(gap)
                     else:
                         time.sleep(gap)
                     continue

@@ -1,13 +1,18 @@
 """`chunkbench profile`: time real engine steps over a designed grid and fit the simulator's cost model.
 
 Each grid point is one step shape (prefill chunks with cached context, decodes with context lengths) run
-straight through the model executor: a warm-up call, then the median of `repeats` timed calls. Points
-whose keys would not fit in the KV cache are left out: no real run can make them.
+straight through the model executor. A warm-up pass over the grid, then `repeats` timed passes, each in a
+fresh random order, and the median per point: a slow spell of a shared machine (they last seconds) then
+lands on different points in each pass instead of biasing a few. Points whose keys would not fit in the KV
+cache are left out: no real run can make them.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
+import time
+from dataclasses import replace
 
 from rich.progress import Progress
 
@@ -16,12 +21,14 @@ from chunkbench.engine.block_manager import cdiv
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
 from chunkbench.engine.request import SamplingParams
-from chunkbench.engine.sim_executor import StepShape
+from chunkbench.engine.sim_executor import COLD_AFTER_S, StepShape
 
 CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # each point below must fit in the KV cache
 CONTEXTS = (0, 1024, 4096)
-DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
 DECODE_CONTEXTS = (128, 1024, 4096)
+MIXED_DECODES = ((4096, 256), (2048, 256, 256), (4096, 1024, 256, 128), (3000, 1500, 700, 300, 128, 128),
+                 (4096,) + (256,) * 15, (2048,) * 4 + (128,) * 28)  # several length buckets in one step
 
 
 def profile_grid(max_model_len: int, max_chunk: int, kv_tokens: int) -> list[StepShape]:
@@ -33,7 +40,7 @@ def profile_grid(max_model_len: int, max_chunk: int, kv_tokens: int) -> list[Ste
              if ctx < max_model_len and b * (ctx + 16) <= kv_tokens]
     grid += [shape([(q, ctx)], [512] * b) for b in (4, 16) for q in (64, 256, 1024) for ctx in (0, 1024)
              if q <= max_chunk and q + ctx <= max_model_len and b * 528 + q + ctx + 16 <= kv_tokens]
-    grid += [shape(decodes=[4096] + [256] * 15), shape(decodes=[2048] * 4 + [128] * 28)]  # mixed contexts
+    grid += [shape(decodes=d) for d in MIXED_DECODES if max(d) < max_model_len and sum(d) + 16 * len(d) <= kv_tokens]
     grid += [shape([(q, 0)] * k) for q, k in ((128, 2), (128, 4), (64, 8), (256, 4)) if q * k <= max_chunk]
     return grid
 
@@ -63,19 +70,43 @@ def run_profile(config: EngineConfig, repeats: int = 3, max_chunk: int = 2048,
     executor = ModelExecutor(config)
     block_size = config.cache.block_size
     grid = profile_grid(config.scheduler.max_model_len, max_chunk, executor.num_blocks * block_size)
-    measured = []
+    outputs = [step_output(step, block_size) for step in grid]
+    times: list[list[float]] = [[] for _ in grid]
+    rng = random.Random(config.seed)
     with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("profiling steps", total=len(grid))
-        for step in grid:
-            output = step_output(step, block_size)
-            executor.execute(output)  # warm-up
-            seconds = statistics.median(executor.execute(output).seconds for _ in range(repeats))
-            measured.append((step, seconds))
-            bar.advance(task)
+        task = bar.add_task("profiling steps", total=(repeats + 1) * len(grid))
+        for timed in [False] + [True] * repeats:
+            order = list(range(len(grid)))
+            rng.shuffle(order)
+            for i in order:
+                seconds = executor.execute(outputs[i]).seconds
+                if timed:
+                    times[i].append(seconds)
+                bar.advance(task)
+    measured = [(step, statistics.median(t)) for step, t in zip(grid, times)]
+    spread = [(max(t) - min(t)) / statistics.median(t) for t in times]
     device = str(executor.device) if executor.device.type == "cpu" else _cuda_name()
     model = FittedCostModel.fit_steps([s for s, _ in measured], [t for _, t in measured],
-                                      model_name=config.model.name, device=device, num_blocks=executor.num_blocks)
-    return model, measured
+                                      model_name=config.model.name, device=device, num_blocks=executor.num_blocks,
+                                      noise_pct=100 * statistics.median(spread))
+    return replace(model, idle_factor=idle_factor(executor, block_size, max_chunk)), measured
+
+
+def idle_factor(executor, block_size: int, max_chunk: int, repeats: int = 5) -> float:
+    """How much slower a step runs after the engine sat idle (clocks and caches go cold; about 1.1 on this
+    project's CPU): the median over a few shapes of (step after an idle pause) / (the same step hot)."""
+    shapes = [StepShape(((min(256, max_chunk), 0),), (), 1), StepShape(((min(64, max_chunk), 0),), (), 1),
+              StepShape((), (256,) * 3, 3)]
+    ratios = []
+    for step in shapes:
+        output = step_output(step, block_size)
+        hot = statistics.median(executor.execute(output).seconds for _ in range(repeats))
+        cold = []
+        for _ in range(repeats):
+            time.sleep(2 * COLD_AFTER_S)
+            cold.append(executor.execute(output).seconds)
+        ratios.append(statistics.median(cold) / hot)
+    return max(1.0, statistics.median(ratios))
 
 
 def _cuda_name() -> str:

@@ -53,11 +53,22 @@ class CostModel(Protocol):
     def predict(self, step: StepShape) -> float: ...
 
 
+COLD_AFTER_S = 0.2  # idle this long and the next step runs cold (clocks and caches); profiles measure by how much
+
+
 class SimExecutor:
     def __init__(self, cost_model: CostModel, num_blocks: int) -> None:
         self.cost_model = cost_model
         self.num_blocks = num_blocks
+        self.cold = False
+
+    def idle(self, seconds: float) -> None:
+        """The engine sat idle this long (the harness jumped the clock to the next arrival)."""
+        self.cold = seconds >= COLD_AFTER_S
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         seconds = self.cost_model.predict(StepShape.from_output(output))
+        if self.cold:
+            seconds *= getattr(self.cost_model, "idle_factor", 1.0)
+            self.cold = False
         return StepResult(sampled={c.request_id: 0 for c in output.chunks if c.sample}, seconds=seconds)

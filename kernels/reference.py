@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .buckets import length_buckets
+
 QUERY_BLOCK = 1024  # rows of queries per softmax, bounding the score matrix on long prompts
 
 
@@ -34,7 +36,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     cu = cu_seqlens_q.tolist()
     lens_k = seqused_k.tolist()
     decodes = sorted((i for i in range(len(lens_k)) if cu[i + 1] - cu[i] == 1), key=lambda i: lens_k[i])
-    for group in _length_buckets(decodes, lens_k):
+    for group in length_buckets(decodes, lens_k):
         rows = torch.tensor([cu[i] for i in group], device=q.device)
         lens = seqused_k[group].long()
         k, v = _gather(k_cache, v_cache, block_table[group], lens_k[group[-1]])
@@ -63,18 +65,6 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                 o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=softmax_scale, enable_gqa=True)
             out[q_start + row: q_start + row + rows] = o[0].transpose(0, 1).to(out.dtype)
     return out
-
-
-def _length_buckets(indices: list[int], lengths: list[int], spread: float = 2.0) -> list[list[int]]:
-    """Split indices sorted by length into runs whose longest is at most `spread` times their shortest, so
-    a batch padded to its longest wastes at most half its reads (one long context must not pad all)."""
-    groups: list[list[int]] = []
-    for i in indices:
-        if groups and lengths[i] <= spread * lengths[groups[-1][0]]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
 
 
 def _gather(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

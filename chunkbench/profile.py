@@ -40,7 +40,8 @@ def profile_grid(max_model_len: int, max_chunk: int, kv_tokens: int) -> list[Ste
              if ctx < max_model_len and b * (ctx + 16) <= kv_tokens]
     grid += [shape([(q, ctx)], [512] * b) for b in (4, 16) for q in (64, 256, 1024) for ctx in (0, 1024)
              if q <= max_chunk and q + ctx <= max_model_len and b * 528 + q + ctx + 16 <= kv_tokens]
-    grid += [shape(decodes=d) for d in MIXED_DECODES if max(d) < max_model_len and sum(d) + 16 * len(d) <= kv_tokens]
+    grid += [shape(decodes=d) for d in MIXED_DECODES
+             if max(d) < max_model_len and sum(d) + 16 * len(d) <= kv_tokens]
     grid += [shape([(q, 0)] * k) for q, k in ((128, 2), (128, 4), (64, 8), (256, 4)) if q * k <= max_chunk]
     return grid
 
@@ -63,7 +64,7 @@ def step_output(step: StepShape, block_size: int) -> SchedulerOutput:
     return SchedulerOutput(chunks=chunks)
 
 
-def run_profile(config: EngineConfig, repeats: int = 3, max_chunk: int = 2048,
+def run_profile(config: EngineConfig, repeats: int = 5, max_chunk: int = 2048,
                 progress: bool = True) -> tuple[FittedCostModel, list[tuple[StepShape, float]]]:
     from chunkbench.engine.executor import ModelExecutor
 
@@ -93,7 +94,7 @@ def run_profile(config: EngineConfig, repeats: int = 3, max_chunk: int = 2048,
 
 
 def idle_factor(executor, block_size: int, max_chunk: int, repeats: int = 5) -> float:
-    """How much slower a step runs after the engine sat idle (clocks and caches go cold; about 1.1 on this
+    """How much slower a step runs after the engine sat idle (clocks and caches go cold; 1.05-1.15 on this
     project's CPU): the median over a few shapes of (step after an idle pause) / (the same step hot)."""
     shapes = [StepShape(((min(256, max_chunk), 0),), (), 1), StepShape(((min(64, max_chunk), 0),), (), 1),
               StepShape((), (256,) * 3, 3)]

@@ -42,6 +42,7 @@ class RooflineCostModel:
     model: ModelConfig
     gpu: GPUSpec
     dtype_bytes: int = 2
+    idle_factor: float = 1.0  # no cold-start term: datasheets say nothing of it
 
     def predict(self, step: StepShape) -> float:
         m, gpu = self.model, self.gpu
@@ -135,11 +136,6 @@ class FittedCostModel:
                "max_abs_error_pct": float(100 * errors.max()), "timing_spread_pct": noise_pct}
         points = tuple((s.prefills, s.decodes, float(t)) for s, t in zip(steps, seconds))
         return cls(tuple(float(c) for c in coef), fit=fit, points=points, **meta)
-
-    def measured(self) -> tuple[list[StepShape], list[float]]:
-        """The profiled steps and their seconds."""
-        steps = [StepShape(p, d, len(p) + len(d)) for p, d, _ in self.points]
-        return steps, [t for _, _, t in self.points]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

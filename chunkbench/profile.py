@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from dataclasses import replace
 
 from rich.progress import Progress
 
@@ -89,8 +88,9 @@ def run_profile(config: EngineConfig, repeats: int = 5, max_chunk: int = 2048,
     device = str(executor.device) if executor.device.type == "cpu" else _cuda_name()
     model = FittedCostModel.fit_steps([s for s, _ in measured], [t for _, t in measured],
                                       model_name=config.model.name, device=device, num_blocks=executor.num_blocks,
-                                      noise_pct=100 * statistics.median(spread))
-    return replace(model, idle_factor=idle_factor(executor, block_size, max_chunk)), measured
+                                      noise_pct=100 * statistics.median(spread),
+                                      idle_factor=idle_factor(executor, block_size, max_chunk))
+    return model, measured
 
 
 def idle_factor(executor, block_size: int, max_chunk: int, repeats: int = 5) -> float:

@@ -49,16 +49,17 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     for column in ["trial", "knobs", "goodput req/s" if spec.objective != "capacity" else "capacity req/s",
                    *keys, "output tok/s"] + (["engine " + k for k in keys] if verified else []):
         table.add_column(column, justify="left" if column == "knobs" else "right")
-    shown: list[str] = []
+    shown: set[str] = set()
     for t in winners:  # distinct configurations only: TPE often samples the best point again
-        if knobs_text(t) in shown:
+        knobs = knobs_text(t)
+        if knobs in shown:
             continue
-        shown.append(knobs_text(t))
-        if len(shown) > top:
+        if len(shown) == top:
             break
+        shown.add(knobs)
         m = t.user_attrs["metrics"]
         value = m.get("capacity_rps", m.get("request_goodput", 0.0))
-        row = [str(t.number), knobs_text(t), f"{value:.2f}"] + [f"{m[k]:,.0f}" for k in keys] + \
+        row = [str(t.number), knobs, f"{value:.2f}"] + [f"{m[k]:,.0f}" for k in keys] + \
               [f"{m.get('output_throughput', 0):,.0f}"]
         if verified:
             real = verified.get(t.number)

@@ -50,6 +50,8 @@ class StepShape:
 
 
 class CostModel(Protocol):
+    idle_factor: float  # a step after an idle pause of COLD_AFTER_S or more takes this many times longer
+
     def predict(self, step: StepShape) -> float: ...
 
 
@@ -69,6 +71,6 @@ class SimExecutor:
     def execute(self, output: SchedulerOutput) -> StepResult:
         seconds = self.cost_model.predict(StepShape.from_output(output))
         if self.cold:
-            seconds *= getattr(self.cost_model, "idle_factor", 1.0)
+            seconds *= self.cost_model.idle_factor
             self.cold = False
         return StepResult(sampled={c.request_id: 0 for c in output.chunks if c.sample}, seconds=seconds)

@@ -109,7 +109,9 @@ def test_profiled_simulator_tracks_the_real_engine(tmp_path):
     10% from minute to minute and eight requests average little of it out."""
     config = EngineConfig.create("small", device="cpu", policy="chunked", max_num_batched_tokens=256,
                                  max_model_len=2048)
-    cost, measured = run_profile(config, repeats=1, max_chunk=256, progress=False)
+    # Three timed passes, not one: a single pass caught in one of this machine's slow spells put the simulated
+    # median TTFT 32% above the real one.
+    cost, measured = run_profile(config, repeats=3, max_chunk=256, progress=False)
     assert cost.fit["mean_abs_error_pct"] < 15, cost.fit
     path = tmp_path / "cpu-small.json"
     cost.save(path)

@@ -17,15 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkbench.bench import Backend, config_for_policy, environment, run_benchmark
+from chunkbench.backends import Backend, EngineBackend, SimBackend
+from chunkbench.runs import config_for_policy, environment, run_benchmark
 from chunkbench.engine.config import POLICIES
+from chunkbench import sweeps
 from chunkbench.errors import UserError, read_toml
-from chunkbench.metrics import parse_goodput, summarize
+from chunkbench.metrics import summarize
+from chunkbench.outputs import write_json
+from chunkbench.slo import parse_goodput
 from chunkbench.workload import WorkloadSpec, build_workload
 
 CASE_KEYS = {"name", "model", "backend", "gpu", "policy", "knobs", "reference", "repeats", "workload", "rate",
              "num_requests", "seed", "goodput", "guard", "num_blocks", "max_model_len"}
-WORKLOAD_KEYS = ("rate", "num_requests", "seed")
 
 
 def known_metrics() -> set[str]:
@@ -60,7 +63,7 @@ class Case:
 
 
 def load_suite(path: str | Path) -> list[Case]:
-    path = Path(path)
+    path = sweeps.resolve(path)
     data = read_toml(path, "--suite")
     defaults = data.get("defaults", {})
     metrics = known_metrics()
@@ -108,7 +111,7 @@ def measure(case: Case) -> dict[str, list[float]]:
     """Samples of each guarded value: one per repeat (a ratio against the reference when there is one)."""
     workload = build_workload(WorkloadSpec(name=case.workload, rate=case.rate, num_requests=case.num_requests,
                                            seed=case.seed))
-    backend = Backend("sim", case.gpu) if case.backend == "sim" else Backend("engine")
+    backend = SimBackend(case.gpu) if case.backend == "sim" else EngineBackend()
     samples: dict[str, list[float]] = {g.metric: [] for g in case.guard}
     for _ in range(case.repeats):
         summary = _run(case, case.policy, workload, backend)
@@ -169,12 +172,11 @@ def run_gate(cases: list[Case], baseline_path: Path, update: bool) -> list[Verdi
                             "with --update")
     measured = {case.name: measure(case) for case in cases}
     if update:
-        baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        baseline_path.write_text(json.dumps({
+        write_json({
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": environment(),
             "cases": {name: {metric: {"value": statistics.median(s), "samples": s} for metric, s in m.items()}
-                      for name, m in measured.items()}}, indent=2))
+                      for name, m in measured.items()}}, baseline_path)
         baseline = json.loads(baseline_path.read_text())["cases"]
     verdicts = []
     for case in cases:

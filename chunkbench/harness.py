@@ -9,12 +9,12 @@ running step. Ctrl-C stops the run and keeps what finished.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chunkbench.engine.engine import LLMEngine, VirtualClock
+from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.request import Request, SamplingParams
 from chunkbench.metrics import RequestRecord, StepRecord
 from chunkbench.workload import WorkloadRequest
@@ -28,7 +28,6 @@ class RunResult:
     num_kv_blocks: int
     interrupted: bool = False
     wall_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 def prompt_ids(request_index: int, request: WorkloadRequest, vocab_size: int, seed: int) -> list[int]:
@@ -56,7 +55,7 @@ def warm_up(engine: LLMEngine, steps: int = 3) -> None:
 def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: int = 0, warmup_steps: int = 3,
                  progress: bool = True, description: str = "run") -> RunResult:
     """Serve `workload` on `engine` and record per-request token times and per-step composition."""
-    virtual = isinstance(engine.clock, VirtualClock)
+    virtual = engine.clock.virtual
     if not virtual:
         warm_up(engine, warmup_steps)
     vocab = engine.config.model.vocab_size
@@ -86,10 +85,9 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                     next_index += 1
                 if not engine.has_unfinished():
                     gap = workload[order[next_index]].arrival_time - now
+                    engine.executor.idle(gap)  # the simulator's next step runs cold
                     if virtual:
                         engine.clock.advance(gap)
-                        if hasattr(engine.executor, "idle"):  # the simulator's next step runs cold
-                            engine.executor.idle(gap)
                     else:
                         time.sleep(gap)
                     continue

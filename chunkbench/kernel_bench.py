@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chunkbench.gpus import spec_for_device
+from chunkbench.sim.gpus import spec_for_device
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 PREFILL_SHAPES = [(chunk, ctx) for chunk in (256, 1024, 4096) for ctx in (0, 4096, 32768 - chunk)]

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chunkbench.errors import UserError
 
 PERCENTILES = (50, 90, 95, 99)
-SLO_METRICS = ("ttft", "tpot", "e2el")
 
 
 @dataclass
@@ -63,25 +61,6 @@ class StepRecord:
     kv_blocks_used: int
     num_preempted: int = 0
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied to requests admitted in this step
-
-
-def parse_goodput(text: str | list[str] | None) -> dict[str, float]:
-    """'ttft:300 tpot:50 e2el:2000' (milliseconds, as vLLM's --goodput) -> {'ttft': 300.0, ...}."""
-    if not text:
-        return {}
-    parts = text.split() if isinstance(text, str) else [p for item in text for p in item.split()]
-    slos = {}
-    for part in parts:
-        name, _, value = part.partition(":")
-        if name not in SLO_METRICS:
-            raise UserError(f"--goodput: unknown metric '{name}' in '{part}'; use {', '.join(SLO_METRICS)}")
-        try:
-            slos[name] = float(value)
-        except ValueError:
-            raise UserError(f"--goodput: '{part}' needs a number of milliseconds, like {name}:300") from None
-        if slos[name] <= 0:
-            raise UserError(f"--goodput: '{part}' must be > 0 ms")
-    return slos
 
 
 def pct_key(p: float) -> str:

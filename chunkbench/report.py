@@ -5,12 +5,38 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 from rich.table import Table
 
-from chunkbench.bench import BenchRun
+from chunkbench.outputs import write_figure, write_json, write_text
+from chunkbench.runs import BenchRun
+
+CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
+       "margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
+       "img{max-width:100%;margin:1em 0}pre{font-size:11px;background:#f6f6f6;padding:8px}")
+
+
+def html_page(title: str, body: str) -> str:
+    """A self-contained page: the reports of compare and tune share its look."""
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def embedded_png(path: Path) -> str:
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display here or in CI)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 # (summary key, label, lower is better?) rows of the tables.
 HEADLINE = [
@@ -74,10 +100,7 @@ def markdown_table(runs: list[BenchRun]) -> str:
 
 def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
     """TTFT CDF, ITL CDF and a per-step timeline (tokens per step, prefill/decode stacked)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -96,7 +119,7 @@ def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
         ax.legend()
         fig.tight_layout()
         paths.append(out_dir / f"{name}_cdf.png")
-        fig.savefig(paths[-1], dpi=110)
+        write_figure(fig, paths[-1])
         plt.close(fig)
     fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.2 * len(runs)), sharex=True, squeeze=False)
     for ax, r in zip(axes[:, 0], runs):
@@ -111,7 +134,7 @@ def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
     axes[-1, 0].set_xlabel("time (s)")
     fig.tight_layout()
     paths.append(out_dir / "timeline.png")
-    fig.savefig(paths[-1], dpi=110)
+    write_figure(fig, paths[-1])
     plt.close(fig)
     return paths
 
@@ -122,15 +145,27 @@ def write_html(runs: list[BenchRun], images: list[Path], path: Path, title: str,
                      ["metric"] + [r.label for r in runs] + [f"{r.label} / {runs[0].label}" for r in runs[1:]])
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
                    for row in comparison_rows(runs))
-    pictures = "".join(
-        f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
-        for p in images)
     configs = "".join(f"<h3>{html.escape(r.label)}</h3><pre>{html.escape(json.dumps(r.summary, indent=1))}</pre>"
                       for r in runs)
-    path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}
-img{{max-width:100%;margin:1em 0}}pre{{font-size:11px;background:#f6f6f6;padding:8px}}</style></head><body>
-<h1>{html.escape(title)}</h1><p><code>{html.escape(command)}</code></p>
-<table><tr>{header}</tr>{body}</table>{pictures}<details><summary>full summaries</summary>{configs}</details>
-</body></html>""")
+    write_text(html_page(title, f"""<h1>{html.escape(title)}</h1><p><code>{html.escape(command)}</code></p>
+<table><tr>{header}</tr>{body}</table>{"".join(embedded_png(p) for p in images)}
+<details><summary>full summaries</summary>{configs}</details>"""), path)
+
+
+def folder_name(label: str) -> str:
+    """A policy spec as a folder name: 'chunked:budget=512' -> 'chunked_budget-512'."""
+    return re.sub(r"[^A-Za-z0-9_.#-]", "_", label.replace("=", "-")).strip(".") or "run"
+
+
+def write_comparison(runs: list[BenchRun], out: Path, spec, title: str, command: str) -> dict:
+    """One folder per policy (as `run` writes), then comparison.md, the plots, report.html and, last,
+    comparison.json. Returns the comparison's JSON payload."""
+    from chunkbench.runs import save_run
+
+    for r in runs:
+        save_run(r, out / folder_name(r.label), spec)
+    summaries = {"runs": {r.label: r.summary for r in runs}}
+    write_text(markdown_table(runs) + "\n", out / "comparison.md")
+    write_html(runs, plot_comparison(runs, out), out / "report.html", title, command)
+    write_json(summaries, out / "comparison.json")
+    return summaries

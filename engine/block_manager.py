@@ -34,10 +34,6 @@ class BlockManager:
         self.num_registered: dict[str, int] = {}  # blocks of a request's table already hashed and cached
 
     @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
-
-    @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self.free_blocks)
 

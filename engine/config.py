@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .knobs import KNOBS, default
+
 POLICIES = ("static", "continuous", "orca", "chunked")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -66,15 +68,24 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def num_linear_params(self) -> int:
+        """Weights of the decoder layers' matrices, which every token goes through (no embeddings, LM head,
+        norms or biases): what a step's GEMM FLOPs and weight reads scale with."""
+        h = self.hidden_size
+        return self.num_layers * (h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+                                  + 3 * h * self.intermediate_size)
+
+    @property
     def num_params(self) -> int:
         """Parameter count (weights only, norms included)."""
-        h, i = self.hidden_size, self.intermediate_size
-        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
-        if self.qkv_bias:
-            attn += self.q_size + 2 * self.kv_size
-        per_layer = attn + 3 * h * i + 2 * h
+        h = self.hidden_size
+        per_layer_extra = 2 * h + (self.q_size + 2 * self.kv_size if self.qkv_bias else 0)  # norms, biases
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embeddings + h
+        return self.num_linear_params + self.num_layers * per_layer_extra + embeddings + h
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V of one token over every layer."""
+        return 2 * self.num_layers * self.kv_size * dtype_bytes
 
     @classmethod
     def from_name(cls, name: str) -> "ModelConfig":
@@ -160,11 +171,11 @@ class CacheConfig:
     weights; on the CPU, at most `cpu_kv_cache_gib`, and never more than max_num_seqs full-length requests.
     """
 
-    block_size: int = 16
-    num_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
+    block_size: int = default("block_size")
+    num_blocks: int | None = default("num_blocks")
+    gpu_memory_utilization: float = default("gpu_memory_utilization")
     cpu_kv_cache_gib: float = 1.0
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = default("enable_prefix_caching")
 
     def __post_init__(self) -> None:
         _require(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
@@ -176,7 +187,7 @@ class CacheConfig:
         _positive("--cpu-kv-cache-gib", self.cpu_kv_cache_gib)
 
     def kv_bytes_per_block(self, model: "ModelConfig", dtype_bytes: int) -> int:
-        return 2 * model.num_layers * self.block_size * model.kv_size * dtype_bytes
+        return self.block_size * model.kv_bytes_per_token(dtype_bytes)
 
 
 def parse_chunk_schedule(text: str | None) -> tuple[int, ...]:
@@ -191,13 +202,24 @@ def parse_chunk_schedule(text: str | None) -> tuple[int, ...]:
     return values
 
 
+def min_budget(policy: str, max_model_len: int) -> int:
+    """The smallest token budget a policy can run with: policies that never split a prompt need a whole
+    max-length prompt in one step (vLLM enforces the same without chunked prefill)."""
+    return 1 if policy == "chunked" else max_model_len
+
+
+def default_budget(policy: str, max_model_len: int) -> int:
+    """2048 tokens (vLLM's default with chunked prefill), raised to what the policy needs."""
+    return max(2048, min_budget(policy, max_model_len))
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """How each step's token budget and seats are spent (see DESIGN.md, 'The scheduler')."""
+    """How each step's token budget and seats are spent (see docs/architecture.md, 'The step loop')."""
 
-    policy: str = "chunked"
+    policy: str = default("policy")
     max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
+    max_num_seqs: int = default("max_num_seqs")
     max_model_len: int = 2048
     chunk_size: int | None = None  # per-request cap on prompt tokens per step (chunked only)
     chunk_schedule: tuple[int, ...] = ()  # progressive caps: i-th chunk of a prompt <= entry i (last repeats)
@@ -209,11 +231,10 @@ class SchedulerConfig:
         _positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         _positive("--max-num-seqs", self.max_num_seqs)
         _positive("--max-model-len", self.max_model_len)
-        if self.policy != "chunked":
-            _require(self.max_num_batched_tokens >= self.max_model_len,
-                     f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
-                     f"({self.max_model_len}) for policy '{self.policy}', which never splits a prompt; "
-                     "use --policy chunked or a larger budget")
+        _require(self.max_num_batched_tokens >= min_budget(self.policy, self.max_model_len),
+                 f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                 f"({self.max_model_len}) for policy '{self.policy}', which never splits a prompt; "
+                 "use --policy chunked or a larger budget")
         if self.chunk_size is not None:
             _positive("--chunk-size", self.chunk_size)
         _require(all(c > 0 for c in self.chunk_schedule),
@@ -258,32 +279,27 @@ class EngineConfig:
                  f"max_model_len ({self.model.max_model_len})")
 
     @classmethod
-    def create(cls, model: str | ModelConfig = "tiny", *, policy: str = "chunked",
-               max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
-               max_model_len: int | None = None, chunk_size: int | None = None,
-               chunk_schedule: str | tuple[int, ...] | None = None, tile: int | None = None,
-               max_partial_prefills: int | None = None, block_size: int = 16, num_blocks: int | None = None,
-               gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False, device: str = "auto", dtype: str = "auto",
-               attention_backend: str = "auto", seed: int = 0) -> "EngineConfig":
-        """Build a config from flat keyword arguments, the shape the CLI and the Python API use.
-
-        Unset values get defaults that work: the budget defaults to 2048 for `chunked` and to at least
-        max_model_len for policies that never split a prompt; the KV cache is sized from memory.
+    def create(cls, model: str | ModelConfig = "tiny", **knobs) -> "EngineConfig":
+        """Build a config from flat keyword arguments (the knobs of engine/knobs.py), the shape the CLI and
+        the Python API use. Unset or None values get defaults that work: the budget defaults to 2048 for
+        `chunked` and to at least max_model_len for policies that never split a prompt; the KV cache is
+        sized from memory.
         """
+        unknown = set(knobs) - set(KNOBS)
+        if unknown:
+            raise TypeError(f"EngineConfig.create: unknown knob(s) {', '.join(sorted(unknown))}")
+        k = {name: knob.default for name, knob in KNOBS.items()} | {n: v for n, v in knobs.items() if v is not None}
         model_config = model if isinstance(model, ModelConfig) else ModelConfig.from_name(model)
-        max_model_len = max_model_len or min(model_config.max_model_len, 8192)
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = 2048 if policy == "chunked" else max(2048, max_model_len)
-        if isinstance(chunk_schedule, str) or chunk_schedule is None:
-            chunk_schedule = parse_chunk_schedule(chunk_schedule)
-        return cls(
-            model=model_config,
-            scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                      chunk_size=chunk_size, chunk_schedule=tuple(chunk_schedule), tile=tile,
-                                      max_partial_prefills=max_partial_prefills),
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
-                              gpu_memory_utilization=gpu_memory_utilization,
-                              enable_prefix_caching=enable_prefix_caching),
-            device=device, dtype=dtype, attention_backend=attention_backend, seed=seed,
-        )
+        max_model_len = k["max_model_len"]
+        if max_model_len is None:
+            max_model_len = min(model_config.max_model_len, 8192)
+        budget = k["max_num_batched_tokens"]
+        if budget is None:
+            budget = default_budget(k["policy"], max_model_len)
+        schedule = k["chunk_schedule"]
+        schedule = parse_chunk_schedule(schedule) if isinstance(schedule, str) else tuple(schedule)
+        section = {s: {n: k[n] for n, knob in KNOBS.items() if knob.section == s} for s in ("scheduler", "cache", "")}
+        scheduler = section["scheduler"] | dict(max_num_batched_tokens=budget, max_model_len=max_model_len,
+                                                chunk_schedule=schedule)
+        return cls(model=model_config, scheduler=SchedulerConfig(**scheduler), cache=CacheConfig(**section["cache"]),
+                   **section[""])

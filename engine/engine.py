@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .outputs import SchedulerOutput, StepResult
+from .outputs import Executor, SchedulerOutput, StepResult
 from .request import Request, RequestStatus, SamplingParams
 from .scheduler import Scheduler
 
 
 class RealClock:
     """Wall time: a step's duration has already passed when it returns."""
+
+    virtual = False
 
     def now(self) -> float:
         return time.perf_counter()
@@ -28,6 +30,7 @@ class VirtualClock:
     """Simulated time: it moves only when told, by the predicted step time or to the next arrival."""
 
     time: float = 0.0
+    virtual = True  # a class attribute, not a field: idle time is skipped, not slept
 
     def now(self) -> float:
         return self.time
@@ -37,7 +40,7 @@ class VirtualClock:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, executor=None, clock=None) -> None:
+    def __init__(self, config: EngineConfig, executor: Executor | None = None, clock=None) -> None:
         self.config = config
         if executor is None:
             from .executor import ModelExecutor  # torch only when a real model runs
@@ -50,7 +53,6 @@ class LLMEngine:
         self._ids = itertools.count()
         self._rejected: list[Request] = []
         self.last_step: tuple[SchedulerOutput, StepResult] | None = None  # for the harness's step records
-        self.num_steps = 0
 
     def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
@@ -87,5 +89,4 @@ class LLMEngine:
         result = self.executor.execute(output)
         self.clock.advance(result.seconds)
         self.last_step = (output, result)
-        self.num_steps += 1
         return updated + self.scheduler.update(output, result, self.clock.now())

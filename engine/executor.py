@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Protocol
 
 import torch
 
@@ -17,12 +16,6 @@ from .outputs import ScheduledChunk, SchedulerOutput, StepResult
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
-
-
-class Executor(Protocol):
-    num_blocks: int  # KV blocks this executor holds; the block manager hands out exactly these
-
-    def execute(self, output: SchedulerOutput) -> StepResult: ...
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,6 +78,9 @@ class ModelExecutor:
             layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.keep_logits = False  # tests: keep each sampled row's logits in last_logits
         self.last_logits: dict[str, torch.Tensor] = {}
+
+    def idle(self, seconds: float) -> None:
+        """Real time passes by itself: nothing to model."""
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":

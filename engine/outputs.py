@@ -6,6 +6,7 @@ An executor sees nothing of the scheduler but a SchedulerOutput. No torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .request import SamplingParams
 
@@ -64,3 +65,14 @@ class SchedulerOutput:
 class StepResult:
     sampled: dict[str, int]  # request id -> token id, for every chunk with sample=True
     seconds: float  # the step's duration: measured (device-synchronized) or predicted
+
+
+class Executor(Protocol):
+    """Runs steps: the real model (engine/executor.py) or the simulator (chunkbench/sim/executor.py)."""
+
+    num_blocks: int  # KV blocks this executor holds; the block manager hands out exactly these
+
+    def execute(self, output: SchedulerOutput) -> StepResult: ...
+
+    def idle(self, seconds: float) -> None:
+        """The engine sat idle this long before the next step (the simulator runs that step cold)."""

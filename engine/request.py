@@ -20,10 +20,6 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_REJECTED = "finished_rejected"  # could never be served; see Request.error
 
-    @property
-    def is_finished(self) -> bool:
-        return self in FINISHED
-
 
 FINISHED = frozenset(s for s in RequestStatus if s.value.startswith("finished"))
 

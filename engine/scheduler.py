@@ -1,4 +1,4 @@
-"""Token-budget scheduler: four batching policies over one request model (see DESIGN.md).
+"""Token-budget scheduler: four batching policies over one request model (see docs/architecture.md).
 
 Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_num_seqs`). A request is
 scheduled `n` of its uncomputed tokens; the step that computes its last token samples the next one.

@@ -15,10 +15,13 @@ import argparse
 import json
 import statistics
 
-from chunkbench.bench import Backend, ExecutorPool, run_benchmark
-from chunkbench.cost_model import FittedCostModel
+from chunkbench.backends import SimBackend, engine_runner
 from chunkbench.engine.config import EngineConfig
-from chunkbench.engine.sim_executor import StepShape
+from chunkbench.engine.engine import LLMEngine
+from chunkbench.engine.executor import ModelExecutor
+from chunkbench.runs import measure, run_benchmark
+from chunkbench.sim.fitted import FittedCostModel
+from chunkbench.sim.shape import StepShape
 from chunkbench.workload import WorkloadSpec, build_workload
 
 METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"),
@@ -51,26 +54,20 @@ class StepLog:
         return result
 
 
-class LoggingPool(ExecutorPool):
-    def engine(self, config):
-        engine = super().engine(config)
-        engine.executor = self.log = StepLog(engine.executor)
-        return engine
-
-
 def compare_case(model: str, profile: str, spec: WorkloadSpec, budget: int, real_repeats: int = 1) -> dict:
     num_blocks = FittedCostModel.load(profile).num_blocks
     config = EngineConfig.create(model, policy="chunked", max_num_batched_tokens=budget, num_blocks=num_blocks,
                                  max_model_len=8192 if model == "small" else None)
     workload = build_workload(spec, config.scheduler.max_model_len)
-    pool = LoggingPool()
-    reals = [run_benchmark(config, workload, progress=False, pool=pool) for _ in range(real_repeats)]
-    sim = run_benchmark(config, workload, backend=Backend("sim", cost_model=profile), progress=False)
+    log = StepLog(ModelExecutor(config))
+    serve = engine_runner(lambda: LLMEngine(config, executor=log))
+    reals = [measure(serve, config, workload, progress=False) for _ in range(real_repeats)]
+    sim = run_benchmark(config, workload, backend=SimBackend(cost_model=profile), progress=False)
     runs = {k: [r.summary[k] for r in reals] for k, _ in METRICS}
     return {"real": {k: statistics.median(v) for k, v in runs.items()}, "real_runs": runs,
             "sim": {k: sim.summary[k] for k, _ in METRICS},
             "real_wall_s": sum(r.result.wall_seconds for r in reals), "sim_wall_s": sim.result.wall_seconds,
-            "real_steps": [[list(map(list, s.prefills)), list(s.decodes), t] for s, t in pool.log.steps]}
+            "real_steps": [[list(map(list, s.prefills)), list(s.decodes), t] for s, t in log.steps]}
 
 
 def step_errors(profile: str, steps: list) -> list[str]:

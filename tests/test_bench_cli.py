@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from chunkbench.bench import compare, config_for_policy, parse_policy_spec
+from chunkbench.runs import compare, config_for_policy, parse_policy_spec
 from chunkbench.errors import UserError
 from chunkbench.workload import WorkloadSpec, build_workload
 from tests.test_config_and_cli import run_cli

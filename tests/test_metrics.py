@@ -3,7 +3,8 @@
 import pytest
 
 from chunkbench.errors import UserError
-from chunkbench.metrics import RequestRecord, StepRecord, max_tokens_in_window, parse_goodput, summarize
+from chunkbench.metrics import RequestRecord, StepRecord, max_tokens_in_window, summarize
+from chunkbench.slo import parse_goodput
 
 # r1: arrives at 0, first scheduled at 0.1, tokens at 0.5, 0.7, 1.0. r2: arrives at 1.0, one token at 1.2.
 R1 = RequestRecord(prompt_len=10, output_len=3, arrival_time=0.0, token_times=[0.5, 0.7, 1.0],

@@ -2,17 +2,19 @@
 
 import pytest
 
-from chunkbench.bench import Backend, compare, run_benchmark, sim_engine
-from chunkbench.cost_model import FEATURE_NAMES, FittedCostModel, RooflineCostModel, features
+from chunkbench.backends import SimBackend
+from chunkbench.runs import compare, run_benchmark
+from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel, features
+from chunkbench.sim.roofline import RooflineCostModel
 from chunkbench.engine.config import EngineConfig, ModelConfig
-from chunkbench.engine.sim_executor import StepShape
+from chunkbench.sim.shape import StepShape
 from chunkbench.errors import UserError
-from chunkbench.gpus import GPUS
-from chunkbench.profile import run_profile
+from chunkbench.sim.gpus import GPUS
+from chunkbench.sim.profile import run_profile
 from chunkbench.workload import WorkloadSpec, build_workload
 
 LLAMA_8B = ModelConfig.from_name("llama-3-8b")
-H100 = Backend("sim", "h100-sxm")
+H100 = SimBackend("h100-sxm")
 
 
 def prefill(tokens, context=0):
@@ -58,9 +60,10 @@ def test_decode_time_grows_with_batch_context():
 def test_kv_capacity_from_gpu_memory():
     cost = RooflineCostModel(LLAMA_8B, GPUS["h100-sxm"])
     # 80 GB * (0.9 - 0.05) - 16 GB of weights = 52 GB; a 16-token block of llama-3-8b is 2 MiB in bf16.
-    assert cost.kv_blocks(16, 0.9) == int((80e9 * 0.85 - LLAMA_8B.num_params * 2) // (2 * 32 * 16 * 1024 * 2))
+    assert cost.kv_blocks(EngineConfig.create(LLAMA_8B, block_size=16, gpu_memory_utilization=0.9)) == int((80e9 * 0.85 - LLAMA_8B.num_params * 2) // (2 * 32 * 16 * 1024 * 2))
     with pytest.raises(UserError, match="does not fit"):
-        RooflineCostModel(ModelConfig.from_name("llama-3-70b"), GPUS["h100-sxm"]).kv_blocks(16, 0.9)
+        RooflineCostModel(ModelConfig.from_name("llama-3-70b"), GPUS["h100-sxm"]).kv_blocks(
+            EngineConfig.create("llama-3-70b", block_size=16, gpu_memory_utilization=0.9))
 
 
 def test_chunked_beats_continuous_on_p99_itl_for_rag_mix():
@@ -85,7 +88,8 @@ def test_fitted_model_recovers_known_costs_and_round_trips(tmp_path):
     loaded = FittedCostModel.load(tmp_path / "p.json")
     assert loaded == fitted
     config = EngineConfig.create("tiny")
-    assert sim_engine(config, Backend("sim", cost_model=str(tmp_path / "p.json"))).block_manager.num_blocks == 99
+    with SimBackend(cost_model=str(tmp_path / "p.json")).session(config) as serve:  # a sim engine per run
+        assert serve([]).num_kv_blocks == 99
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(UserError, match="--cost-model"):
         FittedCostModel.load(tmp_path / "bad.json")
@@ -118,6 +122,6 @@ def test_profiled_simulator_tracks_the_real_engine(tmp_path):
     workload = build_workload(WorkloadSpec(name="synthetic", num_requests=8, rate=0.5, seed=3,
                                            prompt_len="lognormal:256:0.6:16:1024", output_len="fixed:48"), 2048)
     real = run_benchmark(config, workload, progress=False).summary
-    sim = run_benchmark(config, workload, backend=Backend("sim", cost_model=str(path)), progress=False).summary
+    sim = run_benchmark(config, workload, backend=SimBackend(cost_model=str(path)), progress=False).summary
     for key in ("median_ttft_ms", "output_throughput", "median_itl_ms"):
         assert sim[key] == pytest.approx(real[key], rel=0.25), (key, real[key], sim[key])

@@ -12,15 +12,17 @@ import optuna
 import pytest
 import yaml
 
-from chunkbench.bench import Backend
+from chunkbench.backends import SimBackend
 from chunkbench.errors import UserError
-from chunkbench.sla import SLO, parse_slas
-from chunkbench.space import SearchSpace, chunk_schedule, engine_kwargs
-from chunkbench.tuner import TuneSpec, create_study, evaluate, feasible_trials, open_storage, run_study
+from chunkbench.slo import SLO, parse_slas
+from chunkbench.tune.space import SearchSpace, chunk_schedule, engine_kwargs
+from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
 from chunkbench.workload import WorkloadSpec, build_workload
 from tests.test_config_and_cli import run_cli
 
-H100 = Backend("sim", "h100-sxm")
+H100 = SimBackend("h100-sxm")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -179,7 +181,7 @@ def test_kill_minus_nine_then_rerun_keeps_finished_trials(tmp_path):
 def test_a_trial_orphaned_before_its_first_heartbeat_is_replaced(tmp_path, monkeypatch):
     """A process killed between `ask` and its first heartbeat leaves a RUNNING trial Optuna never calls stale;
     the study must still reach n_trials (this hung CI once)."""
-    from chunkbench import tuner
+    from chunkbench.tune import study as tuner
 
     spec = TuneSpec(model="llama-3-8b", slos=parse_slas({"ttft": "2s"}), space=small_space(),
                     workload=WorkloadSpec(name="chat", num_requests=20, rate=4.0, seed=1), backend=H100,

@@ -15,12 +15,12 @@ import time
 
 from rich.progress import Progress
 
-from chunkbench.cost_model import FittedCostModel
+from chunkbench.sim.fitted import FittedCostModel
 from chunkbench.engine.block_manager import cdiv
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
 from chunkbench.engine.request import SamplingParams
-from chunkbench.engine.sim_executor import COLD_AFTER_S, StepShape
+from chunkbench.sim.shape import COLD_AFTER_S, StepShape
 
 CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # each point below must fit in the KV cache
 CONTEXTS = (0, 1024, 4096)

@@ -1,47 +1,36 @@
-"""Command-line options shared by several commands, as Typer `Annotated` aliases. Commands pass them to
-`EngineConfig.create`. Units are in every help text."""
+"""Command-line options shared by several commands, as Typer `Annotated` aliases and option groups. The
+engine options are generated from the knob declarations (engine/knobs.py), the workload defaults are
+WorkloadSpec's. Units are in every help text."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.workload import LENGTH_HELP
+from chunkbench.engine.config import MODEL_PRESETS
+from chunkbench.engine.knobs import KNOBS, Knob
+from chunkbench.workload import LENGTH_HELP, WorkloadSpec
 
 Model = Annotated[str, typer.Option(
-    "--model", "-m", help="Model preset (tiny, small, llama-3.2-1b, llama-3-8b, llama-3-70b, mistral-7b, "
-    "qwen2.5-7b) or a local Hugging Face directory with config.json and *.safetensors.")]
-Policy = Annotated[str, typer.Option(help="Batching policy: static, continuous, orca or chunked.")]
-Budget = Annotated[Optional[int], typer.Option(
-    "--max-num-batched-tokens", "--budget",
-    help="Token budget per step (tokens). Default: 2048 for chunked, max(2048, max-model-len) otherwise.")]
-MaxNumSeqs = Annotated[int, typer.Option(help="Seat limit: most requests running at once (requests).")]
-MaxModelLen = Annotated[Optional[int], typer.Option(
-    help="Longest request, prompt plus output (tokens). Default: the model's, at most 8192.")]
-ChunkSize = Annotated[Optional[int], typer.Option(
-    help="chunked: most prompt tokens one request computes per step (tokens). Default: no cap.")]
-ChunkSchedule = Annotated[Optional[str], typer.Option(
-    help="chunked: progressive caps, the i-th chunk of a prompt <= the i-th entry, the last repeats "
-    "(tokens, comma-separated, e.g. 2048,1024,512).")]
-Tile = Annotated[Optional[int], typer.Option(
-    help="chunked: trim cut prompt chunks so a step's token count is a multiple of this (tokens).")]
-MaxPartialPrefills = Annotated[Optional[int], typer.Option(
-    help="chunked: most prompts mid-prefill at once (requests). Default: no cap.")]
-BlockSize = Annotated[int, typer.Option(help="KV cache block size (tokens).")]
-NumBlocks = Annotated[Optional[int], typer.Option(
-    help="KV cache size (blocks). Default: from memory (--gpu-memory-utilization on CUDA, 1 GiB on CPU).")]
-GpuMemoryUtilization = Annotated[float, typer.Option(
-    help="Fraction of GPU memory the engine may use, weights and KV cache (0-1].")]
-PrefixCaching = Annotated[bool, typer.Option(
-    "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes.")]
-Device = Annotated[str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N.")]
-Dtype = Annotated[str, typer.Option(
-    help="auto (bfloat16 on cuda, float32 on cpu), float32, float16, bfloat16 or float64.")]
-AttentionBackend = Annotated[str, typer.Option(
-    help="auto (triton on cuda, torch on cpu), triton (on CPU: the Triton interpreter, slow) or torch.")]
-Seed = Annotated[int, typer.Option(help="Seed for dummy weights, random prompts and sampling.")]
+    "--model", "-m", help="Model preset (" + ", ".join(MODEL_PRESETS) + ") or a local Hugging Face directory with "
+    "config.json and *.safetensors.")]
+
+
+def _knob_option(knob: Knob) -> tuple:
+    """A Typer option for an engine knob, from its declaration: lists are comma-separated text, and knobs
+    whose default is computed or unset are optional."""
+    kind = str if knob.type is tuple else knob.type
+    optional = knob.default is None or knob.type is tuple
+    option = typer.Option(*knob.cli_flags, help=knob.help)
+    return Annotated[Optional[kind] if optional else kind, option], (None if optional else knob.default)
+
+
+ENGINE_OPTIONS = {name: _knob_option(knob) for name, knob in KNOBS.items()}  # EngineConfig.create keywords
+MaxModelLen, NumBlocks, Device, Dtype, Seed = (ENGINE_OPTIONS[k][0] for k in
+                                               ("max_model_len", "num_blocks", "device", "dtype", "seed"))
 
 
 # ---- workload and output options ----
@@ -87,20 +76,14 @@ NumPrefixes = Annotated[int, typer.Option(help="Distinct shared prefixes, assign
 
 # ---- option groups, declared once and added to each command that takes them ----
 
-ENGINE_OPTIONS = {  # EngineConfig.create keyword -> (annotated type, default)
-    "policy": (Policy, "chunked"), "max_num_batched_tokens": (Budget, None), "max_num_seqs": (MaxNumSeqs, 256),
-    "max_model_len": (MaxModelLen, None), "chunk_size": (ChunkSize, None), "chunk_schedule": (ChunkSchedule, None),
-    "tile": (Tile, None), "max_partial_prefills": (MaxPartialPrefills, None), "block_size": (BlockSize, 16),
-    "num_blocks": (NumBlocks, None), "gpu_memory_utilization": (GpuMemoryUtilization, 0.9),
-    "enable_prefix_caching": (PrefixCaching, False), "device": (Device, "auto"), "dtype": (Dtype, "auto"),
-    "attention_backend": (AttentionBackend, "auto"), "seed": (Seed, 0),
-}
-WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated type, default)
-    "workload": (Workload, "chat"), "num_requests": (NumRequests, 100), "duration": (Duration, None),
-    "rate": (Rate, 1.0), "arrival": (Arrival, None), "burstiness": (Burstiness, 1.0),
-    "time_scale": (TimeScale, 1.0), "prompt_len": (PromptLen, "lognormal:256:0.8:4:4096"),
-    "output_len": (OutputLen, "lognormal:128:0.6:4:1024"), "tokenizer": (Tokenizer, None),
-    "prefix_len": (PrefixLen, 0), "num_prefixes": (NumPrefixes, 1),
+_SPEC = {f.name: f.default for f in dataclasses.fields(WorkloadSpec)}
+WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated type, the spec's default)
+    "workload": (Workload, _SPEC["name"]), "num_requests": (NumRequests, _SPEC["num_requests"]),
+    "duration": (Duration, _SPEC["duration"]), "rate": (Rate, _SPEC["rate"]), "arrival": (Arrival, _SPEC["arrival"]),
+    "burstiness": (Burstiness, _SPEC["burstiness"]), "time_scale": (TimeScale, _SPEC["time_scale"]),
+    "prompt_len": (PromptLen, _SPEC["prompt_len"]), "output_len": (OutputLen, _SPEC["output_len"]),
+    "tokenizer": (Tokenizer, _SPEC["tokenizer"]), "prefix_len": (PrefixLen, _SPEC["prefix_len"]),
+    "num_prefixes": (NumPrefixes, _SPEC["num_prefixes"]),
 }
 
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write

@@ -1,8 +1,5 @@
-"""`chunkbench tune`: Bayesian search over scheduler knobs against SLAs, on Optuna RDB storage.
-
-Objectives: `goodput` (maximise request goodput; SLAs as constraints), `capacity` (the highest request rate
-meeting the SLAs with a bounded median scheduling delay, by bisection), `pareto` (NSGA-II over p99 TTFT,
-p99 TBT and output throughput). Trials run in the simulator or on the real engine.
+"""The Optuna study behind `chunkbench tune`: TPE (or NSGA-II for pareto) over the search space, SLAs as
+constraints, on RDB storage (SQLite beside the outputs, or PostgreSQL shared by several machines).
 
 Several processes may work on one study (`--storage postgresql://...`): a lock held from "how many trials
 are done or running?" until the new trial exists keeps the total exactly `n_trials`. Trials record
@@ -21,170 +18,23 @@ import threading
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from chunkbench.bench import Backend, run_benchmark
-from chunkbench.engine.config import ConfigError, EngineConfig
+from chunkbench.engine.config import ConfigError
 from chunkbench.errors import UserError
-from chunkbench.sla import SLO, goodput_slos, violations
-from chunkbench.space import SearchSpace, engine_kwargs
-from chunkbench.workload import WorkloadRequest, WorkloadSpec, build_workload
+from chunkbench.slo import SLO
+from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.space import engine_kwargs
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.workload import build_workload
 
-OBJECTIVES = ("goodput", "capacity", "pareto")
 HEARTBEAT_S, GRACE_S = 2, 8
-METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
-                "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
-                "num_preemptions", "longest_stall_ms", "completed")
-
-
-@dataclass
-class TuneSpec:
-    model: str
-    slos: list[SLO]
-    space: SearchSpace
-    workload: WorkloadSpec
-    backend: Backend
-    objective: str = "goodput"
-    n_trials: int = 60
-    timeout_s: float | None = None
-    seed: int = 0
-    max_sched_delay_ms: float = 2000.0  # capacity: median scheduling delay bound (Sarathi-Serve uses 2 s)
-    engine_overrides: dict = field(default_factory=dict)  # fixed flags: max_model_len, num_blocks, ...
-
-    def base_config(self, **knobs) -> EngineConfig:
-        return EngineConfig.create(self.model, **{**self.engine_overrides, **knobs})
-
-
-@dataclass
-class TrialOutcome:
-    values: list[float]
-    constraints: dict[str, float]  # per SLO: measured minus limit (ms); <= 0 is met
-    metrics: dict
-    knobs: dict
-
-    @property
-    def feasible(self) -> bool:
-        return max(self.constraints.values(), default=0.0) <= 0
-
-
-# ---------- one trial ----------
-
-def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
-             progress: bool = False) -> TrialOutcome:
-    """Run one configuration (engine keyword arguments) against the SLAs."""
-    config = spec.base_config(**knobs)
-    backend = backend or spec.backend
-    if spec.objective == "capacity":
-        return _capacity(spec, config, workload, knobs, backend)
-    if backend.kind == "launch":
-        summary = launched_summary(spec, backend, knobs, workload)
-    else:
-        summary = run_benchmark(config, workload, backend=backend, goodput_ms=goodput_slos(spec.slos),
-                                seed=spec.seed, progress=progress,
-                                percentiles=[s.percentile for s in spec.slos]).summary
-    metrics = {k: summary[k] for k in METRIC_ATTRS} | {s.summary_key: summary[s.summary_key] for s in spec.slos}
-    if spec.objective == "pareto":
-        values = [summary["p99_ttft_ms"], summary["p99_itl_ms"], summary["output_throughput"]]
-    else:
-        values = [summary["request_goodput"]]
-    return TrialOutcome(values, dict(zip((s.name for s in spec.slos), violations(summary, spec.slos))), metrics,
-                        knobs)
-
-
-def launch_command(template: str, model: str, knobs: dict) -> str:
-    """The server command for a trial: {model} and every knob, e.g. {max_num_batched_tokens}; a knob the
-    trial leaves unset formats as 0 (vLLM's 'no cap' for long_prefill_token_threshold)."""
-    values = {"model": model, "policy": knobs.get("policy", "chunked"), "enable_prefix_caching": False,
-              "max_num_batched_tokens": 0, "max_num_seqs": 0, "chunk_size": 0, "tile": 0, "max_partial_prefills": 0}
-    values.update({k: v for k, v in knobs.items() if v is not None})
-    values["chunk_schedule"] = ",".join(map(str, knobs.get("chunk_schedule") or ())) or "0"
-    values["long_prefill_token_threshold"] = values["chunk_size"]
-    try:
-        return template.format(**values)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise UserError(f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
-                        f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
-
-
-def launched_summary(spec: TuneSpec, backend: Backend, knobs: dict, workload: list[WorkloadRequest]) -> dict:
-    """Start the server with this trial's knobs, wait for /health, benchmark it over HTTP, stop it.
-    A server that does not come up raises RuntimeError, which fails the trial, not the study."""
-    import asyncio
-    import shlex
-    import signal
-    import subprocess
-
-    from chunkbench.client import bench_endpoint, wait_healthy
-    from chunkbench.metrics import summarize
-
-    command = launch_command(backend.launch, spec.model, knobs)
-    process = subprocess.Popen(shlex.split(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    try:
-        wait_healthy(backend.endpoint, backend.launch_timeout_s, process)
-        vocab = EngineConfig.create(spec.model).model.vocab_size if spec.model else 32000
-        result = asyncio.run(bench_endpoint(backend.endpoint, workload, vocab, seed=spec.seed))
-        return summarize(result.records, [], result.duration, goodput_slos(spec.slos),
-                         extra_percentiles=[s.percentile for s in spec.slos])
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _capacity(spec: TuneSpec, config: EngineConfig, workload: list[WorkloadRequest], knobs: dict,
-              backend: Backend) -> TrialOutcome:
-    """Highest rate (req/s) meeting every SLO with median scheduling delay <= the bound: the workload's
-    arrivals are compressed or stretched, then bisected (geometric) between a feasible and an infeasible rate."""
-    base_rate = len(workload) / max(workload[-1].arrival_time, 1e-9)
-
-    def feasible(rate: float) -> tuple[bool, dict]:
-        scaled = [replace(w, arrival_time=w.arrival_time * base_rate / rate) for w in workload]
-        run = run_benchmark(config, scaled, backend=backend, goodput_ms=goodput_slos(spec.slos), seed=spec.seed,
-                            progress=False, percentiles=[s.percentile for s in spec.slos])
-        ok = max(violations(run.summary, spec.slos), default=0) <= 0 and \
-            run.summary["median_scheduling_delay_ms"] <= spec.max_sched_delay_ms
-        return ok, run.summary
-
-    lo, hi, best = None, None, None
-    rate = base_rate
-    for _ in range(8):  # bracket
-        ok, summary = feasible(rate)
-        if ok:
-            lo, best = rate, summary
-            if hi is not None:
-                break
-            rate *= 2
-        else:
-            hi = rate
-            if lo is not None:
-                break
-            rate /= 2
-    if lo is not None and hi is not None:
-        for _ in range(5):
-            mid = (lo * hi) ** 0.5
-            ok, summary = feasible(mid)
-            lo, best = (mid, summary) if ok else (lo, best)
-            hi = hi if ok else mid
-    capacity = lo or 0.0
-    metrics = {k: best[k] for k in METRIC_ATTRS} if best else {}
-    return TrialOutcome([capacity], {"capacity": 0.0 if capacity > 0 else 1.0}, metrics | {"capacity_rps": capacity},
-                        knobs)
-
-
-# ---------- the study ----------
 
 # Processes opening a new database at once race to create Optuna's tables; the losers see these. Retry.
-SCHEMA_RACE = ("already exists", "database is locked", "duplicate key")
+SCHEMA_RACE = ("already exists", "database is locked", "duplicate key", "UNIQUE constraint failed")
 
 
 def open_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
@@ -353,7 +203,3 @@ def closest_trial(study: optuna.Study, slos: list[SLO]) -> optuna.trial.FrozenTr
     if not done:
         return None
     return min(done, key=lambda t: max((t.constraints.get(s.name, 0.0) / s.limit_ms for s in slos), default=0.0))
-
-
-def default_study_name(spec: TuneSpec) -> str:
-    return f"{spec.model}-{Path(spec.workload.name).stem}-{spec.objective}".replace("/", "_")

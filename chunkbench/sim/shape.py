@@ -1,15 +1,12 @@
-"""SimExecutor: the executor protocol without a model. A cost model predicts each step's seconds.
-
-The scheduler, block manager and request logic are the real ones; only the step's duration is modelled.
-Sampled ids are placeholders (0), so simulated requests run with ignore_eos semantics. No torch here.
-"""
+"""What a simulated step's cost depends on (StepShape), and what predicts it (the CostModel protocol). No torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
-from .outputs import SchedulerOutput, StepResult
+from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.outputs import SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -50,27 +47,14 @@ class StepShape:
 
 
 class CostModel(Protocol):
+    """Predicts step times: the roofline (sim/roofline.py) or a fitted profile (sim/fitted.py)."""
+
     idle_factor: float  # a step after an idle pause of COLD_AFTER_S or more takes this many times longer
 
     def predict(self, step: StepShape) -> float: ...
 
+    def kv_blocks(self, config: EngineConfig) -> int:
+        """KV blocks of the simulated engine when --num-blocks does not say."""
+
 
 COLD_AFTER_S = 0.2  # idle this long and the next step runs cold (clocks and caches); profiles measure by how much
-
-
-class SimExecutor:
-    def __init__(self, cost_model: CostModel, num_blocks: int) -> None:
-        self.cost_model = cost_model
-        self.num_blocks = num_blocks
-        self.cold = False
-
-    def idle(self, seconds: float) -> None:
-        """The engine sat idle this long (the harness jumped the clock to the next arrival)."""
-        self.cold = seconds >= COLD_AFTER_S
-
-    def execute(self, output: SchedulerOutput) -> StepResult:
-        seconds = self.cost_model.predict(StepShape.from_output(output))
-        if self.cold:
-            seconds *= self.cost_model.idle_factor
-            self.cold = False
-        return StepResult(sampled={c.request_id: 0 for c in output.chunks if c.sample}, seconds=seconds)

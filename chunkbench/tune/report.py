@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 from pathlib import Path
@@ -10,10 +9,13 @@ from pathlib import Path
 import optuna
 from rich.table import Table
 
-from chunkbench.emit import chunkbench_toml, sglang_flags, vllm_flags, vllm_yaml
 from chunkbench.engine.config import EngineConfig
-from chunkbench.sla import SLO
-from chunkbench.tuner import TuneSpec, closest_trial, feasible_trials, is_feasible
+from chunkbench.outputs import write_figure, write_text
+from chunkbench.report import embedded_png, html_page, pyplot
+from chunkbench.slo import SLO
+from chunkbench.tune import emit
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.tune.study import closest_trial, feasible_trials, is_feasible
 
 OUTPUTS = ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
            "report.html")
@@ -24,17 +26,11 @@ def trial_config(spec: TuneSpec, trial: optuna.trial.FrozenTrial) -> EngineConfi
 
 
 def knobs_text(trial: optuna.trial.FrozenTrial) -> str:
-    k = trial.user_attrs["knobs"]
-    parts = [k["policy"], f"budget {k['max_num_batched_tokens']}", f"seqs {k['max_num_seqs']}"]
-    if k.get("chunk_size"):
-        parts.append(f"chunk {k['chunk_size']}")
-    if k.get("chunk_schedule"):
-        parts.append("schedule " + ",".join(map(str, k["chunk_schedule"])))
-    if k.get("tile"):
-        parts.append(f"tile {k['tile']}")
-    if k.get("max_partial_prefills"):
-        parts.append(f"partial {k['max_partial_prefills']}")
-    return ", ".join(parts)
+    return emit.knobs_text(trial.user_attrs["knobs"])
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def sla_misses(trial: optuna.trial.FrozenTrial, slos: list[SLO]) -> list[str]:
@@ -59,11 +55,11 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
         shown.add(knobs)
         m = t.user_attrs["metrics"]
         value = m.get("capacity_rps", m.get("request_goodput", 0.0))
-        row = [str(t.number), knobs, f"{value:.2f}"] + [f"{m[k]:,.0f}" for k in keys] + \
+        row = [str(t.number), knobs, f"{value:.2f}"] + [_ms(m.get(k)) for k in keys] + \
               [f"{m.get('output_throughput', 0):,.0f}"]
         if verified:
             real = verified.get(t.number)
-            row += [f"{real[k]:,.0f}" if real else "-" for k in keys]
+            row += [_ms(real.get(k)) if real else "-" for k in keys]
         table.add_row(*row)
     return table
 
@@ -87,25 +83,21 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
         header = [f"chunkbench tune: {'best feasible' if winner else 'CLOSEST (no trial met the SLA)'} trial "
                   f"{chosen.number} of study '{study.study_name}'", f"SLA: {slo_text}",
                   f"workload: {spec.workload.name} at {spec.workload.rate} req/s; figures {spec.backend}"]
-        (out_dir / "recommended.toml").write_text(chunkbench_toml(config, header))
-        (out_dir / "vllm.yaml").write_text(vllm_yaml(config, header))
-        (out_dir / "vllm_flags.txt").write_text(vllm_flags(config) + "\n")
-        (out_dir / "sglang.txt").write_text(sglang_flags(config) + "\n")
-        lines.append(f"vllm: {vllm_flags(config)}")
-        lines.append(f"sglang: {sglang_flags(config)}")
+        write_text(emit.chunkbench_toml(config, header), out_dir / "recommended.toml")
+        write_text(emit.vllm_yaml(config, header), out_dir / "vllm.yaml")
+        write_text(emit.vllm_flags(config) + "\n", out_dir / "vllm_flags.txt")
+        write_text(emit.sglang_flags(config) + "\n", out_dir / "sglang.txt")
+        lines.append(f"vllm: {emit.vllm_flags(config)}")
+        lines.append(f"sglang: {emit.sglang_flags(config)}")
     frame = study.trials_dataframe(attrs=("number", "state", "values", "params", "user_attrs", "duration"))
-    frame.to_csv(out_dir / "trials.csv", index=False)
+    write_text(frame.to_csv(index=False), out_dir / "trials.csv")
     _plot_search(spec, study, out_dir)
     _write_html(spec, study, out_dir, winner, chosen, verified, command)
     return winner, lines
 
 
 def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     ok = [is_feasible(t) for t in done]
     if spec.objective == "pareto":
@@ -136,9 +128,9 @@ def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
         ax.legend()
         name = "search.png"
     fig.tight_layout()
-    fig.savefig(out_dir / name, dpi=110)
+    write_figure(fig, out_dir / name)
     if name != "search.png":  # every objective leaves a search.png; pareto also its front
-        fig.savefig(out_dir / "search.png", dpi=110)
+        write_figure(fig, out_dir / "search.png")
     plt.close(fig)
 
 
@@ -147,31 +139,35 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command) -> None
     slo_rows = ""
     if chosen is not None:
         m = chosen.user_attrs["metrics"]
-        for slo in spec.slos:
+        for slo in (s for s in spec.slos if s.summary_key in m):  # capacity: none when no rate met them
             value = m[slo.summary_key]
             slo_rows += (f"<tr><td>{esc(str(slo))}</td><td>{value:,.1f} ms</td>"
                          f"<td>{'met' if value <= slo.limit_ms else 'MISSED'}</td></tr>")
+
+    def verified_cell(t) -> str:
+        real = verified.get(t.number)
+        return f"<td>{esc(json.dumps(real))}</td>" if verified else ""
     runners = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td><td>{t.values[0]:.3f}</td>"
-                      f"<td>{esc(json.dumps(verified.get(t.number, {})))}</td></tr>"
-                      for t in feasible_trials(study)[:10])
+                      f"{verified_cell(t)}</tr>" for t in feasible_trials(study)[:10])
     failed = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
               if not is_feasible(t)]
     why = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td>"
                   f"<td>{esc('; '.join(sla_misses(t, spec.slos)))}</td></tr>" for t in failed[:30])
     crashed = "".join(f"<tr><td>{t.number}</td><td>{esc(t.user_attrs.get('error', 'unknown'))}</td></tr>"
                       for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
-    image = base64.b64encode((out_dir / "search.png").read_bytes()).decode()
     title = (f"winner: trial {winner.number}, {knobs_text(winner)}" if winner else
              "no trial met the SLA" + (f"; closest: trial {chosen.number}, {knobs_text(chosen)}" if chosen else ""))
-    (out_dir / "report.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8">
-<title>chunkbench tune {esc(study.study_name)}</title><style>body{{font-family:system-ui,sans-serif;margin:2em;
-max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px}}
-</style></head><body><h1>chunkbench tune: {esc(study.study_name)}</h1><p><code>{esc(command)}</code></p>
+    verified_note = ("" if verified else "<p>Not verified: these figures come from the backend named above "
+                     "only (verification re-measures the best trials on the real engine when the model runs "
+                     "on this machine).</p>")
+    body = f"""<h1>chunkbench tune: {esc(study.study_name)}</h1><p><code>{esc(command)}</code></p>
 <p>{esc(spec.model)}, workload {esc(spec.workload.name)} at {spec.workload.rate} req/s, objective
 {spec.objective}, {esc(str(spec.backend))}, {len(study.trials)} trials.</p>
 <h2>{esc(title)}</h2><table><tr><th>SLA</th><th>measured</th><th></th></tr>{slo_rows}</table>
-<img alt="search" src="data:image/png;base64,{image}">
-<h2>Feasible trials, best first</h2><table><tr><th>trial</th><th>knobs</th><th>objective</th>
-<th>real engine (verified)</th></tr>{runners}</table>
-<h2>Why the others failed</h2><table><tr><th>trial</th><th>knobs</th><th>SLA misses</th></tr>{why}</table>
-<h2>Crashed trials</h2><table><tr><th>trial</th><th>error</th></tr>{crashed}</table></body></html>""")
+{embedded_png(out_dir / "search.png")}
+<h2>Feasible trials, best first</h2>{verified_note}<table><tr><th>trial</th><th>knobs</th><th>objective</th>
+{"<th>real engine (verified)</th>" if verified else ""}</tr>{runners}</table>
+<h2>Why the others failed</h2><table><tr><th>trial</th><th>knobs</th><th>SLA misses</th></tr>{why}</table>"""
+    if crashed:
+        body += f"<h2>Crashed trials</h2><table><tr><th>trial</th><th>error</th></tr>{crashed}</table>"
+    write_text(html_page(f"chunkbench tune {study.study_name}", body), out_dir / "report.html")

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import optuna
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chunkbench.bench import Backend
-from chunkbench.tune_report import OUTPUTS, results_table, write_outputs
-from chunkbench.tuner import TuneSpec, create_study, evaluate, feasible_trials, open_storage, run_study
+from chunkbench.backends import EngineBackend
+from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.report import OUTPUTS, results_table, write_outputs
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
 from chunkbench.workload import build_workload
 
 console = Console()
 
 
+def study_folder(name: str) -> Path:
+    """results/tune/<study>, with anything but letters, digits, '.', '_' and '-' replaced: a study name is
+    text, never a path (`../../x` stays inside results/tune)."""
+    return Path("results/tune") / (re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "study")
+
+
 def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Path | None, verify: int,
                     progress: bool = True, command: str = "chunkbench tune") -> Path:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    out = out or Path("results/tune") / name
+    out = out or study_folder(name)
     if storage_url is None:
         out.mkdir(parents=True, exist_ok=True)
         storage_url = f"sqlite:///{out / 'study.db'}"
@@ -46,7 +55,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
         for trial in feasible_trials(study)[:verify]:
             console.print(f"verifying trial {trial.number} on the real engine ...")
-            verified[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=Backend("engine"),
+            verified[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(),
                                               progress=progress).metrics
     winner, lines = write_outputs(spec, study, out, verified, command)
     console.print(results_table(spec, study, verified))

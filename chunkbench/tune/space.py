@@ -1,21 +1,21 @@
-"""Search spaces for the tuner, read from TOML (sweeps/*.toml): the knobs and the values each may take."""
+"""Search spaces for the tuner, read from TOML (the built-in ones ship as package data from sweeps/): the
+knobs and the values each may take. Which knobs may appear is declared in engine/knobs.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkbench.engine.config import POLICIES
+from chunkbench.engine.config import POLICIES, min_budget
+from chunkbench.engine.knobs import CHUNKED_ONLY, KNOBS as ENGINE_KNOBS, SEARCHABLE as KNOBS
 from chunkbench.errors import UserError, read_toml
+from chunkbench import sweeps
+from chunkbench.workload import WorkloadSpec
 
-KNOBS = ("policy", "max_num_batched_tokens", "chunk_size", "chunk_schedule", "tile", "max_num_seqs",
-         "max_partial_prefills", "enable_prefix_caching")
-CHUNK_KNOBS = ("chunk_size", "chunk_schedule", "tile", "max_partial_prefills")  # only `chunked` uses these
 SCHEDULE_FAMILIES = ("fixed", "decreasing", "linear")
-WORKLOAD_KEYS = ("name", "rate", "num_requests", "duration", "arrival", "burstiness", "time_scale",
-                 "prompt_len", "output_len", "seed")
-BUILTIN = Path(__file__).resolve().parent.parent / "sweeps"
+WORKLOAD_KEYS = tuple(f.name for f in dataclasses.fields(WorkloadSpec))
 
 
 def chunk_schedule(family: str, budget: int) -> tuple[int, ...]:
@@ -34,9 +34,7 @@ class SearchSpace:
     @classmethod
     def load(cls, path: str | Path) -> "SearchSpace":
         """A TOML file, or the name of a built-in space (default, latency, throughput)."""
-        path = Path(path)
-        if not path.exists() and (BUILTIN / f"{path.name}.toml").exists():
-            path = BUILTIN / f"{path.name}.toml"
+        path = sweeps.resolve(path)
         data = read_toml(path, "--space")
         space = cls(values=data.get("space", {}), workload=data.get("workload", {}), source=str(path))
         space.validate()
@@ -65,11 +63,12 @@ class SearchSpace:
             if family not in SCHEDULE_FAMILIES:
                 raise UserError(f"{where}: unknown chunk_schedule family '{family}'; use "
                                 f"{', '.join(SCHEDULE_FAMILIES)}")
-        for key in ("max_num_batched_tokens", "max_num_seqs", "chunk_size", "tile", "max_partial_prefills"):
+        for key in (k for k in KNOBS if ENGINE_KNOBS[k].type is int):
+            required = 0 if key in CHUNKED_ONLY else 1  # the chunked policy's caps: 0 = no cap
             for v in self.values.get(key, []):
-                if not isinstance(v, int) or v < (1 if key in ("max_num_batched_tokens", "max_num_seqs") else 0):
+                if not isinstance(v, int) or isinstance(v, bool) or v < required:
                     raise UserError(f"{where}: '{key}' values must be whole numbers "
-                                    f"{'>= 1' if key in ('max_num_batched_tokens', 'max_num_seqs') else '>= 0 (0 = no cap)'}, got {v!r}")
+                                    f"{'>= 1' if required else '>= 0 (0 = no cap)'}, got {v!r}")
         budgets = self.values.get("max_num_batched_tokens", [2048])
         tiles = [t for t in self.values.get("tile", [0]) if t]
         if tiles and min(tiles) > max(budgets):
@@ -86,7 +85,7 @@ class SearchSpace:
         if "enable_prefix_caching" in self.values:
             point["enable_prefix_caching"] = suggest("enable_prefix_caching", self.values["enable_prefix_caching"])
         if point["policy"] == "chunked":
-            for key in CHUNK_KNOBS:
+            for key in CHUNKED_ONLY:
                 if key in self.values:
                     point[key] = suggest(key, self.values[key])
         return point
@@ -110,7 +109,7 @@ def engine_kwargs(point: dict, max_model_len: int) -> dict:
     if "enable_prefix_caching" in point:
         kwargs["enable_prefix_caching"] = point["enable_prefix_caching"]
     if point["policy"] != "chunked":
-        kwargs["max_num_batched_tokens"] = max(budget, max_model_len)
+        kwargs["max_num_batched_tokens"] = max(budget, min_budget(point["policy"], max_model_len))
         return kwargs
     tile = point.get("tile") or None
     kwargs.update(max_num_batched_tokens=budget, chunk_size=point.get("chunk_size") or None,

@@ -1,0 +1,277 @@
+"""Where a benchmark's steps run, behind one protocol: the real engine on this machine, the simulator, an
+OpenAI-compatible server that is already running, or one launched per configuration.
+
+Every backend opens a *session* for one engine config (`with backend.session(config) as serve:`) and serves
+any number of workloads in it (`serve(workload, seed=..., ...)` -> RunResult): a capacity search probes many
+arrival rates against one launched server, and `compare` reuses one set of weights. `resolve()` turns the
+user's `--backend auto|engine|sim|launch` into one of them, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from chunkbench.engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
+from chunkbench.engine.engine import LLMEngine
+from chunkbench.engine.knobs import KNOBS
+from chunkbench.errors import UserError
+from chunkbench.harness import RunResult, run_workload
+from chunkbench.workload import WorkloadRequest
+
+DEFAULT_SIM_GPU = "h100-sxm"
+Serve = Callable[..., RunResult]  # serve(workload, *, seed, warmup_steps, progress, label) -> RunResult
+
+
+class Backend(ABC):
+    kind: str  # "engine", "sim", "endpoint" or "launch"
+
+    @abstractmethod
+    def session(self, config: EngineConfig | None) -> contextlib.AbstractContextManager[Serve]:
+        """A context in which workloads run on `config` (None: a server as it is)."""
+
+    def run(self, config: EngineConfig, workload: list[WorkloadRequest], **options) -> RunResult:
+        with self.session(config) as serve:
+            return serve(workload, **options)
+
+
+def engine_runner(make_engine: Callable[[], LLMEngine]) -> Serve:
+    """Serve workloads on engines from `make_engine`, a fresh one (scheduler, cache, clock) per workload."""
+    def serve(workload, *, seed=0, warmup_steps=3, progress=True, label="run") -> RunResult:
+        return run_workload(make_engine(), workload, seed=seed, warmup_steps=warmup_steps, progress=progress,
+                            description=label)
+    return serve
+
+
+@dataclass
+class EngineBackend(Backend):
+    """The real model on this machine. Configs that share a model share one executor (weights and KV cache:
+    building `small` takes seconds); each run gets a fresh scheduler."""
+
+    kind = "engine"
+    _executors: dict = field(default_factory=dict, repr=False)
+
+    @contextlib.contextmanager
+    def session(self, config: EngineConfig) -> Iterator[Serve]:
+        key = (config.model, config.cache, config.device, config.dtype, config.attention_backend, config.seed,
+               config.scheduler.max_num_seqs, config.scheduler.max_model_len)
+
+        def make() -> LLMEngine:
+            engine = LLMEngine(config, executor=self._executors.get(key))
+            self._executors[key] = engine.executor
+            return engine
+        yield engine_runner(make)
+
+    def __str__(self) -> str:
+        return "engine"
+
+
+@dataclass
+class SimBackend(Backend):
+    """The real scheduler on a virtual clock, step times from a GPU roofline or a fitted profile."""
+
+    gpu: str | None = None
+    cost_model: str | None = None  # a profile written by `chunkbench profile` (JSON) instead of a roofline
+    kind = "sim"
+
+    def cost(self, config: EngineConfig):
+        from chunkbench.sim.fitted import FittedCostModel
+        from chunkbench.sim.roofline import RooflineCostModel, gpu_spec
+
+        if self.cost_model:
+            return FittedCostModel.load(self.cost_model)
+        return RooflineCostModel(config.model, gpu_spec(self.gpu or DEFAULT_SIM_GPU))
+
+    @contextlib.contextmanager
+    def session(self, config: EngineConfig) -> Iterator[Serve]:
+        from chunkbench.sim.executor import sim_engine
+
+        cost = self.cost(config)
+        num_blocks = config.cache.num_blocks or cost.kv_blocks(config)
+        yield engine_runner(lambda: sim_engine(config, cost, num_blocks))
+
+    def __str__(self) -> str:
+        return f"simulated, {'profile ' + self.cost_model if self.cost_model else 'roofline on ' + (self.gpu or DEFAULT_SIM_GPU)}"
+
+
+@dataclass
+class EndpointBackend(Backend):
+    """A running OpenAI-compatible server (chunkbench serve, vLLM, SGLang), measured over HTTP. The config
+    only supplies the vocabulary for random prompt ids; the server's own settings decide everything else."""
+
+    endpoint: str
+    model: str | None = None  # the name to send; None: the server's
+    vocab_size: int | None = None  # None: the config's
+    client_options: dict = field(default_factory=dict)  # passed to client.bench_endpoint (concurrency, ...)
+    max_model_len: int | None = None  # what the server reports, if it does
+    kind = "endpoint"
+
+    @classmethod
+    def connect(cls, endpoint: str, model: str | None = None, vocab_size: int | None = None,
+                **client_options) -> "EndpointBackend":
+        """Read the server's model card (/v1/models): the model name to send, and the vocabulary size and
+        context length when the server reports them (chunkbench serve and vLLM report max_model_len)."""
+        import httpx
+
+        try:
+            card = httpx.get(endpoint.rstrip("/") + "/models", timeout=10).json()["data"][0]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise UserError(f"--endpoint: no model list at {endpoint}/models: {exc}") from None
+        return cls(endpoint, model or card.get("id"), vocab_size or card.get("vocab_size") or 32000,
+                   client_options, card.get("max_model_len"))
+
+    @contextlib.contextmanager
+    def session(self, config: EngineConfig) -> Iterator[Serve]:
+        import asyncio
+
+        from chunkbench.client import bench_endpoint
+
+        def serve(workload, *, seed=0, warmup_steps=0, progress=False, label="run") -> RunResult:
+            vocab = self.vocab_size or (config.model.vocab_size if config else 32000)
+            result = asyncio.run(bench_endpoint(self.endpoint, workload, vocab,
+                                                self.model, seed=seed, **self.client_options))
+            return RunResult(result.records, [], result.duration, 0)
+        yield serve
+
+    def __str__(self) -> str:
+        return f"server at {self.endpoint}"
+
+
+def launch_values(config: EngineConfig) -> dict:
+    """The placeholders of a --launch command: {model}, every knob of engine/knobs.py by name and by its vLLM
+    option (dashes as underscores). A knob the config leaves unset formats as 0 (vLLM's 'no cap')."""
+    from chunkbench.tune.emit import first_chunk_cap
+
+    values = {"model": config.model.hf_dir or config.model.name}
+    for knob in KNOBS.values():
+        value = knob.read(config)
+        value = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        values[knob.name] = 0 if value in (None, "") else value
+    values["long_prefill_token_threshold"] = first_chunk_cap(config.scheduler) or 0
+    values |= {k.vllm.replace("-", "_"): values[k.name] for k in KNOBS.values() if k.vllm}
+    return values
+
+
+def launch_command(template: str, config: EngineConfig) -> str:
+    values = launch_values(config)
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserError(f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
+                        f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
+
+
+@dataclass
+class LaunchBackend(Backend):
+    """A server started for each config from a command template, measured over HTTP, stopped after the
+    session. A server that does not come up raises RuntimeError (a failed trial, not a failed study)."""
+
+    launch: str  # the command, with {knob} placeholders (launch_values)
+    endpoint: str  # its OpenAI base URL, e.g. http://127.0.0.1:8000/v1
+    timeout_s: float = 300.0  # to wait for /health
+    client_options: dict = field(default_factory=dict)
+    kind = "launch"
+
+    @contextlib.contextmanager
+    def session(self, config: EngineConfig) -> Iterator[Serve]:
+        from chunkbench.client import wait_healthy
+
+        process = subprocess.Popen(shlex.split(launch_command(self.launch, config)), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_healthy(self.endpoint, self.timeout_s, process)
+            with EndpointBackend(self.endpoint, client_options=self.client_options).session(config) as serve:
+                yield serve
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def __str__(self) -> str:
+        return f"launched server at {self.endpoint}"
+
+
+# ---------- choosing one ----------
+
+KINDS = ("auto", "engine", "sim", "launch")
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def runs_here(model: str) -> bool:
+    """Whether the real engine can run this model here in useful time: any model on CUDA, and models up to
+    `small` on the CPU."""
+    return has_cuda() or ModelConfig.from_name(model).num_params <= MODEL_PRESETS["small"].num_params
+
+
+@dataclass(frozen=True)
+class Resolved:
+    backend: Backend
+    note: str | None = None  # what the user should be told (simulated figures, calibration used)
+    verify: bool = False  # search only: re-measure the best trials on the real engine
+
+
+def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | None = None,
+            search: bool = False, launch: str | None = None, endpoint: str | None = None,
+            launch_timeout_s: float = 300.0) -> Resolved:
+    """`auto` for a run: the real engine unless the model is too large for this machine, then the simulator
+    on a stated GPU. `auto` for a search (`search=True`): the simulator, calibrated by this machine's profile
+    of the model when there is one, with the best trials verified on the real engine when the model runs
+    here."""
+    from chunkbench.sim.roofline import gpu_spec
+
+    if kind not in KINDS or (kind == "launch" and not search):
+        allowed = KINDS if search else KINDS[:3]
+        raise UserError(f"--backend must be {', '.join(allowed[:-1])} or {allowed[-1]}, got '{kind}'")
+    if gpu is not None:
+        gpu_spec(gpu)  # validated before anything runs
+    if kind == "launch":
+        if not launch or not endpoint:
+            raise UserError("--backend launch needs --launch COMMAND and --endpoint URL")
+        return Resolved(LaunchBackend(launch, endpoint, launch_timeout_s))
+    if kind == "engine":
+        return Resolved(EngineBackend())
+    if kind == "sim" or gpu or (cost_model and not search):
+        return _simulated(gpu, cost_model)
+    local = runs_here(model)
+    if not search:
+        if local:
+            return Resolved(EngineBackend())
+        chosen = _simulated(None, None)
+        return Resolved(chosen.backend, f"no CUDA device here and {model} is larger than 'small': {chosen.note}; "
+                                        "pass --gpu to choose")
+    from chunkbench.sim.profile import profile_path
+
+    profile = cost_model or profile_path(_device_name(), ModelConfig.from_name(model).name)
+    if cost_model or os.path.exists(profile):  # a missing --cost-model fails when it is loaded, by name
+        return Resolved(SimBackend(cost_model=profile), f"searching in simulation calibrated by {profile}"
+                        + ("; the best trials are re-measured on the real engine" if local else ""), verify=local)
+    hint = f" (run `chunkbench profile --model {model}` to calibrate for this machine)" if local else ""
+    return Resolved(SimBackend(DEFAULT_SIM_GPU), f"searching SIMULATED on {DEFAULT_SIM_GPU} (roofline){hint}; "
+                                                 "no real-engine check")
+
+
+def _simulated(gpu: str | None, cost_model: str | None) -> Resolved:
+    backend = SimBackend(gpu=None if cost_model else gpu or DEFAULT_SIM_GPU, cost_model=cost_model)
+    what = f"profile {cost_model}" if cost_model else f"{backend.gpu} (roofline)"
+    return Resolved(backend, f"the figures below are SIMULATED with {what}")
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,92 @@
+"""`chunkbench run` and `chunkbench compare`: one config, or several policies, over one workload."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from chunkbench.backends import resolve
+from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
+from chunkbench.commands.options import ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, Model, pick, with_options
+from chunkbench.engine.config import EngineConfig
+from chunkbench.outputs import check_writable
+from chunkbench.slo import parse_goodput
+
+
+@with_options(RUN_OPTIONS)
+@with_options(ENGINE_OPTIONS)
+@with_options(WORKLOAD_OPTIONS)
+def run(model: Model = "small", **options) -> None:
+    """Serve one workload with one engine config; print the metrics and write summary.json,
+    requests.parquet and steps.parquet."""
+    from chunkbench.report import comparison_table
+    from chunkbench.runs import run_benchmark, save_run
+
+    o = pick(options, RUN_OPTIONS)
+    check_writable(o["out"], "--out", folder=True)
+    check_writable(o["json_out"], "--json")
+    slos = parse_goodput(o["goodput"])
+    config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
+    seed, workload = options["seed"], options["workload"]
+    spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
+    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"])).backend
+    result = run_benchmark(config, requests, label=config.scheduler.policy, goodput_ms=slos, seed=seed,
+                           warmup_steps=o["warmup_steps"], progress=not o["no_progress"], backend=backend)
+    out = o["out"] or default_out("run")
+    payload = save_run(result, out, spec)
+    console.print(comparison_table([result], title=f"{model}, {workload}, {len(requests)} requests"))
+    if backend.kind == "sim":
+        steps, wall = result.summary["num_steps"], result.result.wall_seconds
+        console.print(f"simulated {steps:,} steps ({result.summary['duration']:,.0f} s of virtual time) in "
+                      f"{wall:.1f} s of wall time: {steps / max(wall, 1e-9):,.0f} steps/s")
+    save_json(o["json_out"], payload)
+    console.print(f"wrote {out}/summary.json, requests.parquet, steps.parquet")
+    if result.result.interrupted:
+        raise typer.Exit(130)
+
+
+@with_options(RUN_OPTIONS)
+@with_options(ENGINE_OPTIONS)
+@with_options(WORKLOAD_OPTIONS, workload="rag-mix")
+def compare(
+    policies: Annotated[list[str], typer.Argument(
+        help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
+        "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios.")],
+    model: Model = "small",
+    **options,
+) -> None:
+    """Run the same requests through several policies; print one table (a column per policy, ratios against
+    the first) and write comparison.json, plots and report.html. Policies that never split a prompt get a
+    budget of at least max-model-len."""
+    from chunkbench.report import comparison_table, write_comparison
+    from chunkbench.runs import compare as compare_policies
+
+    o = pick(options, RUN_OPTIONS)
+    check_writable(o["out"], "--out", folder=True)
+    check_writable(o["json_out"], "--json")
+    slos = parse_goodput(o["goodput"])
+    engine = pick(options, ENGINE_OPTIONS)
+    engine.pop("policy")  # each positional policy sets its own
+    base = dict(model=model, **engine)
+    seed, workload = options["seed"], options["workload"]
+    model_len = EngineConfig.create(**base).scheduler.max_model_len
+    spec, requests = load_workload(model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
+    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"])).backend
+    runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
+                            warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
+                            on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
+                                                            f"{r.result.wall_seconds:.1f} s of wall time"))
+    out = o["out"] or default_out("compare")
+    title = f"{model}, {workload}, {len(requests)} requests"
+    summaries = write_comparison(runs, out, spec, title, "chunkbench compare " + " ".join(sys.argv[2:]))
+    console.print(comparison_table(runs, title=title))
+    save_json(o["json_out"], summaries)
+    console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
+                  "timeline.png and one folder per policy")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(run)
+    app.command()(compare)

@@ -1,0 +1,84 @@
+"""`chunkbench serve` (the engine over an OpenAI-compatible API) and `chunkbench bench` (any such server,
+measured with chunkbench's workloads and metrics)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from chunkbench.commands.common import console, default_out, load_workload, save_json
+from chunkbench.commands.options import (ENGINE_OPTIONS, WORKLOAD_OPTIONS, Goodput, JsonOut, MaxModelLen, Model, Out,
+                                         Seed, pick, with_options)
+from chunkbench.engine.config import EngineConfig
+from chunkbench.errors import UserError
+from chunkbench.outputs import check_writable
+
+
+@with_options(ENGINE_OPTIONS)
+def serve(
+    model: Model = "tiny",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (1-65535).")] = 8000,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Model name the API reports.")] = None,
+    **engine,
+) -> None:
+    """Serve the built-in engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics)."""
+    import uvicorn
+
+    from chunkbench.server import create_app
+
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port must be from 1 to 65535, got {port}")
+    config = EngineConfig.create(model, **engine)
+    uvicorn.run(create_app(config, served_model_name), host=host, port=port, log_level="warning")
+
+
+@with_options(WORKLOAD_OPTIONS)
+def bench(
+    endpoint: Annotated[str, typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+                                          "(chunkbench serve, vLLM, SGLang).")],
+    max_concurrency: Annotated[Optional[int], typer.Option(help="Most requests in flight (requests); "
+                                                           "default: no limit.")] = None,
+    served_model: Annotated[Optional[str], typer.Option("--model", help="Model name to send; default: the "
+                                                        "server's first /v1/models entry.")] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(help="Token ids of the random prompts are below this; "
+                                                      "default: the server's, else 32000.")] = None,
+    max_model_len: MaxModelLen = None,
+    goodput: Goodput = None,
+    seed: Seed = 0,
+    out: Out = None,
+    json_out: JsonOut = None,
+    **workload_options,
+) -> None:
+    """Benchmark any OpenAI-compatible server with chunkbench's workloads and metrics (same files as `run`),
+    including failed requests and their errors."""
+    from chunkbench.backends import EndpointBackend
+    from chunkbench.report import comparison_table
+    from chunkbench.runs import run_benchmark, save_run
+    from chunkbench.slo import parse_goodput
+
+    if max_concurrency is not None and max_concurrency < 1:
+        raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    check_writable(out, "--out", folder=True)
+    check_writable(json_out, "--json")
+    slos = parse_goodput(goodput)
+    backend = EndpointBackend.connect(endpoint, served_model, vocab_size, max_concurrency=max_concurrency)
+    limit = max_model_len or backend.max_model_len or 8192
+    spec, requests = load_workload(limit, seed=seed, **pick(workload_options, WORKLOAD_OPTIONS))
+    run = run_benchmark(None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=seed,
+                        progress=False, warmup_steps=0)
+    failures = [{"request": i, "error": r.error} for i, r in enumerate(run.result.requests) if r.error]
+    out = out or default_out("bench")
+    payload = save_run(run, out, spec, endpoint=endpoint, failed_requests=failures)
+    save_json(json_out, payload)
+    console.print(comparison_table([run], title=f"{endpoint}, {spec.name}, {len(requests)} requests"))
+    for failure in failures[:10]:
+        console.print(f"[red]request {failure['request']} failed:[/] {failure['error']}")
+    console.print(f"wrote {out}/summary.json, requests.parquet")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
+    app.command()(bench)

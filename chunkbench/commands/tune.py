@@ -1,0 +1,98 @@
+"""`chunkbench tune`: search the scheduler knobs against SLAs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from chunkbench.backends import resolve
+from chunkbench.commands.common import announce
+from chunkbench.commands.options import (BackendOpt, CostModelPath, Gpu, MaxModelLen, Model, NoProgress, NumBlocks,
+                                         Seed)
+from chunkbench.engine.config import EngineConfig
+from chunkbench.errors import UserError
+from chunkbench.outputs import check_writable
+
+
+def tune(
+    model: Model = "llama-3-8b",
+    sla_ttft: Annotated[Optional[str], typer.Option(help="TTFT target: 300ms, 0.3s, or p90:300ms for another "
+                                                    "percentile than --sla-percentile.")] = None,
+    sla_tbt: Annotated[Optional[str], typer.Option(help="Time-between-tokens (ITL) target, same forms.")] = None,
+    sla_tpot: Annotated[Optional[str], typer.Option(help="Time-per-output-token target, same forms.")] = None,
+    sla_e2el: Annotated[Optional[str], typer.Option(help="End-to-end latency target, same forms.")] = None,
+    sla_percentile: Annotated[float, typer.Option(help="Percentile the targets apply to (0-100].")] = 99.0,
+    objective: Annotated[str, typer.Option(help="goodput (maximise request goodput under the SLAs), capacity "
+                                           "(highest req/s meeting them, by bisection) or pareto (NSGA-II over "
+                                           "p99 TTFT, p99 TBT and throughput).")] = "goodput",
+    space: Annotated[str, typer.Option(help="Search space: a TOML file, or a built-in one: default, latency, "
+                                       "throughput, prefix.")] = "default",
+    workload: Annotated[Optional[str], typer.Option(help="Workload (overrides the space file's); see `run`.")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space file's).")] = None,
+    num_requests: Annotated[Optional[int], typer.Option(help="Requests per trial (overrides the space file's).")] = None,
+    n_trials: Annotated[int, typer.Option(help="Complete trials the study should hold, over all processes.")] = 60,
+    timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds (s).")] = None,
+    backend: BackendOpt = "auto",
+    gpu: Gpu = None,
+    cost_model: CostModelPath = None,
+    verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
+                                            "when the model runs on this device.")] = 3,
+    launch: Annotated[Optional[str], typer.Option(help="--backend launch: server command per trial, with "
+                                                  "{model} and knob placeholders, e.g. \"vllm serve {model} "
+                                                  "--max-num-batched-tokens {max_num_batched_tokens}\".")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(help="--backend launch: the launched server's OpenAI base "
+                                                    "URL, e.g. http://127.0.0.1:8000/v1.")] = None,
+    launch_timeout: Annotated[float, typer.Option(help="--backend launch: seconds to wait for /health (s).")] = 300.0,
+    study: Annotated[Optional[str], typer.Option(help="Study name; an existing study resumes. Default: "
+                                                 "<model>-<workload>-<objective>.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna RDB URL (postgresql://user:pw@host/db) to share "
+                                                   "a study between machines. Default: SQLite in the output "
+                                                   "folder.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output folder. Default: results/tune/<study>.")] = None,
+    max_model_len: MaxModelLen = None,
+    num_blocks: NumBlocks = None,
+    max_sched_delay: Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay (ms).")] = 2000.0,
+    seed: Seed = 0,
+    no_progress: NoProgress = False,
+) -> None:
+    """Search token budget, chunk caps, progressive chunk schedules and seats against SLAs; write the best
+    config for chunkbench, vLLM and SGLang, trials.csv, plots and report.html."""
+    from chunkbench.backends import launch_command
+    from chunkbench.slo import parse_slas
+    from chunkbench.tune.run import study_folder, tune_and_report
+    from chunkbench.tune.space import SearchSpace
+    from chunkbench.tune.spec import OBJECTIVES, TuneSpec, default_study_name
+    from chunkbench.workload import WorkloadSpec, build_workload
+
+    slos = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el}, sla_percentile)
+    if objective not in OBJECTIVES:
+        raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
+    if objective == "capacity" and not slos:
+        raise UserError("--objective capacity needs at least one --sla-* target")
+    if n_trials < 1:
+        raise UserError(f"--n-trials must be >= 1, got {n_trials}")
+    check_writable(out, "--out", folder=True)
+    search_space = SearchSpace.load(space)
+    given = dict(name=workload, rate=rate, num_requests=num_requests, seed=seed)
+    spec_workload = WorkloadSpec(**{**search_space.workload, **{k: v for k, v in given.items() if v is not None}})
+    overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed).items()
+                 if v is not None}
+    config = EngineConfig.create(model, **overrides)  # the fixed flags, validated
+    resolved = announce(resolve(backend, model, gpu=gpu, cost_model=cost_model, search=True, launch=launch,
+                                endpoint=endpoint, launch_timeout_s=launch_timeout))
+    if resolved.backend.kind == "launch":
+        launch_command(launch, config)  # placeholders checked before anything starts
+    spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,
+                    objective=objective, n_trials=n_trials, timeout_s=timeout, seed=seed,
+                    max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)
+    build_workload(spec_workload)  # a bad workload fails here, before anything is written
+    name = study or default_study_name(spec)
+    tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify else 0,
+                    progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(tune)

@@ -1,0 +1,150 @@
+"""`run`, `compare` and `bench`: one engine config, or several policies, over the same workload, on any
+backend; and what they leave on disk (summary.json, requests.parquet, steps.parquet)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from chunkbench.backends import Backend, EngineBackend, Serve
+from chunkbench.engine.config import EngineConfig, default_budget, parse_chunk_schedule
+from chunkbench.engine.knobs import KNOBS
+from chunkbench.errors import UserError
+from chunkbench.harness import RunResult
+from chunkbench.metrics import summarize
+from chunkbench.outputs import write_json, write_parquet
+from chunkbench.workload import WorkloadRequest, WorkloadSpec
+
+
+@dataclass
+class BenchRun:
+    label: str
+    config: EngineConfig | None  # None: a server measured as it is configured
+    summary: dict
+    result: RunResult
+    backend: str = "engine"
+
+
+def run_benchmark(config: EngineConfig, workload: list[WorkloadRequest], *, backend: Backend | None = None,
+                  **options) -> BenchRun:
+    """One config over one workload on a backend (default: the real engine); see `measure` for options."""
+    backend = backend or EngineBackend()
+    with backend.session(config) as serve:
+        return measure(serve, config, workload, backend=str(backend), **options)
+
+
+def measure(serve: Serve, config: EngineConfig, workload: list[WorkloadRequest], *, label: str = "run",
+            goodput_ms: dict[str, float] | None = None, seed: int = 0, warmup_steps: int = 3,
+            progress: bool = True, percentiles=(), backend: str = "engine") -> BenchRun:
+    """Serve the workload in an open backend session and summarize it (`percentiles`: extra ones to report,
+    e.g. an SLA's p90)."""
+    result = serve(workload, seed=seed, warmup_steps=warmup_steps, progress=progress, label=label)
+    summary = summarize(result.requests, result.steps, result.duration, goodput_ms, result.num_kv_blocks or None,
+                        extra_percentiles=percentiles)
+    return BenchRun(label, config, summary, result, backend)
+
+
+# 'policy:key=value,...': each knob by its short name (budget, chunk, ...) or its full name.
+POLICY_KEYS = {alias: k.name for k in KNOBS.values() if k.short for alias in (k.short, k.name)}
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict]:
+    """'chunked:budget=512,schedule=2048,1024,512' -> ('chunked', {...}). A bare number continues the
+    previous key's list (schedules contain commas)."""
+    policy, _, rest = spec.partition(":")
+    knobs: dict[str, str] = {}
+    key = None
+    for part in filter(None, rest.split(",")):
+        if "=" in part:
+            name, _, value = part.partition("=")
+            if name not in POLICY_KEYS:
+                raise UserError(f"policy '{spec}': unknown knob '{name}'; use {', '.join(sorted(set(POLICY_KEYS)))}")
+            key = POLICY_KEYS[name]
+            knobs[key] = value
+        elif key is not None and KNOBS[key].type is tuple:
+            knobs[key] += "," + part
+        else:
+            raise UserError(f"policy '{spec}': '{part}' is not key=value")
+    overrides: dict = {"policy": policy}
+    for key, value in knobs.items():
+        if KNOBS[key].type is tuple:
+            overrides[key] = parse_chunk_schedule(value)
+            continue
+        try:
+            overrides[key] = int(value)
+        except ValueError:
+            raise UserError(f"policy '{spec}': {key} needs a whole number, got '{value}'") from None
+    return policy, overrides
+
+
+def config_for_policy(base: dict, spec: str) -> EngineConfig:
+    """The base engine flags with one policy's knobs on top. Policies that never split a prompt get at least
+    their default budget, max(2048, max_model_len), unless the spec sets one (vLLM without chunked prefill)."""
+    policy, overrides = parse_policy_spec(spec)
+    kwargs = {**base, **overrides}
+    if "max_num_batched_tokens" not in overrides and policy != "chunked":
+        max_model_len = EngineConfig.create(**{**kwargs, "max_num_batched_tokens": None}).scheduler.max_model_len
+        if (kwargs.get("max_num_batched_tokens") or 0) < default_budget(policy, max_model_len):
+            kwargs["max_num_batched_tokens"] = None  # the policy's default
+    return EngineConfig.create(**kwargs)
+
+
+def compare(base: dict, specs: list[str], workload: list[WorkloadRequest], backend: Backend | None = None,
+            on_done=None, **run_kwargs) -> list[BenchRun]:
+    """The same requests through each policy, one after the other, on one backend (the real engine shares
+    one model). `on_done(run)` is called as each policy finishes."""
+    if not specs:
+        raise UserError("compare: name at least one policy, e.g. static continuous chunked")
+    configs = [(spec, config_for_policy(base, spec)) for spec in specs]  # all validated before any run
+    backend = backend or EngineBackend()
+    runs = []
+    for i, (spec, config) in enumerate(configs):
+        label = spec if specs.index(spec) == i else f"{spec}#{specs[:i + 1].count(spec)}"  # a repeat keeps its own
+        runs.append(run_benchmark(config, workload, label=label, backend=backend, **run_kwargs))
+        if on_done:
+            on_done(runs[-1])
+    return runs
+
+
+# ---------- outputs ----------
+
+def describe(config: EngineConfig) -> dict:
+    """The config as plain JSON-able values."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def environment() -> dict:
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {"python": platform.python_version(), "torch": torch.__version__, "device": device,
+            "machine": platform.machine(), "threads": torch.get_num_threads()}
+
+
+def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = None, **extra) -> dict:
+    """requests.parquet, steps.parquet, then summary.json (metrics, config, workload, environment, `extra`),
+    each written atomically and the summary last: a complete summary.json means complete outputs."""
+    write_parquet(requests_frame(run.result), out_dir / "requests.parquet")
+    write_parquet(pd.DataFrame([dataclasses.asdict(s) for s in run.result.steps]), out_dir / "steps.parquet")
+    payload = {"label": run.label, **run.summary, "config": describe(run.config) if run.config else None, "backend": run.backend,
+               "workload": dataclasses.asdict(workload_spec) if workload_spec else None,
+               "environment": environment(), "interrupted": run.result.interrupted, **extra}
+    write_json(payload, out_dir / "summary.json")
+    return payload
+
+
+def requests_frame(result: RunResult) -> pd.DataFrame:
+    rows = []
+    for r in result.requests:
+        rows.append({"prompt_len": r.prompt_len, "output_len": r.output_len, "arrival_time": r.arrival_time,
+                     "first_scheduled_time": r.first_scheduled_time, "ttft": r.ttft if r.ok else None,
+                     "tpot": r.tpot if r.ok else None, "e2el": r.e2el if r.ok else None,
+                     "num_output_tokens": len(r.token_times), "num_preemptions": r.num_preemptions,
+                     "num_cached_tokens": r.num_cached_tokens, "error": r.error,
+                     "token_times": r.token_times})
+    return pd.DataFrame(rows)

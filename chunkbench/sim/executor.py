@@ -1,0 +1,35 @@
+"""SimExecutor: the executor protocol without a model. A cost model predicts each step's seconds.
+
+The scheduler, block manager and request logic are the real ones; only the step's duration is modelled.
+Sampled ids are placeholders (0), so simulated requests run with ignore_eos semantics. No torch here.
+"""
+
+from __future__ import annotations
+
+from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.engine import LLMEngine, VirtualClock
+from chunkbench.engine.outputs import SchedulerOutput, StepResult
+from chunkbench.sim.shape import COLD_AFTER_S, CostModel, StepShape
+
+
+class SimExecutor:
+    def __init__(self, cost_model: CostModel, num_blocks: int) -> None:
+        self.cost_model = cost_model
+        self.num_blocks = num_blocks
+        self.cold = False
+
+    def idle(self, seconds: float) -> None:
+        """The engine sat idle this long (the harness jumped the clock to the next arrival)."""
+        self.cold = seconds >= COLD_AFTER_S
+
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        seconds = self.cost_model.predict(StepShape.from_output(output))
+        if self.cold:
+            seconds *= self.cost_model.idle_factor
+            self.cold = False
+        return StepResult(sampled={c.request_id: 0 for c in output.chunks if c.sample}, seconds=seconds)
+
+
+def sim_engine(config: EngineConfig, cost_model: CostModel, num_blocks: int) -> LLMEngine:
+    """The real scheduler over a SimExecutor on a virtual clock."""
+    return LLMEngine(config, executor=SimExecutor(cost_model, num_blocks), clock=VirtualClock())

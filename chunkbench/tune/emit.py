@@ -1,0 +1,98 @@
+"""Configs users paste into their servers: chunkbench TOML, vLLM YAML and flags, SGLang flags.
+
+Option names are vLLM's (`vllm serve --config`, EngineArgs / SchedulerConfig) and SGLang's (ServerArgs),
+as declared for each knob in engine/knobs.py. Knobs with no equivalent there are named in a comment, never
+silently dropped. Files are written by tomli-w and PyYAML, so no value (a study name, say) can inject a line.
+"""
+
+from __future__ import annotations
+
+import tomli_w
+import yaml
+
+from chunkbench.engine.config import EngineConfig, SchedulerConfig
+from chunkbench.engine.knobs import KNOBS
+
+HF_IDS = {  # presets -> the Hugging Face repositories whose shapes they copy
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct", "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct", "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+}
+TUNED = [k for k in KNOBS.values() if k.searchable or k.name == "max_model_len"]  # what a recommendation sets
+
+
+def first_chunk_cap(s: SchedulerConfig) -> int | None:
+    """The per-request prefill cap a server with a single chunk size should use: the chunk cap, else the
+    first entry of the progressive schedule."""
+    return s.chunk_size or (s.chunk_schedule[0] if s.chunk_schedule else None)
+
+
+def model_id(config: EngineConfig) -> str:
+    return HF_IDS.get(config.model.name, config.model.hf_dir or config.model.name)
+
+
+def comment(lines: list[str]) -> str:
+    """Lines as '# ' comments; a newline inside a line starts another comment line, never a setting."""
+    return "".join(f"# {part}\n" for line in lines for part in str(line).splitlines() or [""])
+
+
+def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
+    """vLLM options (dashed names, as `vllm serve --config` reads them) and notes on what has no vLLM form."""
+    s, notes = config.scheduler, []
+    options = {"enable-chunked-prefill": s.policy == "chunked"}
+    options |= {k.vllm: k.read(config) for k in KNOBS.values() if k.vllm and k.read(config) is not None}
+    if first_chunk_cap(s):
+        options["long-prefill-token-threshold"] = first_chunk_cap(s)  # vLLM v1's per-step cap on a long prompt
+    if s.chunk_schedule:
+        notes.append(f"chunk_schedule {','.join(map(str, s.chunk_schedule))} has no vLLM option; "
+                     f"long-prefill-token-threshold carries its first entry")
+    notes += [f"{k.name} {k.read(config)} has no vLLM option" for k in TUNED
+              if not k.vllm and k.name not in ("policy", "chunk_size", "chunk_schedule") and k.read(config)]
+    if s.policy in ("static", "orca"):
+        notes.append(f"policy '{s.policy}' has no vLLM equivalent; the closest is chunked prefill off")
+    return options, notes
+
+
+def vllm_yaml(config: EngineConfig, header: list[str]) -> str:
+    options, notes = vllm_options(config)
+    return comment(header + notes) + yaml.safe_dump({"model": model_id(config), **options}, sort_keys=False)
+
+
+def vllm_flags(config: EngineConfig) -> str:
+    options, _ = vllm_options(config)
+    flags = [(f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
+             for key, value in options.items()]
+    return f"vllm serve {model_id(config)} " + " ".join(flags)
+
+
+def sglang_flags(config: EngineConfig) -> str:
+    """SGLang has one chunk size and a prefill-token budget; mixed chunks are Sarathi-style stall-free."""
+    s = config.scheduler
+    chunk = first_chunk_cap(s) or s.max_num_batched_tokens
+    flags = [f"--model-path {model_id(config)}", f"--chunked-prefill-size {chunk if s.policy == 'chunked' else -1}"]
+    flags += [f"{k.sglang} {k.read(config)}" for k in KNOBS.values() if k.sglang and k.read(config) is not None]
+    if s.policy == "chunked":
+        flags.append("--enable-mixed-chunk")
+    if not config.cache.enable_prefix_caching:
+        flags.append("--disable-radix-cache")
+    return "python -m sglang.launch_server " + " ".join(flags)
+
+
+def chunkbench_toml(config: EngineConfig, header: list[str]) -> str:
+    engine = {"model": config.model.name}
+    for knob in TUNED:
+        value = knob.read(config)
+        if value not in (None, ()):
+            engine[knob.name] = list(value) if isinstance(value, tuple) else value
+    return comment(header) + tomli_w.dumps({"engine": engine})
+
+
+def knobs_text(knobs: dict) -> str:
+    """'chunked, budget 2048, seqs 256, chunk 512' from a trial's knobs (engine keyword arguments)."""
+    parts = [str(knobs.get("policy", "chunked"))]
+    for knob in KNOBS.values():
+        value = knobs.get(knob.name)
+        if knob.label and value not in (None, (), [], 0, False):
+            parts.append(f"{knob.label} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+                         if value is not True else knob.label)
+    return ", ".join(parts)

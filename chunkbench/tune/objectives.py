@@ -1,0 +1,76 @@
+"""One trial: run a configuration and score it. `goodput` (request goodput, SLAs as constraints),
+`capacity` (the highest request rate meeting the SLAs with a bounded median scheduling delay, by bisection
+in one backend session: one launched server per trial), `pareto` (p99 TTFT, p99 TBT, output throughput)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from chunkbench.backends import Backend
+from chunkbench.runs import measure
+from chunkbench.slo import goodput_slos, violations
+from chunkbench.tune.spec import TrialOutcome, TuneSpec
+from chunkbench.workload import WorkloadRequest
+
+METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
+                "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
+                "num_preemptions", "longest_stall_ms", "completed")
+
+
+def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
+             progress: bool = False) -> TrialOutcome:
+    """Run one configuration (engine keyword arguments) against the SLAs."""
+    config = spec.base_config(**knobs)
+    backend = backend or spec.backend
+    options = dict(goodput_ms=goodput_slos(spec.slos), seed=spec.seed, percentiles=[s.percentile for s in spec.slos],
+                   backend=str(backend))
+    with backend.session(config) as serve:
+        if spec.objective == "capacity":
+            return _capacity(spec, lambda w: measure(serve, config, w, progress=False, **options).summary,
+                             workload, knobs)
+        summary = measure(serve, config, workload, progress=progress, **options).summary
+    metrics = {k: summary[k] for k in METRIC_ATTRS} | {s.summary_key: summary[s.summary_key] for s in spec.slos}
+    if spec.objective == "pareto":
+        values = [summary["p99_ttft_ms"], summary["p99_itl_ms"], summary["output_throughput"]]
+    else:
+        values = [summary["request_goodput"]]
+    return TrialOutcome(values, dict(zip((s.name for s in spec.slos), violations(summary, spec.slos))), metrics,
+                        knobs)
+
+
+def _capacity(spec: TuneSpec, run, workload: list[WorkloadRequest], knobs: dict) -> TrialOutcome:
+    """Highest rate (req/s) meeting every SLO with median scheduling delay <= the bound: the workload's
+    arrivals are compressed or stretched, then bisected (geometric) between a feasible and an infeasible rate."""
+    base_rate = len(workload) / max(workload[-1].arrival_time, 1e-9)
+
+    def feasible(rate: float) -> tuple[bool, dict]:
+        summary = run([replace(w, arrival_time=w.arrival_time * base_rate / rate) for w in workload])
+        ok = max(violations(summary, spec.slos), default=0) <= 0 and \
+            summary["median_scheduling_delay_ms"] <= spec.max_sched_delay_ms
+        return ok, summary
+
+    lo, hi, best = None, None, None
+    rate = base_rate
+    for _ in range(8):  # bracket
+        ok, summary = feasible(rate)
+        if ok:
+            lo, best = rate, summary
+            if hi is not None:
+                break
+            rate *= 2
+        else:
+            hi = rate
+            if lo is not None:
+                break
+            rate /= 2
+    if lo is not None and hi is not None:
+        for _ in range(5):
+            mid = (lo * hi) ** 0.5
+            ok, summary = feasible(mid)
+            lo, best = (mid, summary) if ok else (lo, best)
+            hi = hi if ok else mid
+    capacity = lo or 0.0
+    keys = METRIC_ATTRS + tuple(s.summary_key for s in spec.slos)
+    metrics = {k: best[k] for k in keys} if best else {}
+    return TrialOutcome([capacity], {"capacity": 0.0 if capacity > 0 else 1.0}, metrics | {"capacity_rps": capacity},
+                        knobs)

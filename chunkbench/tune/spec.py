@@ -1,0 +1,49 @@
+"""What one tuning run is: the model, SLAs, search space, workload, backend and objective; and a trial's
+outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chunkbench.backends import Backend
+from chunkbench.engine.config import EngineConfig
+from chunkbench.slo import SLO
+from chunkbench.tune.space import SearchSpace
+from chunkbench.workload import WorkloadSpec
+
+OBJECTIVES = ("goodput", "capacity", "pareto")
+
+
+@dataclass
+class TuneSpec:
+    model: str
+    slos: list[SLO]
+    space: SearchSpace
+    workload: WorkloadSpec
+    backend: Backend
+    objective: str = "goodput"
+    n_trials: int = 60
+    timeout_s: float | None = None
+    seed: int = 0
+    max_sched_delay_ms: float = 2000.0  # capacity: median scheduling delay bound (Sarathi-Serve uses 2 s)
+    engine_overrides: dict = field(default_factory=dict)  # fixed flags: max_model_len, num_blocks, ...
+
+    def base_config(self, **knobs) -> EngineConfig:
+        return EngineConfig.create(self.model, **{**self.engine_overrides, **knobs})
+
+
+@dataclass
+class TrialOutcome:
+    values: list[float]
+    constraints: dict[str, float]  # per SLO: measured minus limit (ms); <= 0 is met
+    metrics: dict
+    knobs: dict
+
+    @property
+    def feasible(self) -> bool:
+        return max(self.constraints.values(), default=0.0) <= 0
+
+
+def default_study_name(spec: TuneSpec) -> str:
+    return f"{spec.model}-{Path(spec.workload.name).stem}-{spec.objective}".replace("/", "_")

@@ -1,0 +1,14 @@
+"""Built-in search spaces (default, latency, throughput, prefix) and the CI gate suite (ci), as TOML data
+shipped in the package (pyproject.toml maps this folder to chunkbench.sweeps)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+
+def resolve(name: str | Path) -> Path:
+    """A TOML file the user named, or else the built-in one of that name (`default`, `ci`)."""
+    path = Path(name)
+    builtin = resources.files(__name__) / f"{path.name.removesuffix('.toml')}.toml"
+    return path if path.exists() or not builtin.is_file() else Path(str(builtin))

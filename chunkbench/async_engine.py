@@ -264,7 +264,9 @@ class AsyncEngine:
         self.stats.step_failures.inc()
         message = f"the engine step failed: {type(exc).__name__}: {exc}"
         for chunk in output.chunks:
-            self.engine.abort(chunk.request_id)
+            request = self.engine.abort(chunk.request_id)
+            if request is not None:
+                self._remember(request, record=False)  # not a success, so not in vllm:request_success
             self._fail(chunk.request_id, message)
 
     def _fail_everything(self, message: str) -> None:
@@ -291,8 +293,9 @@ class AsyncEngine:
                 except RuntimeError:
                     pass
 
-    def _remember(self, request: Request) -> None:
-        self.stats.record_finished(request, self.engine.clock.now())
+    def _remember(self, request: Request, record: bool = True) -> None:
+        if record:
+            self.stats.record_finished(request, self.engine.clock.now())
         self.finished[request.request_id] = request
         while len(self.finished) > 10000:
             self.finished.pop(next(iter(self.finished)))

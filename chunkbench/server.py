@@ -126,7 +126,7 @@ def create_app(config: EngineConfig, served_name: str | None = None, limits: Ser
         engine.shutdown()
 
     app = FastAPI(title="chunkbench serve", lifespan=lifespan)
-    app.state.engine = engine
+    app.state.engine, app.state.tokenizer = engine, tokenizer
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
 
     @app.exception_handler(RequestValidationError)
@@ -160,13 +160,14 @@ def create_app(config: EngineConfig, served_name: str | None = None, limits: Ser
                                  media_type="text/plain; version=0.0.4")
 
     async def next_event(http: Request, stream: asyncio.Queue) -> TokenEvent | None:
-        """The request's next event, or None once its client has gone."""
-        while True:
+        """The request's next event, or None once its client has gone (checked before each event, and every
+        `disconnect_poll_s` while none comes)."""
+        while not await http.is_disconnected():
             try:
                 return await asyncio.wait_for(stream.get(), limits.disconnect_poll_s)
             except asyncio.TimeoutError:
-                if await http.is_disconnected():
-                    return None
+                pass
+        return None
 
     def engine_error(event: TokenEvent) -> JSONResponse:
         if event.finish_reason == "rejected":

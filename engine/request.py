@@ -7,6 +7,8 @@ is catching up with its length. No torch here.
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from .config import ConfigError
@@ -24,8 +26,32 @@ class RequestStatus(enum.Enum):
 FINISHED = frozenset(s for s in RequestStatus if s.value.startswith("finished"))
 
 
+# As vLLM's SamplingParams: a temperature in (0, MIN_TEMPERATURE) is raised to it, since logits divided by
+# a tiny temperature overflow to inf and the softmax turns to NaN; above MAX_TEMPERATURE (OpenAI's bound).
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 2.0
+
+
+class SamplingError(ConfigError):
+    """A bad sampling parameter; `param` names it (the API reports it as the error's `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param} {message}")
+        self.param = param
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """Checked where every request enters (API, CLI, LLM), so the engine thread never sees a bad one."""
+
     max_tokens: int = 16
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
@@ -33,12 +59,24 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens):
+            raise SamplingError("max_tokens", f"must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+            raise SamplingError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise SamplingError(name, f"must be a finite number, got {value!r}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise SamplingError("temperature", f"must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise SamplingError("seed", f"must be an integer or null, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingError("ignore_eos", f"must be true or false, got {self.ignore_eos!r}")
 
 
 @dataclass(eq=False)

@@ -76,7 +76,7 @@ def test_openai_shapes(server):
     assert httpx.get(f"{url}/models").json()["data"][0]["id"] == "tiny"
     assert httpx.get(url.removesuffix("/v1") + "/health").text == "ok"
     metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
-    assert "chunkbench_num_requests_running" in metrics and "chunkbench_step_seconds_bucket" in metrics
+    assert "vllm:num_requests_running" in metrics and "chunkbench:step_seconds_bucket" in metrics
 
 
 @pytest.mark.parametrize("content, message", [

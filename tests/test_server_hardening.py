@@ -177,18 +177,24 @@ def test_non_streaming_request_is_aborted_when_its_client_leaves(server):
 def test_metrics_use_vllm_names_and_need_no_scrape_to_stay_bounded(server):
     url, app = server
     engine = app.state.engine
-    before = engine.engine.num_steps
+    labels = {"model_name": "tiny", "engine": "0"}
+
+    def steps_seen(name):
+        return engine.stats.registry.get_sample_value(name, labels) or 0
+
+    before = steps_seen("chunkbench:step_seconds_count")
     for stream in (False, True):
         response = httpx.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "stream": stream})
         assert response.status_code == 200
-    assert idle(engine) == 0 and engine.engine.num_steps > before
-    # Every step is already in the histogram, with nothing queued for the next scrape to drain.
-    labels = {"model_name": "tiny", "engine": "0"}
+    assert idle(engine) == 0
+    # Every step is already in the histograms, with nothing queued for the next scrape to drain: two requests
+    # of 3 tokens took at least 3 steps, and both per-step histograms saw each of them.
     deadline = time.monotonic() + 5  # the engine thread observes a step just after it returns
-    while (engine.stats.registry.get_sample_value("chunkbench:step_seconds_count", labels) != engine.engine.num_steps
+    while (steps_seen("chunkbench:step_seconds_count") != steps_seen("vllm:iteration_tokens_total_count")
            and time.monotonic() < deadline):
         time.sleep(0.01)
-    assert engine.stats.registry.get_sample_value("chunkbench:step_seconds_count", labels) == engine.engine.num_steps
+    assert steps_seen("chunkbench:step_seconds_count") >= before + 3
+    assert steps_seen("chunkbench:step_seconds_count") == steps_seen("vllm:iteration_tokens_total_count")
     assert len(getattr(engine, "step_seconds", ())) == 0
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)}
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",

@@ -21,18 +21,37 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (1-65535).")] = 8000,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name the API reports.")] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (bytes); larger gets HTTP 413.")] = 4 * 2**20,
+    max_prompt_chars: Annotated[Optional[int], typer.Option(
+        help="Longest text prompt or chat (characters), checked before tokenizing; longer gets HTTP 400. "
+        "Default: 32 x --max-model-len.")] = None,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a request's headers may take to arrive (s); "
+                                                  "then the connection is closed.")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request's body may take to arrive after its "
+                                                "headers (s); slower gets HTTP 408.")] = 30.0,
+    max_connections: Annotated[int, typer.Option(help="Connections plus tasks before the server answers 503 "
+                                                 "(connections).")] = 1000,
     **engine,
 ) -> None:
     """Serve the built-in engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics)."""
+    /v1/models, /health, /metrics with vLLM's metric names)."""
     import uvicorn
 
     from chunkbench.server import create_app
+    from chunkbench.server_limits import ServerLimits
 
     if not 1 <= port <= 65535:
         raise UserError(f"--port must be from 1 to 65535, got {port}")
+    for flag, value in (("--max-body-bytes", max_body_bytes), ("--max-prompt-chars", max_prompt_chars or 1),
+                        ("--header-timeout", header_timeout), ("--body-timeout", body_timeout),
+                        ("--max-connections", max_connections)):
+        if not value > 0 or value == float("inf"):  # NaN fails `> 0`
+            raise UserError(f"{flag} must be a positive number, got {value}")
     config = EngineConfig.create(model, **engine)
-    uvicorn.run(create_app(config, served_model_name), host=host, port=port, log_level="warning")
+    limits = ServerLimits(max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
+                          header_timeout_s=header_timeout, body_timeout_s=body_timeout, max_connections=max_connections)
+    uvicorn.run(create_app(config, served_model_name, limits), host=host, port=port, log_level="warning",
+                **limits.uvicorn_kwargs())
 
 
 @with_options(WORKLOAD_OPTIONS)

@@ -138,7 +138,8 @@ def engine_stall_stats(done: list[RequestRecord], steps: list[StepRecord],
     """Generation stalls as the scheduler decided them: a paused decode is a running request in decode that a
     step left out; a stall is a token gap of a completed request during which it was paused at least once.
     Slow steps (a long step delays every request in it, paused or not) are counted on their own."""
-    stalled = [r.token_times[i] - r.token_times[i - 1] for r in done for i in r.paused_gaps if i < len(r.token_times)]
+    stalled = [r.token_times[i] - r.token_times[i - 1] for r in done for i in r.paused_gaps
+               if i < len(r.token_times)]
     out = {"num_paused_decodes": sum(s.num_paused_decodes for s in steps), "num_stalls": len(stalled),
            "longest_stall_ms": max(stalled, default=0.0) * 1000.0}
     if slow_step_threshold_s is None:
@@ -273,6 +274,8 @@ METRIC_TABLE: list[MetricInfo] = [
                "same, except that vLLM counts an `error` event or a stream cut before `[DONE]` as a success"),
     MetricInfo("duration", "engine: first arrival to last token; endpoint: clock start (after the warm-up) to "
                "the end of the last request, failed ones too; 0 when nothing ran", "s", SAME),
+    MetricInfo("total_input_tokens / total_output_tokens", "prompt / output tokens of the completed requests "
+               "(endpoint: the server's usage counts when it sends them)", "tokens", SAME),
     MetricInfo("request_throughput", "completed / duration (0 when duration is 0)", "req/s", SAME),
     MetricInfo("request_goodput", "requests meeting every --goodput SLO / duration (DistServe)", "req/s", SAME),
     MetricInfo("output_throughput", "output tokens / duration; endpoint: the server's usage.completion_tokens, "
@@ -301,9 +304,9 @@ METRIC_TABLE: list[MetricInfo] = [
                "sla_attainment_<metric>_pct for each SLO alone", "%", "chunkbench only"),
     MetricInfo("num_paused_decodes", "engine only: steps that left a running decode out, summed over "
                "requests, as the scheduler decided them", "count", "chunkbench only"),
-    MetricInfo("num_stalls / longest_stall_ms", "engine: token gaps during which the request was a paused "
-               "decode, their count and the longest; endpoint: ITL gaps above stall_threshold_ms (5x the run's "
-               "median ITL)", "count / ms", "chunkbench only"),
+    MetricInfo("num_stalls / longest_stall_ms / stall_threshold_ms", "engine: token gaps during which the "
+               "request was a paused decode, their count and the longest; endpoint: ITL gaps above "
+               "stall_threshold_ms (5x the run's median ITL)", "count / ms", "chunkbench only"),
     MetricInfo("num_slow_steps / slow_step_threshold_ms", "engine only: steps longer than 5x the run's median "
                "decode-only step (the key is absent without a decode-only step)", "count / ms", "chunkbench only"),
     MetricInfo("num_preemptions", "requests evicted from the KV cache and recomputed; endpoint: 0", "count",

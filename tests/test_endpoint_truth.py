@@ -3,11 +3,12 @@ definition (vLLM's, see metrics.METRIC_TABLE) computed from the server's own tim
 
 Tolerance: TOL_S = 40 ms per time. The client and the server share time.perf_counter() (one process), so
 the differences are loopback delivery (a chunk reached the client within 2 ms of its send here), the server
-thread waiting for the GIL (the switch interval is set to 0.5 ms here) and the OS descheduling either
-thread on a busy 2-core machine. The send times come from the schedule and the slots (client_view), not from
-the server's receipt, which lags the send by a new connection's setup (10-50 ms seen here). The scripted gaps are 80 ms or more, so every mistake these tests look for (a
-latency measured from the due time instead of the send, a chunk missed or double counted) moves a value by
-80 ms or more; the 1 s buckets are kept 250 ms or more away from their edges.
+thread waiting for the GIL (the switch interval is set to 0.5 ms here) and the OS descheduling either thread
+on a busy 2-core machine. The send times come from the schedule and the slots (client_view), not from the
+server's receipt, which lags the send by a new connection's setup (10-50 ms seen here). The scripted gaps
+are 80 ms or more, so every mistake these tests look for (a latency measured from the due time instead of
+the send, a chunk missed or double counted) moves a value by 80 ms or more; the 1 s buckets are kept 250 ms
+or more away from their edges.
 """
 
 import asyncio

@@ -1,18 +1,28 @@
 """`chunkbench bench --endpoint`: the workloads and metrics of `run`, against any OpenAI-compatible server
-(chunkbench serve, vLLM, SGLang). An async client sends each request at its arrival time, streams, and
-timestamps every chunk; failures are kept with their error.
+(chunkbench serve, vLLM, SGLang), measured as `vllm bench serve` measures them.
 
-Prompts are token ids (the /v1/completions API accepts them), the same ids `run` feeds the engine;
-`ignore_eos` and `max_tokens` make every request produce its workload's output length, as vLLM's
-`bench serve` does.
+An async client sends each request at its arrival time (after waiting for a --max-concurrency slot, the
+client queue time) and streams it. Latencies start at the send. Every streamed event that carries a choice is
+timestamped, an empty or a multi-token one too, as vLLM does; the token count is the server's
+usage.completion_tokens (asked for with stream_options.include_usage), else the chunks with text.
+
+A request fails, and is kept with its error, on an HTTP error, an `{"error": ...}` event, a `data:` line that
+is not JSON, a stream that ends before `[DONE]`, a dropped connection, or its timeout. One untimed warm-up
+request goes first (as vLLM's); its prompt is drawn apart from the workload's so that it warms the server,
+not the prefix cache for request 0.
+
+Prompts are token ids for /v1/completions (the ids `run` feeds the engine); /v1/chat/completions takes text,
+so a chat prompt is one common English word per token id: about prompt_len tokens for a BPE tokenizer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -20,76 +30,155 @@ from chunkbench.harness import prompt_ids
 from chunkbench.metrics import RequestRecord
 from chunkbench.workload import WorkloadRequest
 
+APIS = {"completions": "/completions", "chat": "/chat/completions"}
+# Words that are one token (with their leading space) in the common BPE vocabularies.
+CHAT_WORDS = ("the of and to in is for on that with as was by at from it be this are or an not have".split()
+              + "but which one all were we when there can more has been if will also new time other".split())
 
-@dataclass
+
+@dataclass(frozen=True)
 class EndpointResult:
-    records: list[RequestRecord]
+    records: list[RequestRecord]  # times relative to `start`; failed requests keep the chunk times they got
     response_ids: list[str | None]
     errors: list[str | None]
-    duration: float
+    duration: float  # clock start to the end of the last request, failed ones too (s)
+    end_times: list[float] = field(default_factory=list)  # when each request ended, relative to start (s)
+    start: float = 0.0  # time.perf_counter() at the clock start, after the warm-up
+    warmup_error: str | None = None  # the warm-up's failure (the run goes on), None when it passed or was off
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str | None, prompt: list[int], w: WorkloadRequest,
-               start: float, semaphore: asyncio.Semaphore | None, disconnect_after: int | None):
-    await asyncio.sleep(max(0.0, start + w.arrival_time - time.perf_counter()))
-    body = {"prompt": prompt, "max_tokens": w.output_len, "temperature": 0.0, "ignore_eos": True, "stream": True}
-    if model:
-        body["model"] = model
-    async with semaphore or _nothing():
-        sent = time.perf_counter()
-        times: list[float] = []
-        response_id = None
-        try:
-            async with client.stream("POST", url, json=body) as response:
-                if response.status_code != 200:
-                    text = (await response.aread()).decode(errors="replace")
-                    return sent, times, response_id, f"HTTP {response.status_code}: {text[:300]}"
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[6:])
-                    response_id = event.get("id", response_id)
-                    if any(c.get("text") or (c.get("delta") or {}).get("content") for c in event.get("choices", [])):
-                        times.append(time.perf_counter())
-                        if disconnect_after is not None and len(times) >= disconnect_after:
-                            return sent, times, response_id, "disconnected by the client"
-        except httpx.HTTPError as exc:
-            return sent, times, response_id, f"{type(exc).__name__}: {exc}"
-        error = None if len(times) >= 1 else "no tokens received"
-        return sent, times, response_id, error
+@dataclass
+class _Stream:
+    """What one request received so far; kept when a timeout cancels the read."""
+
+    chunk_times: list[float] = field(default_factory=list)
+    text_chunks: int = 0
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    response_id: str | None = None
+    done: bool = False
 
 
-class _nothing:
-    async def __aenter__(self):
-        return self
+def prompt_text(ids: list[int]) -> str:
+    return "".join(" " + CHAT_WORDS[t % len(CHAT_WORDS)] for t in ids).lstrip()
 
-    async def __aexit__(self, *exc):
-        return False
+
+def request_body(api: str, model: str | None, prompt: list[int], max_tokens: int) -> dict:
+    body = {"temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if api == "chat":
+        body |= {"messages": [{"role": "user", "content": prompt_text(prompt)}], "max_completion_tokens": max_tokens}
+    else:
+        body |= {"prompt": prompt, "max_tokens": max_tokens}
+    return body | ({"model": model} if model else {})
+
+
+def request_headers(api_key: str | None, headers: dict[str, str] | None) -> dict[str, str]:
+    """Authorization: Bearer from `api_key`, else $OPENAI_API_KEY (as vLLM); `headers` added last."""
+    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+    return ({"Authorization": f"Bearer {key}"} if key else {}) | dict(headers or {})
+
+
+async def _stream(client: httpx.AsyncClient, url: str, body: dict, headers: dict, into: _Stream,
+                  disconnect_after: int | None) -> str | None:
+    """Send one request and read its event stream into `into`; the error, or None."""
+    chat = "messages" in body
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            text = (await response.aread()).decode(errors="replace")
+            return f"HTTP {response.status_code}: {text[:300]}"
+        async for line in response.aiter_lines():
+            now = time.perf_counter()
+            if not line.startswith("data:"):  # blank separators, SSE comments (':'), other SSE fields
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                into.done = True
+                return None
+            try:
+                event = json.loads(data)
+            except json.JSONDecodeError:
+                return f"a data line is not JSON: {data[:200]}"
+            if not isinstance(event, dict):
+                return f"a data line is not a JSON object: {data[:200]}"
+            if "error" in event:
+                return f"error event: {json.dumps(event['error'])[:300]}"
+            into.response_id = event.get("id", into.response_id)
+            if choices := event.get("choices"):
+                into.chunk_times.append(now)
+                text = (choices[0].get("delta") or {}).get("content") if chat else choices[0].get("text")
+                into.text_chunks += bool(text)
+                if disconnect_after is not None and len(into.chunk_times) >= disconnect_after:
+                    return "disconnected by the client"
+            if usage := event.get("usage"):
+                into.completion_tokens = usage.get("completion_tokens", into.completion_tokens)
+                into.prompt_tokens = usage.get("prompt_tokens", into.prompt_tokens)
+    return "the stream ended before [DONE]"
+
+
+async def _request(client: httpx.AsyncClient, url: str, body: dict, headers: dict, timeout_s: float,
+                   disconnect_after: int | None = None) -> tuple[float, float, _Stream, str | None]:
+    """(send time, end time, what arrived, error): one request, failures caught and named."""
+    received = _Stream()
+    send = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            error = await _stream(client, url, body, headers, received, disconnect_after)
+    except TimeoutError:
+        error = f"timed out after {timeout_s:g} s"
+    except (httpx.HTTPError, OSError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    if error is None and not received.chunk_times:
+        error = "no tokens received"
+    return send, time.perf_counter(), received, error
 
 
 async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_size: int, model: str | None = None,
                          max_concurrency: int | None = None, seed: int = 0, timeout_s: float = 600.0,
-                         disconnect: dict[int, int] | None = None) -> EndpointResult:
-    """`disconnect` maps request index -> tokens after which that client hangs up (for robustness tests)."""
-    url = endpoint.rstrip("/") + "/completions"
-    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    limits = httpx.Limits(max_connections=max_concurrency or 1000, max_keepalive_connections=100)
+                         disconnect: dict[int, int] | None = None, *, api: str = "completions",
+                         api_key: str | None = None, headers: dict[str, str] | None = None,
+                         warmup: bool = True) -> EndpointResult:
+    """Run `workload` against `endpoint` (the base URL, e.g. http://host:8000/v1).
+
+    timeout_s: per request, from its send to its end; a request past it fails. api: "completions" or "chat".
+    `disconnect` maps request index -> chunks after which that client hangs up (for robustness tests)."""
+    if api not in APIS:
+        raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
+    url = endpoint.rstrip("/") + APIS[api]
+    all_headers = request_headers(api_key, headers)
+    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+        warmup_error = None
+        if warmup and workload:  # untimed; a distinct prompt, so request 0 finds no prefix it put in the cache
+            first = replace(workload[0], shared=())
+            body = request_body(api, model, prompt_ids(0, first, vocab_size, seed + 1), first.output_len)
+            warmup_error = (await _request(client, url, body, all_headers, timeout_s))[3]
+
+        async def one(i: int, w: WorkloadRequest):
+            body = request_body(api, model, prompt_ids(i, w, vocab_size, seed), w.output_len)
+            await asyncio.sleep(max(0.0, start + w.arrival_time - time.perf_counter()))
+            async with semaphore:
+                return await _request(client, url, body, all_headers, timeout_s, (disconnect or {}).get(i))
+
         start = time.perf_counter()
-        outcomes = await asyncio.gather(*(
-            _one(client, url, model, prompt_ids(i, w, vocab_size, seed), w, start, semaphore,
-                 (disconnect or {}).get(i))
-            for i, w in enumerate(workload)))
-    records, ids, errors = [], [], []
-    for w, (sent, times, response_id, error) in zip(workload, outcomes):
-        # The request "arrives" when it was due; a client-side queue (max concurrency) counts as waiting.
-        records.append(RequestRecord(prompt_len=w.prompt_len, output_len=w.output_len, arrival_time=w.arrival_time,
-                                     token_times=[t - start for t in times] if not error else [],
-                                     first_scheduled_time=sent - start, error=error))
-        ids.append(response_id)
-        errors.append(error)
-    ends = [r.token_times[-1] for r in records if r.ok]
-    return EndpointResult(records, ids, errors, max(ends, default=0.0))
+        outcomes = await asyncio.gather(*(one(i, w) for i, w in enumerate(workload)))
+    records = [_record(w, start, *outcome) for w, outcome in zip(workload, outcomes)]
+    end_times = [end - start for _, end, _, _ in outcomes]
+    return EndpointResult(records, [received.response_id for _, _, received, _ in outcomes],
+                          [error for *_, error in outcomes], max(end_times, default=0.0), end_times, start,
+                          warmup_error)
+
+
+def _record(w: WorkloadRequest, start: float, send: float, end: float, received: _Stream,
+            error: str | None) -> RequestRecord:
+    """The request's arrival is when it was due; its latencies start at the send (RequestRecord.send_time)."""
+    usage = received.completion_tokens is not None
+    return RequestRecord(prompt_len=received.prompt_tokens or w.prompt_len, output_len=w.output_len,
+                         arrival_time=w.arrival_time, token_times=[t - start for t in received.chunk_times],
+                         error=error, send_time=send - start,
+                         num_output_tokens=received.completion_tokens if usage else received.text_chunks,
+                         output_token_source="usage" if usage else "chunks", end_time=end - start,
+                         response_id=received.response_id)
 
 
 def wait_healthy(base_url: str, timeout_s: float, process=None) -> None:

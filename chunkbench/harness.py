@@ -64,6 +64,9 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
     steps: list[StepRecord] = []
     start = engine.clock.now()
     next_index = 0
+    # Paused decodes per request index: how many steps left it out, and which token gaps they fell in.
+    paused_steps: dict[int, int] = {}
+    paused_gaps: dict[int, set[int]] = {}
     interrupted = False
     wall_start = time.perf_counter()
     bar = Progress(TextColumn(f"[bold]{description}"), BarColumn(), MofNCompleteColumn(),
@@ -104,7 +107,11 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                         prefill_tokens=output.num_prefill_tokens, decode_tokens=output.num_decode_tokens,
                         num_running=output.num_running, num_waiting=output.num_waiting,
                         kv_blocks_used=output.num_used_blocks, num_preempted=len(output.preempted),
-                        cached_tokens=output.num_cached_tokens))
+                        cached_tokens=output.num_cached_tokens, num_paused_decodes=len(output.paused_decodes)))
+                    for request_id in output.paused_decodes:  # it got no token: the pause is in its next gap
+                        i = int(request_id)
+                        paused_steps[i] = paused_steps.get(i, 0) + 1
+                        paused_gaps.setdefault(i, set()).add(len(requests[i].token_times))
                     output_tokens += len(result.sampled)
                 newly_done = sum(r.is_finished for r in updated)
                 if newly_done:
@@ -114,7 +121,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                                rate=f"{output_tokens / max(elapsed, 1e-9):,.0f} out tok/s")
         except KeyboardInterrupt:
             interrupted = True
-    records = [_record(r, w, start) for r, w in zip(requests, workload)
+    records = [_record(r, w, start, paused_steps.get(i, 0), paused_gaps.get(i, set()))
+               for i, (r, w) in enumerate(zip(requests, workload))
                if r is not None and (r.is_finished or not interrupted)]  # interrupted: keep what finished
     ends = [rec.token_times[-1] for rec in records if rec.ok]
     first = min((rec.arrival_time for rec in records), default=0.0)
@@ -123,11 +131,13 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                      wall_seconds=time.perf_counter() - wall_start)
 
 
-def _record(request: Request, w: WorkloadRequest, start: float) -> RequestRecord:
+def _record(request: Request, w: WorkloadRequest, start: float, num_paused: int = 0,
+            paused_gaps: set[int] = frozenset()) -> RequestRecord:
     """Times relative to the run start."""
     return RequestRecord(
         prompt_len=w.prompt_len, output_len=w.output_len, arrival_time=request.arrival_time - start,
         token_times=[t - start for t in request.token_times],
         first_scheduled_time=None if request.first_scheduled_time is None else request.first_scheduled_time - start,
         num_preemptions=request.num_preemptions, num_cached_tokens=request.num_cached_tokens,
+        num_paused_decodes=num_paused, paused_gaps=tuple(sorted(paused_gaps)),
         error=request.error or {"abort": "aborted", None: "unfinished"}.get(request.finish_reason))

@@ -17,7 +17,14 @@ PERCENTILES = (50, 90, 95, 99)
 
 @dataclass
 class RequestRecord:
-    """What the harness saw of one request. Times are seconds on the run's clock."""
+    """What the harness (engine runs) or the HTTP client (endpoint runs) saw of one request. Times are
+    seconds on the run's clock.
+
+    Latencies start at `send_time` when the client recorded one (endpoint runs: the request left the client
+    after waiting `client_queue_time` for a --max-concurrency slot, as vLLM measures), else at the arrival.
+    `token_times` holds one time per output event: a token on the engine, a streamed chunk (which may carry
+    several tokens, or none) over HTTP; `num_output_tokens` is the token count when it differs (the server's
+    usage.completion_tokens)."""
 
     prompt_len: int
     output_len: int
@@ -27,22 +34,41 @@ class RequestRecord:
     num_preemptions: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    send_time: float | None = None  # endpoint runs: when the request was sent
+    num_output_tokens: int | None = None  # None: one token per entry of token_times
+    num_paused_decodes: int = 0  # engine runs: steps that left this request out while it was decoding
+    paused_gaps: tuple[int, ...] = ()  # engine runs: indices i whose gap token_times[i-1] -> [i] had a pause
+    output_token_source: str | None = None  # endpoint runs: "usage" (the server's count) or "chunks"
+    end_time: float | None = None  # endpoint runs: when the request ended (last byte, failure or timeout)
+    response_id: str | None = None  # endpoint runs: the server's id for it
 
     @property
     def ok(self) -> bool:
         return self.error is None and len(self.token_times) > 0
 
     @property
+    def latency_origin(self) -> float:
+        return self.arrival_time if self.send_time is None else self.send_time
+
+    @property
+    def client_queue_time(self) -> float | None:
+        return None if self.send_time is None else self.send_time - self.arrival_time
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times) if self.num_output_tokens is None else self.num_output_tokens
+
+    @property
     def ttft(self) -> float:
-        return self.token_times[0] - self.arrival_time
+        return self.token_times[0] - self.latency_origin
 
     @property
     def e2el(self) -> float:
-        return self.token_times[-1] - self.arrival_time
+        return self.token_times[-1] - self.latency_origin
 
     @property
     def tpot(self) -> float | None:
-        n = len(self.token_times)
+        n = self.output_tokens
         return (self.e2el - self.ttft) / (n - 1) if n > 1 else None
 
     @property
@@ -61,6 +87,7 @@ class StepRecord:
     kv_blocks_used: int
     num_preempted: int = 0
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied to requests admitted in this step
+    num_paused_decodes: int = 0  # running requests in decode this step left out
 
 
 def pct_key(p: float) -> str:
@@ -83,49 +110,88 @@ def is_good(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
     return all(values[name] * 1000.0 <= limit for name, limit in slos_ms.items())
 
 
-def stall_stats(records: list[RequestRecord], steps: list[StepRecord],
-                threshold_s: float | None = None) -> dict[str, float]:
-    """Generation stalls: ITL gaps above the threshold (default 5x the median decode-only step time)."""
-    if threshold_s is None:
+SLOW_STEP_FACTOR = 5.0  # a slow step: longer than 5x the run's median decode-only step
+ENDPOINT_STALL_FACTOR = 5.0  # over HTTP, a stall: an ITL gap longer than 5x the run's median ITL
+
+
+def engine_stall_stats(done: list[RequestRecord], steps: list[StepRecord],
+                       slow_step_threshold_s: float | None = None) -> dict[str, float]:
+    """Generation stalls as the scheduler decided them: a paused decode is a running request in decode that a
+    step left out; a stall is a token gap of a completed request during which it was paused at least once.
+    Slow steps (a long step delays every request in it, paused or not) are counted on their own."""
+    stalled = [r.token_times[i] - r.token_times[i - 1] for r in done for i in r.paused_gaps
+               if i < len(r.token_times)]
+    out = {"num_paused_decodes": sum(s.num_paused_decodes for s in steps), "num_stalls": len(stalled),
+           "longest_stall_ms": max(stalled, default=0.0) * 1000.0}
+    if slow_step_threshold_s is None:
         decode_only = [s.seconds for s in steps if s.prefill_tokens == 0 and s.decode_tokens > 0]
-        threshold_s = 5.0 * float(np.median(decode_only)) if decode_only else float("inf")
-    gaps = [g for r in records if r.ok for g in r.itls]
-    stalls = [g for g in gaps if g > threshold_s]
-    return {"stall_threshold_ms": threshold_s * 1000.0, "num_stalls": len(stalls),
-            "longest_stall_ms": max(stalls, default=0.0) * 1000.0}
+        slow_step_threshold_s = SLOW_STEP_FACTOR * float(np.median(decode_only)) if decode_only else None
+    out["num_slow_steps"] = sum(s.seconds > slow_step_threshold_s for s in steps) if slow_step_threshold_s else 0
+    if slow_step_threshold_s:  # no decode-only step: no threshold, and no key rather than Infinity
+        out["slow_step_threshold_ms"] = slow_step_threshold_s * 1000.0
+    return out
 
 
-def max_tokens_in_window(times: list[float], window: float = 1.0) -> int:
-    """Most token timestamps inside any window of `window` seconds."""
-    t = np.sort(np.asarray(times, dtype=float))
-    if t.size == 0:
-        return 0
-    ends = np.searchsorted(t, t + window, side="left")
-    return int((ends - np.arange(t.size)).max())
+def endpoint_stall_stats(done: list[RequestRecord], threshold_s: float | None = None) -> dict[str, float]:
+    """Over HTTP there are no steps to read: a stall is an ITL gap above 5x the run's median ITL (pooled over
+    completed requests), a gap far beyond the server's typical decode step."""
+    gaps = [g for r in done for g in r.itls]
+    if threshold_s is None and gaps:
+        threshold_s = ENDPOINT_STALL_FACTOR * float(np.median(gaps))
+    stalls = [g for g in gaps if threshold_s is not None and g > threshold_s]
+    out = {"num_stalls": len(stalls), "longest_stall_ms": max(stalls, default=0.0) * 1000.0}
+    if threshold_s is not None:
+        out["stall_threshold_ms"] = threshold_s * 1000.0
+    return out
+
+
+def peak_per_second(done: list[RequestRecord]) -> tuple[int, int]:
+    """vLLM's peaks over fixed 1 s buckets counted from the earliest latency origin (send or arrival) of the
+    completed requests: the most output events (tokens; chunks over HTTP) in a bucket, and the most requests
+    active in a bucket (from the bucket of its origin to that of its last token)."""
+    if not done:
+        return 0, 0
+    origin = min(r.latency_origin for r in done)
+    tokens = np.floor(np.maximum([t - origin for r in done for t in r.token_times], 0.0)).astype(np.int64)
+    active = np.zeros(int(tokens.max()) + 1, dtype=np.int64)
+    for r in done:
+        active[int(r.latency_origin - origin):int(r.token_times[-1] - origin) + 1] += 1
+    return int(np.bincount(tokens).max()), int(active.max())
 
 
 def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s: float,
               goodput_ms: dict[str, float] | None = None, num_kv_blocks: int | None = None,
-              stall_threshold_s: float | None = None, extra_percentiles=()) -> dict[str, float]:
-    """The summary dict: vLLM's keys plus goodput, SLA attainment, stalls, delays, preemptions, KV peak."""
+              stall_threshold_s: float | None = None, extra_percentiles=(), *,
+              endpoint: bool | None = None, slow_step_threshold_s: float | None = None) -> dict:
+    """The summary dict: vLLM's keys plus goodput, SLA attainment, stalls, delays, preemptions, KV peak.
+
+    `endpoint` (default: any record has a send time) selects the client-side keys (client queue time, token
+    source, ITL-based stalls with `stall_threshold_s`) over the engine's (paused decodes, slow steps).
+    A zero duration (nothing completed on the engine) gives zero throughputs, not a division by 1e-9."""
     goodput_ms = goodput_ms or {}
+    endpoint = any(r.send_time is not None for r in records) if endpoint is None else endpoint
     pcts = sorted(set(PERCENTILES) | set(extra_percentiles))
     done = [r for r in records if r.ok]
-    duration_s = max(duration_s, 1e-9)
+
+    def per_s(amount: float) -> float:
+        return amount / duration_s if duration_s > 0 else 0.0
+
     total_in = sum(r.prompt_len for r in done)
-    total_out = sum(len(r.token_times) for r in done)
+    total_out = sum(r.output_tokens for r in done)
     good = [r for r in done if is_good(r, goodput_ms)]
-    summary: dict[str, float] = {
+    peak_tokens, peak_requests = peak_per_second(done)
+    summary: dict = {
         "completed": len(done),
         "failed": len(records) - len(done),
-        "duration": duration_s,
+        "duration": max(duration_s, 0.0),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "request_throughput": len(done) / duration_s,
-        "request_goodput": len(good) / duration_s,
-        "output_throughput": total_out / duration_s,
-        "total_token_throughput": (total_in + total_out) / duration_s,
-        "max_output_tokens_per_s": max_tokens_in_window([t for r in done for t in r.token_times]),
+        "request_throughput": per_s(len(done)),
+        "request_goodput": per_s(len(good)),
+        "output_throughput": per_s(total_out),
+        "total_token_throughput": per_s(total_in + total_out),
+        "max_output_tokens_per_s": peak_tokens,
+        "max_concurrent_requests": peak_requests,
     }
     summary |= _stats("ttft", [r.ttft for r in done], pcts)
     summary |= _stats("tpot", [r.tpot for r in done if r.tpot is not None], pcts)
@@ -137,7 +203,15 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     for name in goodput_ms:
         met = sum(is_good(r, {name: goodput_ms[name]}) for r in done)
         summary[f"sla_attainment_{name}_pct"] = 100.0 * met / len(done) if done else 0.0
-    summary |= stall_stats(done, steps, stall_threshold_s)
+    if endpoint:
+        summary |= _stats("client_queue_time", [r.client_queue_time for r in done if r.send_time is not None],
+                          pcts)
+        sources = {r.output_token_source for r in done}
+        if sources:
+            summary["output_token_source"] = sources.pop() if len(sources) == 1 else "mixed"
+        summary |= endpoint_stall_stats(done, stall_threshold_s)
+    else:
+        summary |= engine_stall_stats(done, steps, slow_step_threshold_s)
     summary["num_preemptions"] = sum(s.num_preempted for s in steps)
     peak = max((s.kv_blocks_used for s in steps), default=0)
     summary["peak_kv_blocks"] = peak
@@ -153,39 +227,70 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     return summary
 
 
-@dataclass
+@dataclass(frozen=True)
 class MetricInfo:
     name: str
     definition: str
     unit: str
+    vllm: str  # how the key compares with `vllm bench serve --save-result` (for an endpoint run)
 
 
+SAME = "same"
 METRIC_TABLE: list[MetricInfo] = [
-    MetricInfo("completed / failed", "requests that produced all their tokens / that were rejected or aborted",
-               "requests"),
-    MetricInfo("duration", "first arrival to last token of the run", "s"),
-    MetricInfo("request_throughput", "completed / duration", "req/s"),
-    MetricInfo("request_goodput", "requests meeting every --goodput SLO / duration (DistServe)", "req/s"),
-    MetricInfo("output_throughput", "output tokens / duration", "tok/s"),
-    MetricInfo("total_token_throughput", "(prompt + output tokens) / duration", "tok/s"),
-    MetricInfo("max_output_tokens_per_s", "most output tokens produced inside any 1 s window", "tok"),
-    MetricInfo("{mean,median,std,p50,p90,p95,p99}_ttft_ms", "time to first token: arrival to first token", "ms"),
-    MetricInfo("..._tpot_ms", "time per output token: (E2EL - TTFT) / (output_len - 1), requests with "
-               "more than one output token", "ms"),
-    MetricInfo("..._itl_ms", "inter-token latency (TBT): every gap between consecutive tokens of a request, "
-               "pooled over requests", "ms"),
-    MetricInfo("..._e2el_ms", "end-to-end latency: arrival to last token", "ms"),
-    MetricInfo("..._scheduling_delay_ms", "arrival to the first step that computes any of the request", "ms"),
+    MetricInfo("completed / failed", "requests that produced all their tokens / that were rejected, aborted, or "
+               "(endpoint) got an HTTP error, an error event, a bad stream, a timeout", "requests",
+               "same, except that vLLM counts an `error` event or a stream cut before `[DONE]` as a success"),
+    MetricInfo("duration", "engine: first arrival to last token; endpoint: clock start (after the warm-up) to "
+               "the end of the last request, failed ones too; 0 when nothing ran", "s", SAME),
+    MetricInfo("total_input_tokens / total_output_tokens", "prompt / output tokens of the completed requests "
+               "(endpoint: the server's usage counts when it sends them)", "tokens", SAME),
+    MetricInfo("request_throughput", "completed / duration (0 when duration is 0)", "req/s", SAME),
+    MetricInfo("request_goodput", "requests meeting every --goodput SLO / duration (DistServe)", "req/s", SAME),
+    MetricInfo("output_throughput", "output tokens / duration; endpoint: the server's usage.completion_tokens, "
+               "else chunks with text", "tok/s",
+               "same with usage; without it vLLM re-tokenizes the text, chunkbench counts text chunks"),
+    MetricInfo("total_token_throughput", "(prompt + output tokens) / duration; endpoint: prompt tokens from "
+               "usage.prompt_tokens when the server sends it", "tok/s", SAME),
+    MetricInfo("max_output_tokens_per_s / max_concurrent_requests", "most output events (tokens; chunks over "
+               "HTTP) / requests active in one fixed 1 s bucket counted from the first request's start", "tok / req",
+               SAME),
+    MetricInfo("{mean,median,std,p50,p90,p95,p99}_ttft_ms", "time to first token: arrival (endpoint: the "
+               "send, after any --max-concurrency wait) to the first event (chunk with a choice, even empty)",
+               "ms", SAME),
+    MetricInfo("..._tpot_ms", "time per output token: (E2EL - TTFT) / (output tokens - 1), requests with more "
+               "than one output token", "ms", SAME),
+    MetricInfo("..._itl_ms", "inter-token latency: every gap between consecutive events of a request (a "
+               "multi-token chunk is one gap), pooled over requests", "ms", SAME),
+    MetricInfo("..._e2el_ms", "end-to-end latency: arrival (endpoint: the send) to the last event", "ms", SAME),
+    MetricInfo("..._client_queue_time_ms", "endpoint only: due arrival to the send, the wait for a "
+               "--max-concurrency slot", "ms", "same (vLLM lists it under --percentile-metrics)"),
+    MetricInfo("output_token_source", "endpoint only: usage (the server's completion_tokens), chunks (text "
+               "chunks counted), or mixed", "text", "chunkbench only"),
+    MetricInfo("..._scheduling_delay_ms", "arrival to the first step that computes any of the request; "
+               "endpoint: 0 (the client cannot see the scheduler)", "ms", "chunkbench only"),
     MetricInfo("sla_attainment_pct", "share of completed requests meeting every SLO given; "
-               "sla_attainment_<metric>_pct for each SLO alone", "%"),
-    MetricInfo("num_stalls / longest_stall_ms", "ITL gaps above stall_threshold_ms (5x the median "
-               "decode-only step time of the run): their count and the longest", "count / ms"),
-    MetricInfo("num_preemptions", "requests evicted from the KV cache and recomputed", "count"),
+               "sla_attainment_<metric>_pct for each SLO alone", "%", "chunkbench only"),
+    MetricInfo("num_paused_decodes", "engine only: steps that left a running decode out, summed over "
+               "requests, as the scheduler decided them", "count", "chunkbench only"),
+    MetricInfo("num_stalls / longest_stall_ms / stall_threshold_ms", "engine: token gaps during which the "
+               "request was a paused decode, their count and the longest; endpoint: ITL gaps above "
+               "stall_threshold_ms (5x the run's median ITL)", "count / ms", "chunkbench only"),
+    MetricInfo("num_slow_steps / slow_step_threshold_ms", "engine only: steps longer than 5x the run's median "
+               "decode-only step (the key is absent without a decode-only step)", "count / ms", "chunkbench only"),
+    MetricInfo("num_preemptions", "requests evicted from the KV cache and recomputed; endpoint: 0", "count",
+               "chunkbench only"),
     MetricInfo("peak_kv_blocks / peak_kv_usage_pct", "most KV blocks in use at once, and as a share of the "
-               "cache", "blocks / %"),
+               "cache; endpoint: 0", "blocks / %", "chunkbench only"),
     MetricInfo("prefix_cache_hit_rate_pct / prefix_cache_request_hit_rate_pct", "prompt tokens served from "
-               "the prefix cache / requests that found any cached prefix (first admission)", "%"),
+               "the prefix cache / requests that found any cached prefix (first admission)", "%", "chunkbench only"),
     MetricInfo("cached_prompt_tokens / computed_prompt_tokens", "prompt tokens taken from the prefix cache / "
-               "prompt tokens computed", "tokens"),
-    MetricInfo("num_steps", "engine steps in the run", "count"),
+               "prompt tokens computed", "tokens", "chunkbench only"),
+    MetricInfo("num_steps", "engine steps in the run; endpoint: 0", "count", "chunkbench only"),
 ]
+
+
+def metric_table_markdown() -> str:
+    """The README's metric table, generated from METRIC_TABLE (a test keeps the two equal)."""
+    lines = ["| metric | definition | unit | vs `vllm bench serve` |", "|---|---|---|---|"]
+    lines += [f"| `{m.name}` | {m.definition} | {m.unit} | {m.vllm} |" for m in METRIC_TABLE]
+    return "\n".join(lines)

@@ -10,6 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from chunkbench.errors import UserError
 
 
@@ -35,7 +37,10 @@ def write_text(text: str, path: Path) -> None:
 
 
 def json_safe(value):
-    """NaN and infinities become null (most JSON parsers reject them); containers are walked."""
+    """NaN and infinities become null (most JSON parsers reject them), numpy scalars Python ones;
+    containers are walked."""
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):

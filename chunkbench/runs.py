@@ -139,12 +139,19 @@ def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = 
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
+    """One row per request, times in s from the run's start. Engine runs fill the scheduler's columns
+    (first_scheduled_time, preemptions, cached tokens, paused decodes); endpoint runs the client's (send,
+    client queue, end, where the token count came from, the server's response id). A failed request keeps
+    the token times it got, without latencies."""
     rows = []
     for r in result.requests:
         rows.append({"prompt_len": r.prompt_len, "output_len": r.output_len, "arrival_time": r.arrival_time,
                      "first_scheduled_time": r.first_scheduled_time, "ttft": r.ttft if r.ok else None,
                      "tpot": r.tpot if r.ok else None, "e2el": r.e2el if r.ok else None,
-                     "num_output_tokens": len(r.token_times), "num_preemptions": r.num_preemptions,
-                     "num_cached_tokens": r.num_cached_tokens, "error": r.error,
-                     "token_times": r.token_times})
+                     "num_output_tokens": r.output_tokens, "num_preemptions": r.num_preemptions,
+                     "num_cached_tokens": r.num_cached_tokens, "num_paused_decodes": r.num_paused_decodes,
+                     "error": r.error, "token_times": r.token_times, "send_time": r.send_time,
+                     "client_queue_time": r.client_queue_time,
+                     "first_token_time": r.token_times[0] if r.token_times else None, "end_time": r.end_time,
+                     "output_token_source": r.output_token_source, "response_id": r.response_id})
     return pd.DataFrame(rows)

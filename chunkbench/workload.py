@@ -237,6 +237,11 @@ class WorkloadSpec:
     prefix_len: int = 0  # tokens of shared prefix put before every prompt (as vLLM's random dataset)
     num_prefixes: int = 1  # distinct shared prefixes, assigned round-robin
     seed: int = 0
+    # Trace and file workloads (CSV/JSONL/ShareGPT, named traces): False (the default) takes the first
+    # num_requests rows in file order (a ShareGPT file: conversation order), so a trace keeps its real
+    # arrivals; True takes them in an order shuffled by `seed` first, as vLLM's dataset loaders do by default
+    # (ShareGPT), and a timestamped trace's rows taken are put back in time order.
+    shuffle: bool = False
 
 
 def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list[WorkloadRequest]:
@@ -264,7 +269,11 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
             if not path.is_file():
                 raise UserError(f"--workload: no such file: {path}")
             frame = _read_sharegpt(path, spec.tokenizer) if path.suffix == ".json" else _read_token_file(path)
+        if spec.shuffle:
+            frame = frame.sample(frac=1.0, random_state=spec.seed).reset_index(drop=True)
         frame = frame.head(spec.num_requests) if spec.num_requests else frame
+        if spec.shuffle and "arrival_time" in frame:
+            frame = frame.sort_values("arrival_time", kind="stable").reset_index(drop=True)
         prompts, outputs = frame["prompt_len"].to_numpy(np.int64), frame["output_len"].to_numpy(np.int64)
         if "prefix_group" in frame:  # a group's requests share their first prefix_len tokens
             lens = frame["prefix_len"] if "prefix_len" in frame else pd.Series(np.zeros(len(frame)))

@@ -43,6 +43,9 @@ class SchedulerOutput:
     num_running: int = 0  # after scheduling
     num_waiting: int = 0
     num_used_blocks: int = 0
+    # Running requests in decode that this step left out (a paused decode: a generation stall). Preempted
+    # requests are not running, so they are counted in `preempted`, not here.
+    paused_decodes: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

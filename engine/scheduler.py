@@ -242,10 +242,12 @@ class Scheduler:
                 sample_index=request.num_output_tokens,
                 sample_seed=request.sample_seed,
             ))
+        # Decided here, before update() moves computed counts on: is_decoding is still this step's view.
+        paused = [r.request_id for r in self.running if r.is_decoding and r not in scheduled]
         return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],
                                num_cached_tokens=self._step_cached_tokens,
                                num_running=len(self.running), num_waiting=len(self.waiting),
-                               num_used_blocks=self.block_manager.num_used_blocks)
+                               num_used_blocks=self.block_manager.num_used_blocks, paused_decodes=paused)
 
     def update(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance computed counts, append sampled tokens; return the requests that got a token."""

@@ -3,16 +3,17 @@
 import pytest
 
 from chunkbench.errors import UserError
-from chunkbench.metrics import RequestRecord, StepRecord, max_tokens_in_window, summarize
+from chunkbench.metrics import RequestRecord, StepRecord, peak_per_second, summarize
 from chunkbench.slo import parse_goodput
 
 # r1: arrives at 0, first scheduled at 0.1, tokens at 0.5, 0.7, 1.0. r2: arrives at 1.0, one token at 1.2.
 R1 = RequestRecord(prompt_len=10, output_len=3, arrival_time=0.0, token_times=[0.5, 0.7, 1.0],
-                   first_scheduled_time=0.1)
+                   first_scheduled_time=0.1, num_paused_decodes=2, paused_gaps=(2,))  # paused twice before 1.0
 R2 = RequestRecord(prompt_len=20, output_len=1, arrival_time=1.0, token_times=[1.2], first_scheduled_time=1.05)
 FAILED = RequestRecord(prompt_len=5000, output_len=4, arrival_time=0.3, token_times=[], error="too long")
 STEPS = [StepRecord(0.0, 0.05, 0, 2, 2, 0, 3), StepRecord(0.1, 0.05, 0, 1, 1, 0, 5, num_preempted=1),
-         StepRecord(0.2, 0.10, 0, 1, 1, 0, 4), StepRecord(0.3, 0.40, 30, 1, 2, 0, 4)]
+         StepRecord(0.2, 0.10, 0, 1, 1, 0, 4, num_paused_decodes=1),
+         StepRecord(0.3, 0.40, 30, 1, 2, 0, 4, num_paused_decodes=1)]
 
 
 def approx(value):
@@ -32,7 +33,9 @@ def test_throughput_keys(summary):
     assert summary["request_throughput"] == approx(2 / 1.2)
     assert summary["output_throughput"] == approx(4 / 1.2)
     assert summary["total_token_throughput"] == approx(34 / 1.2)
-    assert summary["max_output_tokens_per_s"] == 4  # 0.5, 0.7, 1.0, 1.2 all inside [0.5, 1.5)
+    # vLLM's fixed buckets from the first start (0): [0, 1) holds 0.5, 0.7; [1, 2) holds 1.0, 1.2.
+    assert summary["max_output_tokens_per_s"] == 2
+    assert summary["max_concurrent_requests"] == 2  # r1 (0 to 1.0) and r2 (1.0 to 1.2) both touch [1, 2)
 
 
 def test_ttft(summary):  # 500 ms and 200 ms
@@ -74,17 +77,21 @@ def test_goodput_needs_every_slo(summary):
 
 
 def test_stalls_preemptions_and_kv(summary):
-    # decode-only steps: 50, 50, 100 ms -> median 50 ms -> threshold 250 ms; only the 300 ms gap stalls.
-    assert summary["stall_threshold_ms"] == approx(250)
+    # Two steps paused a decode, both in r1's 300 ms gap: one stall. The 200 ms gap had no pause.
+    assert summary["num_paused_decodes"] == 2
     assert summary["num_stalls"] == 1 and summary["longest_stall_ms"] == approx(300)
+    # decode-only steps: 50, 50, 100 ms -> median 50 ms -> slow above 250 ms: the 400 ms step.
+    assert summary["slow_step_threshold_ms"] == approx(250) and summary["num_slow_steps"] == 1
+    assert "stall_threshold_ms" not in summary and "client_queue_time" not in str(summary)
     assert summary["num_preemptions"] == 1
     assert summary["peak_kv_blocks"] == 5 and summary["peak_kv_usage_pct"] == approx(50)
     assert summary["num_steps"] == 4
 
 
 def test_window_and_goodput_parsing():
-    assert max_tokens_in_window([0.0, 0.999, 1.0, 1.5, 1.6]) == 4  # [0.999, 1.999)
-    assert max_tokens_in_window([]) == 0
+    late = RequestRecord(1, 5, 0.2, [0.3, 0.999, 1.0, 1.5, 1.6])
+    assert peak_per_second([late]) == (3, 1)  # buckets from 0.2: [0.2, 1.2) holds 0.3, 0.999, 1.0
+    assert peak_per_second([]) == (0, 0)
     assert parse_goodput("ttft:300 tpot:50 e2el:2000") == {"ttft": 300.0, "tpot": 50.0, "e2el": 2000.0}
     assert parse_goodput(None) == {}
     for bad in ("ttft", "ttft:abc", "itl:30", "ttft:-5"):

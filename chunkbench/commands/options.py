@@ -38,7 +38,8 @@ Workload = Annotated[str, typer.Option(
     help="Named workload (chat, long-doc, rag-mix, azure-conv, azure-code, arxiv-summarization), 'synthetic' "
     "(see --prompt-len/--output-len), or a file: .csv/.jsonl with prompt_len,output_len[,arrival_time] token "
     "counts, .json in ShareGPT format.")]
-NumRequests = Annotated[Optional[int], typer.Option(help="Requests to send (requests); traces: the first N.")]
+NumRequests = Annotated[Optional[int], typer.Option(help="Requests to send (requests); traces: the first N "
+                                                     "(see --shuffle).")]
 Duration = Annotated[Optional[float], typer.Option(help="Keep only requests arriving in the first this many "
                                                    "seconds (s).")]
 Rate = Annotated[float, typer.Option(help="Mean arrival rate (requests/s); traces with timestamps ignore it.")]
@@ -71,6 +72,10 @@ CostModelPath = Annotated[Optional[str], typer.Option(
     "--cost-model", help="sim: a profile written by `chunkbench profile` (JSON) instead of a roofline.")]
 PrefixLen = Annotated[int, typer.Option(help="Shared prefix put before every prompt (tokens), as vLLM's random "
                                         "dataset with --random-prefix-len.")]
+Shuffle = Annotated[bool, typer.Option(
+    "--shuffle/--no-shuffle", help="Trace and ShareGPT files: take --num-requests rows in an order shuffled by "
+    "--seed (as vLLM's and Sarathi-Serve's loaders do) instead of the first rows (the default); a timestamped "
+    "trace keeps time order.")]
 NumPrefixes = Annotated[int, typer.Option(help="Distinct shared prefixes, assigned round-robin (prefixes).")]
 
 
@@ -83,7 +88,7 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
     "burstiness": (Burstiness, _SPEC["burstiness"]), "time_scale": (TimeScale, _SPEC["time_scale"]),
     "prompt_len": (PromptLen, _SPEC["prompt_len"]), "output_len": (OutputLen, _SPEC["output_len"]),
     "tokenizer": (Tokenizer, _SPEC["tokenizer"]), "prefix_len": (PrefixLen, _SPEC["prefix_len"]),
-    "num_prefixes": (NumPrefixes, _SPEC["num_prefixes"]),
+    "num_prefixes": (NumPrefixes, _SPEC["num_prefixes"]), "shuffle": (Shuffle, _SPEC["shuffle"]),
 }
 
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write

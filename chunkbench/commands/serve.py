@@ -58,8 +58,20 @@ def serve(
 def bench(
     endpoint: Annotated[str, typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
                                           "(chunkbench serve, vLLM, SGLang).")],
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Most requests in flight (requests); "
-                                                           "default: no limit.")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option(help="Client slots: most requests in flight "
+                                                           "(requests); default: no limit. TTFT and E2EL start "
+                                                           "at the send; the wait for a slot is reported as "
+                                                           "client_queue_time (ms), as vllm bench serve does.")] = None,
+    api: Annotated[str, typer.Option(help="OpenAI API to call: completions (/v1/completions, token-id prompts) or "
+                                     "chat (/v1/chat/completions, text prompts of about prompt-len tokens).")] = "completions",
+    api_key: Annotated[Optional[str], typer.Option(help="Sent as 'Authorization: Bearer KEY'; default: "
+                                                   "$OPENAI_API_KEY.")] = None,
+    header: Annotated[Optional[list[str]], typer.Option(help="Extra HTTP header on every request, NAME:VALUE "
+                                                        "(repeatable).")] = None,
+    request_timeout: Annotated[float, typer.Option(help="Per-request limit from send to last byte (s); a request "
+                                                   "past it counts as failed.")] = 600.0,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Send one untimed warm-up request before "
+                                         "the clock starts (as vllm bench serve does).")] = True,
     served_model: Annotated[Optional[str], typer.Option("--model", help="Model name to send; default: the "
                                                         "server's first /v1/models entry.")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(help="Token ids of the random prompts are below this; "
@@ -78,12 +90,25 @@ def bench(
     from chunkbench.runs import run_benchmark, save_run
     from chunkbench.slo import parse_goodput
 
+    from chunkbench.client import APIS
+
     if max_concurrency is not None and max_concurrency < 1:
         raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    if api not in APIS:
+        raise UserError(f"--api must be {' or '.join(APIS)}, got '{api}'")
+    if not request_timeout > 0:
+        raise UserError(f"--request-timeout must be > 0 s, got {request_timeout}")
+    headers = {}
+    for item in header or []:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise UserError(f"--header must be NAME:VALUE, got '{item}'")
+        headers[name.strip()] = value.strip()
     check_writable(out, "--out", folder=True)
     check_writable(json_out, "--json")
     slos = parse_goodput(goodput)
-    backend = EndpointBackend.connect(endpoint, served_model, vocab_size, max_concurrency=max_concurrency)
+    backend = EndpointBackend.connect(endpoint, served_model, vocab_size, max_concurrency=max_concurrency, api=api,
+                                      api_key=api_key, headers=headers, timeout_s=request_timeout, warmup=warmup)
     limit = max_model_len or backend.max_model_len or 8192
     spec, requests = load_workload(limit, seed=seed, **pick(workload_options, WORKLOAD_OPTIONS))
     run = run_benchmark(None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=seed,

@@ -14,7 +14,7 @@ from chunkbench.workload import WorkloadRequest
 
 METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
                 "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
-                "num_preemptions", "longest_stall_ms", "completed")
+                "num_preemptions", "num_paused_decodes", "longest_stall_ms", "completed")
 
 
 def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
@@ -29,7 +29,9 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
             return _capacity(spec, lambda w: measure(serve, config, w, progress=False, **options).summary,
                              workload, knobs)
         summary = measure(serve, config, workload, progress=progress, **options).summary
-    metrics = {k: summary[k] for k in METRIC_ATTRS} | {s.summary_key: summary[s.summary_key] for s in spec.slos}
+    # Over HTTP some keys do not exist (paused decodes need the scheduler's decisions): those are left out.
+    metrics = {k: summary[k] for k in METRIC_ATTRS if k in summary} | \
+        {s.summary_key: summary[s.summary_key] for s in spec.slos}
     if spec.objective == "pareto":
         values = [summary["p99_ttft_ms"], summary["p99_itl_ms"], summary["output_throughput"]]
     else:
@@ -71,6 +73,6 @@ def _capacity(spec: TuneSpec, run, workload: list[WorkloadRequest], knobs: dict)
             hi = hi if ok else mid
     capacity = lo or 0.0
     keys = METRIC_ATTRS + tuple(s.summary_key for s in spec.slos)
-    metrics = {k: best[k] for k in keys} if best else {}
+    metrics = {k: best[k] for k in keys if k in best} if best else {}
     return TrialOutcome([capacity], {"capacity": 0.0 if capacity > 0 else 1.0}, metrics | {"capacity_rps": capacity},
                         knobs)

@@ -130,13 +130,15 @@ class EndpointBackend(Backend):
     def session(self, config: EngineConfig) -> Iterator[Serve]:
         import asyncio
 
-        from chunkbench.client import bench_endpoint
+        from chunkbench.client import bench_endpoint, scrape_metrics, server_figures
 
         def serve(workload, *, seed=0, warmup_steps=0, progress=False, label="run") -> RunResult:
             vocab = self.vocab_size or (config.model.vocab_size if config else 32000)
+            before = scrape_metrics(self.endpoint)
             result = asyncio.run(bench_endpoint(self.endpoint, workload, vocab,
                                                 self.model, seed=seed, **self.client_options))
-            return RunResult(result.records, [], result.duration, 0)
+            server = server_figures(before, scrape_metrics(self.endpoint))
+            return RunResult(result.records, [], result.duration, 0, server=server)
         yield serve
 
     def __str__(self) -> str:

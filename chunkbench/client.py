@@ -181,6 +181,65 @@ def _record(w: WorkloadRequest, start: float, send: float, end: float, received:
                          response_id=received.response_id)
 
 
+def scrape_metrics(endpoint: str) -> dict:
+    """The server's Prometheus /metrics as {sample name: [(labels, value)]}; {} when it has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = httpx.get(endpoint.rstrip("/").removesuffix("/v1") + "/metrics", timeout=5.0)
+        if response.status_code != 200:
+            return {}
+        samples: dict = {}
+        for family in text_string_to_metric_families(response.text):
+            for s in family.samples:
+                samples.setdefault(s.name, []).append((s.labels, s.value))
+        return samples
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def _total(samples: dict, name: str, **labels) -> float:
+    return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """Prometheus's histogram_quantile: the q-quantile of cumulative bucket counts {upper bound: count},
+    linear within the bucket it falls in."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper in bounds:
+        if buckets[upper] >= rank:
+            if upper == float("inf"):
+                return lower
+            inside = buckets[upper] - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside else 0.0)
+        lower, below = upper, buckets[upper]
+    return lower
+
+
+def server_figures(before: dict, after: dict) -> dict:
+    """What the run added to the server's vLLM-named metrics: the scheduling delay (its queue-time histogram,
+    median and p99) and the number of requests it finished. {} when the server exposes neither."""
+    figures = {}
+    name = "vllm:request_queue_time_seconds_bucket"
+    if name in after:
+        buckets: dict[float, float] = {}
+        for labels, value in after[name]:
+            bound = float(labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + value
+        for labels, value in before.get(name, []):
+            buckets[float(labels["le"])] -= value
+        if buckets and buckets[max(buckets)] > 0:
+            figures |= {"median_scheduling_delay_ms": 1000 * histogram_quantile(0.5, buckets),
+                        "p99_scheduling_delay_ms": 1000 * histogram_quantile(0.99, buckets),
+                        "scheduling_delay_source": "server"}
+    if "vllm:request_success_total" in after:
+        figures["server_requests"] = int(_total(after, "vllm:request_success_total")
+                                         - _total(before, "vllm:request_success_total"))
+    return figures
+
+
 def wait_healthy(base_url: str, timeout_s: float, process=None) -> None:
     """Poll <base>/health until it answers 200; raise RuntimeError on timeout or if `process` exits."""
     deadline = time.monotonic() + timeout_s

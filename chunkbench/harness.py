@@ -28,6 +28,7 @@ class RunResult:
     num_kv_blocks: int
     interrupted: bool = False
     wall_seconds: float = 0.0
+    server: dict | None = None  # endpoint runs: figures from the server's /metrics (client.server_figures)
 
 
 def prompt_ids(request_index: int, request: WorkloadRequest, vocab_size: int, seed: int) -> list[int]:

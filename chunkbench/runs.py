@@ -46,6 +46,7 @@ def measure(serve: Serve, config: EngineConfig, workload: list[WorkloadRequest],
     result = serve(workload, seed=seed, warmup_steps=warmup_steps, progress=progress, label=label)
     summary = summarize(result.requests, result.steps, result.duration, goodput_ms, result.num_kv_blocks or None,
                         extra_percentiles=percentiles)
+    summary |= result.server or {}  # what only the server can see (its queue time) replaces the client's proxy
     return BenchRun(label, config, summary, result, backend)
 
 

@@ -108,7 +108,8 @@ def expected(workload, result, server, ok_keys, max_concurrency=None, timeout_s=
     out |= stats("itl", itls)
     out |= stats("e2el", [times[-1] - send for send, times, _, _ in done])
     out |= stats("client_queue_time", [send - arrival for send, _, _, arrival in done])
-    out |= stats("scheduling_delay", [])
+    out |= stats("scheduling_delay", [times[0] - send for send, times, _, _ in done])  # TTFT, the proxy
+    out["scheduling_delay_source"] = "ttft-proxy"
     if done:
         out["output_token_source"] = ("usage" if any("usage" in i for i in server.scripts[min(ok_keys)]
                                                      if isinstance(i, dict)) else "chunks")

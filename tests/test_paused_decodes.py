@@ -29,8 +29,9 @@ def test_a_newcomer_prefill_pauses_the_running_decode_only_under_continuous(poli
 
 
 def test_continuous_pauses_decodes_on_a_mixed_workload_and_chunked_never_does():
+    """Issue acceptance: compare continuous chunked on rag-mix, simulated on an H100, budget 2048."""
     workload = build_workload(WorkloadSpec(name="rag-mix", num_requests=40, rate=8.0, seed=1))
-    continuous, chunked = compare(dict(model="llama-3-8b"), ["continuous", "chunked:budget=512"], workload,
+    continuous, chunked = compare(dict(model="llama-3-8b"), ["continuous", "chunked:budget=2048"], workload,
                                   backend=H100, progress=False)
     c, k = continuous.summary, chunked.summary
     assert c["num_paused_decodes"] > 0 and c["num_stalls"] > 0 and c["longest_stall_ms"] > 0

@@ -139,6 +139,31 @@ def test_tune_with_launched_chunkbench_servers(tmp_path, capsys):
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 3
 
 
+@pytest.mark.slow
+def test_capacity_over_a_launched_server_bisects_against_that_server(tmp_path, capsys):
+    """The arrival rates go to the launched process (its own request counter counts them) and the median
+    scheduling delay comes from its vllm:request_queue_time_seconds histogram, not from a local engine."""
+    import sys
+
+    port = free_port()
+    launch = (f"{sys.executable} -m chunkbench.cli serve --model tiny --port {port} --max-model-len 1024 "
+              "--num-blocks 256 --max-num-batched-tokens {max_num_batched_tokens} --max-num-seqs {max_num_seqs}")
+    code, stdout, err = run_cli(["tune", "--model", "tiny", "--backend", "launch", "--launch", launch,
+                                 "--endpoint", f"http://127.0.0.1:{port}/v1", "--launch-timeout", "120",
+                                 "--objective", "capacity", "--sla-ttft", "p50:2s", "--n-trials", "1",
+                                 "--num-requests", "8", "--rate", "4", "--workload", "chat", "--space", "latency",
+                                 "--out", str(tmp_path), "--no-progress"], capsys)
+    assert code == 0, err
+    import optuna
+
+    name = optuna.get_all_study_names(f"sqlite:///{tmp_path / 'study.db'}")[0]
+    trial = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study.db'}").trials[0]
+    metrics = trial.user_attrs["metrics"]
+    assert trial.values[0] == metrics["capacity_rps"] > 0
+    assert metrics["scheduling_delay_source"] == "server"
+    assert metrics["server_requests"] == metrics["completed"] + 1  # the best probe's requests and its warm-up
+
+
 def test_a_server_that_cannot_start_is_a_failed_trial(tmp_path, capsys):
     code, stdout, err = run_cli(["tune", "--model", "tiny", "--backend", "launch", "--launch", "false",
                                  "--endpoint", f"http://127.0.0.1:{free_port()}/v1", "--launch-timeout", "5",

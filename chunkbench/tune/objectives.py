@@ -14,7 +14,8 @@ from chunkbench.workload import WorkloadRequest
 
 METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
                 "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
-                "num_preemptions", "num_paused_decodes", "longest_stall_ms", "completed")
+                "num_preemptions", "num_paused_decodes", "longest_stall_ms", "completed",
+                "server_requests", "scheduling_delay_source")  # the last two: over HTTP, from the server
 
 
 def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,

@@ -1,5 +1,6 @@
 """Errors a user can cause. The CLI prints them as one line on stderr and exits with code 2."""
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -16,5 +17,22 @@ def read_toml(path: Path, flag: str) -> dict:
         return tomllib.loads(path.read_text())
     except OSError as exc:
         raise UserError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{flag}: {path} is not text (UTF-8 TOML)") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{flag}: {path} is not valid TOML: {exc}") from None
+
+
+def check_number(flag: str, value, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, integer: bool = False):
+    """`value` if it is a finite number in range (an integer where `integer`), else a UserError naming the
+    flag. NaN fails every comparison, so `value <= 0` alone lets it through: this is the one check to use."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{flag} must be a finite number, got {value!r}")
+    if integer and value != int(value):
+        raise UserError(f"{flag} must be a whole number, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise UserError(f"{flag} must be {'>' if low_open else '>='} {low:g}, got {value!r}")
+    if high is not None and value > high:
+        raise UserError(f"{flag} must be <= {high:g}, got {value!r}")
+    return value

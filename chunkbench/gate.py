@@ -9,8 +9,11 @@ config moves the ratio far), quiet on a noisy runner.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
+import types
+import typing
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,15 +24,11 @@ from chunkbench.backends import Backend, EngineBackend, SimBackend
 from chunkbench.runs import config_for_policy, environment, run_benchmark
 from chunkbench.engine.config import POLICIES
 from chunkbench import sweeps
-from chunkbench.errors import UserError, read_toml
+from chunkbench.errors import UserError, check_number, read_toml
 from chunkbench.metrics import summarize
 from chunkbench.outputs import write_json
 from chunkbench.slo import parse_goodput
 from chunkbench.workload import WorkloadSpec, build_workload
-
-CASE_KEYS = {"name", "model", "backend", "gpu", "policy", "knobs", "reference", "repeats", "workload", "rate",
-             "num_requests", "seed", "goodput", "guard", "num_blocks", "max_model_len"}
-
 
 def known_metrics() -> set[str]:
     return set(summarize([], [], 1.0, {"ttft": 1.0, "tpot": 1.0, "e2el": 1.0}, num_kv_blocks=1))
@@ -61,6 +60,24 @@ class Case:
     max_model_len: int | None = None
     guard: list[Guard] = field(default_factory=list)
 
+    def workload_spec(self) -> WorkloadSpec:
+        return WorkloadSpec(name=self.workload, rate=self.rate, num_requests=self.num_requests, seed=self.seed)
+
+    def base(self) -> dict:
+        return {"model": self.model, "num_blocks": self.num_blocks, "max_model_len": self.max_model_len, **self.knobs}
+
+
+def _check_types(where: str, entry: dict) -> None:
+    """Each key of a case has the type its Case field declares (a float field takes an integer too)."""
+    hints = typing.get_type_hints(Case)
+    for key, value in entry.items():
+        union = typing.get_origin(hints[key]) in (typing.Union, types.UnionType)
+        kinds = [typing.get_origin(k) or k for k in (typing.get_args(hints[key]) if union else (hints[key],))
+                 if k is not type(None)]
+        kinds += [int] if float in kinds else []
+        if isinstance(value, bool) or not isinstance(value, tuple(kinds)):
+            raise UserError(f"{where}: {key} must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
+
 
 def load_suite(path: str | Path) -> list[Case]:
     path = sweeps.resolve(path)
@@ -71,11 +88,12 @@ def load_suite(path: str | Path) -> list[Case]:
     for raw in data.get("case", []):
         entry = {**defaults, **raw}
         where = f"--suite {path}: case '{entry.get('name', '?')}'"
-        unknown = set(entry) - CASE_KEYS
+        unknown = set(entry) - {f.name for f in dataclasses.fields(Case)}
         if unknown:
             raise UserError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         if "name" not in entry or "policy" not in entry:
             raise UserError(f"{where}: needs a name and a policy")
+        _check_types(where, entry)
         for policy in filter(None, (entry["policy"].split(":")[0], (entry.get("reference") or "").split(":")[0])):
             if policy not in POLICIES:
                 raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(POLICIES)}")
@@ -83,15 +101,24 @@ def load_suite(path: str | Path) -> list[Case]:
             raise UserError(f"{where}: backend must be sim or engine")
         guards = []
         for g in entry.pop("guard", []):
+            if not isinstance(g, dict):
+                raise UserError(f"{where}: guard must be a list of {{ metric = ..., direction = ... }} tables")
             if g.get("metric") not in metrics:
                 raise UserError(f"{where}: unknown metric '{g.get('metric')}'; e.g. p99_itl_ms, median_ttft_ms, "
                                 "output_throughput, request_goodput")
             if g.get("direction") not in ("lower", "higher"):
                 raise UserError(f"{where}: metric {g['metric']}: direction must be 'lower' or 'higher' (is better)")
-            guards.append(Guard(g["metric"], g["direction"], float(g.get("tolerance", 0.05))))
+            tolerance = check_number(f"{where}: metric {g['metric']}: tolerance", g.get("tolerance", 0.05), low=0)
+            guards.append(Guard(g["metric"], g["direction"], float(tolerance)))
         if not guards:
             raise UserError(f"{where}: guards no metric; add guard = [{{ metric = ..., direction = ... }}]")
-        cases.append(Case(**entry, guard=guards))
+        case = Case(**entry, guard=guards)
+        check_number(f"{where}: repeats", case.repeats, low=1, integer=True)
+        case.workload_spec().validate()  # everything else a case runs is checked before any case runs
+        parse_goodput(case.goodput)
+        for policy in filter(None, (case.policy, case.reference)):
+            config_for_policy(case.base(), policy)
+        cases.append(case)
     if not cases:
         raise UserError(f"--suite {path}: no [[case]] tables")
     names = [c.name for c in cases]
@@ -101,16 +128,14 @@ def load_suite(path: str | Path) -> list[Case]:
 
 
 def _run(case: Case, policy: str, workload, backend: Backend) -> dict:
-    base = {"model": case.model, "num_blocks": case.num_blocks, "max_model_len": case.max_model_len, **case.knobs}
-    config = config_for_policy(base, policy)
+    config = config_for_policy(case.base(), policy)
     return run_benchmark(config, workload, backend=backend, goodput_ms=parse_goodput(case.goodput),
                          seed=case.seed, progress=False, warmup_steps=3).summary
 
 
 def measure(case: Case) -> dict[str, list[float]]:
     """Samples of each guarded value: one per repeat (a ratio against the reference when there is one)."""
-    workload = build_workload(WorkloadSpec(name=case.workload, rate=case.rate, num_requests=case.num_requests,
-                                           seed=case.seed))
+    workload = build_workload(case.workload_spec())
     backend = SimBackend(case.gpu) if case.backend == "sim" else EngineBackend()
     samples: dict[str, list[float]] = {g.metric: [] for g in case.guard}
     for _ in range(case.repeats):
@@ -164,7 +189,7 @@ def run_gate(cases: list[Case], baseline_path: Path, update: bool) -> list[Verdi
     if not update and not baseline_path.exists():
         raise UserError(f"--baseline: no baseline at {baseline_path}; record one on a known-good commit with "
                         f"`chunkbench gate --suite SUITE --baseline {baseline_path} --update` and commit it")
-    baseline = {} if update else json.loads(baseline_path.read_text())["cases"]
+    baseline = {} if update else _read_baseline(baseline_path)
     if not update:
         missing = [c.name for c in cases if c.name not in baseline]
         if missing:
@@ -177,7 +202,7 @@ def run_gate(cases: list[Case], baseline_path: Path, update: bool) -> list[Verdi
             "machine": environment(),
             "cases": {name: {metric: {"value": statistics.median(s), "samples": s} for metric, s in m.items()}
                       for name, m in measured.items()}}, baseline_path)
-        baseline = json.loads(baseline_path.read_text())["cases"]
+        baseline = _read_baseline(baseline_path)
     verdicts = []
     for case in cases:
         for g in case.guard:
@@ -186,6 +211,19 @@ def run_gate(cases: list[Case], baseline_path: Path, update: bool) -> list[Verdi
                                 "with --update")
             verdicts.append(judge(g, case.name, baseline[case.name][g.metric]["value"], measured[case.name][g.metric]))
     return verdicts
+
+
+def _read_baseline(path: Path) -> dict:
+    """{case: {metric: {"value": number, ...}}} from a baseline file; anything else is one clear error."""
+    try:
+        cases = json.loads(path.read_text())["cases"]
+        for metrics in cases.values():
+            for entry in metrics.values():
+                check_number("value", entry["value"])
+        return cases
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, UserError) as exc:
+        raise UserError(f"--baseline {path} is not a chunkbench gate baseline ({type(exc).__name__}: {exc}); "
+                        "re-record it with --update") from None
 
 
 def junit_xml(verdicts: list[Verdict]) -> str:

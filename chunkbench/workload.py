@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, check_number
 
 CHARS_PER_TOKEN = 4.0  # the usual English estimate for BPE tokenizers when no tokenizer is given
 
@@ -31,12 +31,18 @@ class WorkloadRequest:
 
 # ---------- distributions ----------
 
+MAX_TOKENS = 10**8  # no request is longer: bigger numbers in a spec or file are mistakes, not workloads
+
+
 def _parse_numbers(spec: str, flag: str) -> tuple[str, list[float]]:
     kind, *params = spec.split(":")
     try:
-        return kind, [float(p) for p in params]
+        values = [float(p) for p in params]
     except ValueError:
         raise UserError(f"{flag}: '{spec}' has a non-numeric parameter") from None
+    for v in values:
+        check_number(f"{flag} {spec}:", v, low=0, high=MAX_TOKENS)
+    return kind, values
 
 
 LENGTH_KINDS = {  # kind -> (required parameter names, help)
@@ -58,6 +64,8 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator, flag: str = "--p
     if len(params) not in (need, need + 2) or (kind in ("fixed", "uniform") and len(params) != need):
         raise UserError(f"{flag}: '{spec}' needs {kind}:{':'.join(LENGTH_KINDS[kind][0])}")
     lo, hi = (params[need], params[need + 1]) if len(params) == need + 2 else (1, np.inf)
+    if kind in ("fixed", "uniform") and min(params) < 1:
+        raise UserError(f"{flag}: '{spec}' gives lengths below 1 token")
     if kind == "fixed":
         values = np.full(n, params[0])
     elif kind == "uniform":
@@ -179,8 +187,15 @@ def _read_token_file(path: Path) -> pd.DataFrame:
         if found is not None:
             columns[name] = pd.to_numeric(frame[found], errors="coerce")
     result = pd.DataFrame(columns)
-    if result.isna().any().any() or (result[["prompt_len", "output_len"]] < 1).any().any():
-        raise UserError(f"--workload: {path} has missing, non-numeric or non-positive token counts")
+    if result.empty:
+        raise UserError(f"--workload: {path} has no rows")
+    counts = result[["prompt_len", "output_len"]]
+    if result.isna().any().any() or (counts < 1).any().any() or (counts > MAX_TOKENS).any().any() \
+            or (counts != counts.round()).any().any():
+        raise UserError(f"--workload: {path} has missing, non-numeric, fractional, non-positive or absurd "
+                        f"(> {MAX_TOKENS:,}) token counts")
+    if "arrival_time" in result and (~np.isfinite(result["arrival_time"]) | (result["arrival_time"] < 0)).any():
+        raise UserError(f"--workload: {path} has arrival times that are negative or not finite")
     return result
 
 
@@ -197,7 +212,11 @@ def _read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
     count = _token_counter(tokenizer_dir)
     prompts, outputs = [], []
     for conversation in rows["conversations"]:
-        turns = [t.get("value", "") for t in conversation or []]
+        if not isinstance(conversation, list) or not all(isinstance(t, dict) for t in conversation):
+            raise UserError(f"--workload: {path}: each 'conversations' must be a list of turns "
+                            "({'from': ..., 'value': ...})")
+        turns = [t.get("value") or "" for t in conversation]
+        turns = [t if isinstance(t, str) else "" for t in turns]
         if len(turns) >= 2 and turns[0] and turns[1]:
             prompts.append(count(turns[0]))
             outputs.append(count(turns[1]))
@@ -243,19 +262,24 @@ class WorkloadSpec:
     # (ShareGPT), and a timestamped trace's rows taken are put back in time order.
     shuffle: bool = False
 
+    def validate(self) -> None:
+        """Every number checked (build_workload does, before any work): finite (NaN passes `<= 0`), in
+        range, whole where counted."""
+        if self.num_requests is not None:
+            check_number("--num-requests", self.num_requests, low=1, integer=True)
+        if self.duration is not None:
+            check_number("--duration", self.duration, low=0, low_open=True)
+        check_number("--rate", self.rate, low=0, low_open=True)
+        check_number("--burstiness", self.burstiness, low=0, low_open=True)
+        check_number("--time-scale", self.time_scale, low=0, low_open=True)
+        check_number("--prefix-len", self.prefix_len, low=0, high=MAX_TOKENS, integer=True)
+        check_number("--num-prefixes", self.num_prefixes, low=1, integer=True)
+        check_number("--seed", self.seed, low=0, high=2**32 - 1, integer=True)
+
 
 def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list[WorkloadRequest]:
+    spec.validate()
     rng = np.random.default_rng(spec.seed)
-    if spec.num_requests is not None and spec.num_requests < 1:
-        raise UserError(f"--num-requests must be >= 1, got {spec.num_requests}")
-    if spec.duration is not None and spec.duration <= 0:
-        raise UserError(f"--duration must be > 0 seconds, got {spec.duration}")
-    if spec.time_scale <= 0:
-        raise UserError(f"--time-scale must be > 0, got {spec.time_scale}")
-    if spec.arrival not in (None, "trace", "all-at-once") and spec.rate <= 0:
-        raise UserError(f"--rate must be > 0 requests/s, got {spec.rate}")
-    if spec.prefix_len < 0 or spec.num_prefixes < 1:
-        raise UserError("--prefix-len must be >= 0 and --num-prefixes >= 1")
     n = spec.num_requests or 1000
     arrivals = None
     shared = None  # per request shared prefix segments, when the source has them
@@ -283,8 +307,6 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
             arrivals = (frame["arrival_time"].to_numpy(float) - frame["arrival_time"].iloc[0]) * spec.time_scale
         n = len(prompts)
     elif spec.name == "multi-turn":
-        if spec.rate <= 0:
-            raise UserError(f"--rate must be > 0 requests/s, got {spec.rate}")
         requests = _multi_turn(n, spec.rate, rng)
         prompts = np.array([r.prompt_len for r in requests])
         outputs = np.array([r.output_len for r in requests])

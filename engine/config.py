@@ -103,8 +103,16 @@ class ModelConfig:
         config_path = Path(path) / "config.json"
         try:
             hf = json.loads(config_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            return cls._from_hf(hf, path)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"--model: cannot read {config_path}: {exc}") from None
+        except KeyError as exc:
+            raise ConfigError(f"--model: {config_path} has no {exc} (not a Llama, Mistral or Qwen2 config)") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"--model: {config_path} has a value of the wrong type: {exc}") from None
+
+    @classmethod
+    def _from_hf(cls, hf: dict, path: str | Path) -> "ModelConfig":
         heads = hf["num_attention_heads"]
         scaling = hf.get("rope_scaling") or (hf.get("rope_parameters") or {})
         rope_type = scaling.get("rope_type", scaling.get("type"))
@@ -274,6 +282,7 @@ class EngineConfig:
         _require(self.attention_backend in ATTENTION_BACKENDS,
                  f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                  f"got '{self.attention_backend}'")
+        _require(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"--seed must be from 0 to 2**32-1, got {self.seed}")
         _require(self.scheduler.max_model_len <= self.model.max_model_len,
                  f"--max-model-len ({self.scheduler.max_model_len}) must be <= the model's "
                  f"max_model_len ({self.model.max_model_len})")

@@ -11,6 +11,7 @@ from chunkbench.backends import resolve
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
 from chunkbench.commands.options import ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, Model, pick, with_options
 from chunkbench.engine.config import EngineConfig
+from chunkbench.errors import check_number
 from chunkbench.outputs import check_writable
 from chunkbench.slo import parse_goodput
 
@@ -27,6 +28,7 @@ def run(model: Model = "small", **options) -> None:
     o = pick(options, RUN_OPTIONS)
     check_writable(o["out"], "--out", folder=True)
     check_writable(o["json_out"], "--json")
+    check_number("--warmup-steps", o["warmup_steps"], low=0)
     slos = parse_goodput(o["goodput"])
     config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
     seed, workload = options["seed"], options["workload"]
@@ -66,6 +68,7 @@ def compare(
     o = pick(options, RUN_OPTIONS)
     check_writable(o["out"], "--out", folder=True)
     check_writable(o["json_out"], "--json")
+    check_number("--warmup-steps", o["warmup_steps"], low=0)
     slos = parse_goodput(o["goodput"])
     engine = pick(options, ENGINE_OPTIONS)
     engine.pop("policy")  # each positional policy sets its own

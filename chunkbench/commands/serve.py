@@ -11,7 +11,7 @@ from chunkbench.commands.common import console, default_out, load_workload, save
 from chunkbench.commands.options import (ENGINE_OPTIONS, WORKLOAD_OPTIONS, Goodput, JsonOut, MaxModelLen, Model, Out,
                                          Seed, pick, with_options)
 from chunkbench.engine.config import EngineConfig
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, check_number
 from chunkbench.outputs import check_writable
 
 
@@ -45,8 +45,7 @@ def serve(
     for flag, value in (("--max-body-bytes", max_body_bytes), ("--max-prompt-chars", max_prompt_chars or 1),
                         ("--header-timeout", header_timeout), ("--body-timeout", body_timeout),
                         ("--max-connections", max_connections)):
-        if not value > 0 or value == float("inf"):  # NaN fails `> 0`
-            raise UserError(f"{flag} must be a positive number, got {value}")
+        check_number(flag, value, low=0, low_open=True)
     config = EngineConfig.create(model, **engine)
     limits = ServerLimits(max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
                           header_timeout_s=header_timeout, body_timeout_s=body_timeout, max_connections=max_connections)
@@ -92,12 +91,13 @@ def bench(
 
     from chunkbench.client import APIS
 
-    if max_concurrency is not None and max_concurrency < 1:
-        raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    if max_concurrency is not None:
+        check_number("--max-concurrency", max_concurrency, low=1)
+    if vocab_size is not None:
+        check_number("--vocab-size", vocab_size, low=2)
     if api not in APIS:
         raise UserError(f"--api must be {' or '.join(APIS)}, got '{api}'")
-    if not request_timeout > 0:
-        raise UserError(f"--request-timeout must be > 0 s, got {request_timeout}")
+    check_number("--request-timeout", request_timeout, low=0, low_open=True)
     headers = {}
     for item in header or []:
         name, sep, value = item.partition(":")

@@ -13,7 +13,7 @@ from chunkbench.commands.common import announce
 from chunkbench.commands.options import (BackendOpt, CostModelPath, Gpu, MaxModelLen, Model, NoProgress, NumBlocks,
                                          Seed)
 from chunkbench.engine.config import EngineConfig
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, check_number
 from chunkbench.outputs import check_writable
 
 
@@ -72,8 +72,12 @@ def tune(
         raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
     if objective == "capacity" and not slos:
         raise UserError("--objective capacity needs at least one --sla-* target")
-    if n_trials < 1:
-        raise UserError(f"--n-trials must be >= 1, got {n_trials}")
+    check_number("--n-trials", n_trials, low=1)
+    check_number("--verify-top", verify_top, low=0)
+    check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
+    check_number("--launch-timeout", launch_timeout, low=0, low_open=True)
+    if timeout is not None:
+        check_number("--timeout", timeout, low=0, low_open=True)
     check_writable(out, "--out", folder=True)
     search_space = SearchSpace.load(space)
     given = dict(name=workload, rate=rate, num_requests=num_requests, seed=seed)

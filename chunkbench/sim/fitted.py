@@ -4,6 +4,7 @@ of a step's shape, so it follows whatever machine the profile was taken on."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,9 +94,17 @@ class FittedCostModel:
     def load(cls, path: str | Path) -> "FittedCostModel":
         try:
             data = json.loads(Path(path).read_text())
-            if data.get("kind") != "fitted" or data.get("features") != FEATURE_NAMES:
+            if not isinstance(data, dict) or data.get("kind") != "fitted" or data.get("features") != FEATURE_NAMES:
                 raise ValueError("not a chunkbench profile of this version")
-            return cls(tuple(data["coefficients"]), data.get("model", ""), data.get("device", ""),
-                       data.get("num_blocks"), data.get("fit"), float(data.get("idle_factor", 1.0)))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            coefficients = tuple(float(c) for c in data["coefficients"])
+            # NNLS fits are finite and non-negative; anything else would predict negative or NaN step times.
+            if len(coefficients) != len(FEATURE_NAMES) or not all(math.isfinite(c) and c >= 0 for c in coefficients):
+                raise ValueError("coefficients must be finite and >= 0, one per feature")
+            idle = float(data.get("idle_factor", 1.0))
+            blocks = data.get("num_blocks")
+            if not (math.isfinite(idle) and idle >= 1) or not (blocks is None or (type(blocks) is int and blocks >= 1)):
+                raise ValueError("idle_factor must be >= 1 and num_blocks a whole number >= 1")
+            return cls(coefficients, str(data.get("model", "")), str(data.get("device", "")), blocks,
+                       data.get("fit"), idle)
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise UserError(f"--cost-model: cannot use {path}: {exc}") from None

@@ -207,12 +207,16 @@ class AsyncEngine:
             self.dead = f"{type(exc).__name__}: {exc}"
             self._fail_everything(f"the engine stopped: {self.dead}")
 
-    def _run_commands(self) -> None:
+    def _drain(self):
+        """The queued commands, taken one at a time until none is left."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_commands(self) -> None:
+        for command in self._drain():
             if command[0] == "add":
                 _, request_id, prompt, sampling, arrival, loop, stream = command
                 self._streams[request_id] = (loop, stream, 0)
@@ -280,11 +284,7 @@ class AsyncEngine:
         self._fail_queued_commands()
 
     def _fail_queued_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._drain():
             if command[0] == "add":
                 loop, stream = command[5], command[6]
                 event = TokenEvent([], True, "error", f"the engine is not running: {self.dead}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from chunkbench.engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
-from chunkbench.engine.engine import LLMEngine
+from chunkbench.engine.engine import CpuClock, LLMEngine
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.errors import UserError
 from chunkbench.harness import RunResult, run_workload
@@ -54,22 +54,30 @@ class EngineBackend(Backend):
     """The real model on this machine. Configs that share a model share one executor (weights and KV cache:
     building `small` takes seconds); each run gets a fresh scheduler."""
 
+    cpu_time: bool = False  # time steps in this thread's CPU time on one torch thread (engine.CpuClock)
     kind = "engine"
     _executors: dict = field(default_factory=dict, repr=False)
 
     @contextlib.contextmanager
     def session(self, config: EngineConfig) -> Iterator[Serve]:
+        import torch
+
         key = (config.model, config.cache, config.device, config.dtype, config.attention_backend, config.seed,
                config.scheduler.max_num_seqs, config.scheduler.max_model_len)
 
         def make() -> LLMEngine:
-            engine = LLMEngine(config, executor=self._executors.get(key))
+            engine = LLMEngine(config, executor=self._executors.get(key), clock=CpuClock() if self.cpu_time else None)
             self._executors[key] = engine.executor
             return engine
-        yield engine_runner(make)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1 if self.cpu_time else threads)
+        try:
+            yield engine_runner(make)
+        finally:
+            torch.set_num_threads(threads)
 
     def __str__(self) -> str:
-        return "engine"
+        return "engine (CPU time, one thread)" if self.cpu_time else "engine"
 
 
 @dataclass

@@ -58,6 +58,7 @@ class Case:
     goodput: str | None = None
     num_blocks: int | None = None
     max_model_len: int | None = None
+    clock: str = "wall"  # engine cases: "cpu" times steps in CPU time, which other processes cannot stretch
     guard: list[Guard] = field(default_factory=list)
 
     def workload_spec(self) -> WorkloadSpec:
@@ -99,6 +100,8 @@ def load_suite(path: str | Path) -> list[Case]:
                 raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(POLICIES)}")
         if entry.get("backend", "sim") not in ("sim", "engine"):
             raise UserError(f"{where}: backend must be sim or engine")
+        if entry.get("clock", "wall") not in ("wall", "cpu"):
+            raise UserError(f"{where}: clock must be wall or cpu")
         guards = []
         for g in entry.pop("guard", []):
             if not isinstance(g, dict):
@@ -136,7 +139,7 @@ def _run(case: Case, policy: str, workload, backend: Backend) -> dict:
 def measure(case: Case) -> dict[str, list[float]]:
     """Samples of each guarded value: one per repeat (a ratio against the reference when there is one)."""
     workload = build_workload(case.workload_spec())
-    backend = SimBackend(case.gpu) if case.backend == "sim" else EngineBackend()
+    backend = SimBackend(case.gpu) if case.backend == "sim" else EngineBackend(cpu_time=case.clock == "cpu")
     samples: dict[str, list[float]] = {g.metric: [] for g in case.guard}
     for _ in range(case.repeats):
         summary = _run(case, case.policy, workload, backend)

@@ -56,8 +56,7 @@ def warm_up(engine: LLMEngine, steps: int = 3) -> None:
 def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: int = 0, warmup_steps: int = 3,
                  progress: bool = True, description: str = "run") -> RunResult:
     """Serve `workload` on `engine` and record per-request token times and per-step composition."""
-    virtual = engine.clock.virtual
-    if not virtual:
+    if not engine.clock.virtual:
         warm_up(engine, warmup_steps)
     vocab = engine.config.model.vocab_size
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)
@@ -90,10 +89,7 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                 if not engine.has_unfinished():
                     gap = workload[order[next_index]].arrival_time - now
                     engine.executor.idle(gap)  # the simulator's next step runs cold
-                    if virtual:
-                        engine.clock.advance(gap)
-                    else:
-                        time.sleep(gap)
+                    engine.clock.wait(gap)  # sleeps on the real clock, jumps on the others
                     continue
                 step_start = engine.clock.now()
                 updated = engine.step()

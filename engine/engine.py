@@ -24,6 +24,29 @@ class RealClock:
     def advance(self, seconds: float) -> None:
         pass
 
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class CpuClock:
+    """This thread's CPU time, with idle waits skipped: steps are timed by the work they do, so other
+    processes on a shared machine cannot stretch them (run torch on one thread, or its helpers' work is
+    missed). The CI gate times real-engine cases with it."""
+
+    virtual = False  # real work is measured: warm up first
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.thread_time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        pass  # the step's CPU time has already passed
+
+    def wait(self, seconds: float) -> None:
+        self.offset += seconds
+
 
 @dataclass
 class VirtualClock:
@@ -36,6 +59,9 @@ class VirtualClock:
         return self.time
 
     def advance(self, seconds: float) -> None:
+        self.time += seconds
+
+    def wait(self, seconds: float) -> None:
         self.time += seconds
 
 

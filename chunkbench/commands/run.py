@@ -25,10 +25,7 @@ def run(model: Model = "small", **options) -> None:
     from chunkbench.report import comparison_table
     from chunkbench.runs import run_benchmark, save_run
 
-    o = pick(options, RUN_OPTIONS)
-    check_writable(o["out"], "--out", folder=True)
-    check_writable(o["json_out"], "--json")
-    check_number("--warmup-steps", o["warmup_steps"], low=0)
+    o = run_options(options)
     slos = parse_goodput(o["goodput"])
     config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
     seed, workload = options["seed"], options["workload"]
@@ -65,10 +62,7 @@ def compare(
     from chunkbench.report import comparison_table, write_comparison
     from chunkbench.runs import compare as compare_policies
 
-    o = pick(options, RUN_OPTIONS)
-    check_writable(o["out"], "--out", folder=True)
-    check_writable(o["json_out"], "--json")
-    check_number("--warmup-steps", o["warmup_steps"], low=0)
+    o = run_options(options)
     slos = parse_goodput(o["goodput"])
     engine = pick(options, ENGINE_OPTIONS)
     engine.pop("policy")  # each positional policy sets its own
@@ -88,6 +82,15 @@ def compare(
     save_json(o["json_out"], summaries)
     console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
                   "timeline.png and one folder per policy")
+
+
+def run_options(options: dict) -> dict:
+    """The options of how a run executes and where it writes, checked before any work."""
+    o = pick(options, RUN_OPTIONS)
+    check_writable(o["out"], "--out", folder=True)
+    check_writable(o["json_out"], "--json")
+    check_number("--warmup-steps", o["warmup_steps"], low=0)
+    return o
 
 
 def register(app: typer.Typer) -> None:

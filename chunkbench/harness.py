@@ -104,7 +104,7 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                         prefill_tokens=output.num_prefill_tokens, decode_tokens=output.num_decode_tokens,
                         num_running=output.num_running, num_waiting=output.num_waiting,
                         kv_blocks_used=output.num_used_blocks, num_preempted=len(output.preempted),
-                        cached_tokens=output.num_cached_tokens))
+                        cached_tokens=output.num_cached_tokens, peak_activation_bytes=result.activation_bytes))
                     output_tokens += len(result.sampled)
                 newly_done = sum(r.is_finished for r in updated)
                 if newly_done:

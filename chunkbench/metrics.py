@@ -61,6 +61,7 @@ class StepRecord:
     kv_blocks_used: int
     num_preempted: int = 0
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied to requests admitted in this step
+    peak_activation_bytes: int = 0  # the step's activation peak (engine/activation.py; measured on CUDA)
 
 
 def pct_key(p: float) -> str:
@@ -150,6 +151,7 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     summary["prefix_cache_request_hit_rate_pct"] = (100.0 * sum(r.num_cached_tokens > 0 for r in done) / len(done)
                                                     if done else 0.0)
     summary["num_steps"] = len(steps)
+    summary["peak_activation_bytes"] = max((s.peak_activation_bytes for s in steps), default=0)
     return summary
 
 
@@ -188,4 +190,6 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo("cached_prompt_tokens / computed_prompt_tokens", "prompt tokens taken from the prefix cache / "
                "prompt tokens computed", "tokens"),
     MetricInfo("num_steps", "engine steps in the run", "count"),
+    MetricInfo("peak_activation_bytes", "largest activation peak of any step, per GPU: measured on CUDA (allocator "
+               "peak minus what was allocated before the step), else engine/activation.py's formula", "bytes"),
 ]

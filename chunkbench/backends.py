@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 from chunkbench.engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
 from chunkbench.engine.engine import CpuClock, LLMEngine
 from chunkbench.engine.knobs import KNOBS
+from chunkbench.engine.sharding import single_device_limitation
 from chunkbench.errors import UserError
 from chunkbench.harness import RunResult, run_workload
 from chunkbench.workload import WorkloadRequest
@@ -60,6 +61,9 @@ class EngineBackend(Backend):
 
     @contextlib.contextmanager
     def session(self, config: EngineConfig) -> Iterator[Serve]:
+        limitation = engine_limitation(config)
+        if limitation:
+            raise UserError(limitation)
         import torch
 
         key = (config.model, config.cache, config.device, config.dtype, config.attention_backend, config.seed,
@@ -93,8 +97,11 @@ class SimBackend(Backend):
         from chunkbench.sim.roofline import RooflineCostModel, gpu_spec
 
         if self.cost_model:
+            if engine_limitation(config):  # a profile times one device in the model's dtype
+                raise UserError(f"--cost-model profiles the real engine on one device: {engine_limitation(config)}"
+                                "; use --gpu (the roofline) instead")
             return FittedCostModel.load(self.cost_model)
-        return RooflineCostModel(config.model, gpu_spec(self.gpu or DEFAULT_SIM_GPU))
+        return RooflineCostModel.for_config(config, gpu_spec(self.gpu or DEFAULT_SIM_GPU))
 
     @contextlib.contextmanager
     def session(self, config: EngineConfig) -> Iterator[Serve]:
@@ -213,6 +220,11 @@ class LaunchBackend(Backend):
 
 # ---------- choosing one ----------
 
+def engine_limitation(config: EngineConfig | None) -> str | None:
+    """Why the real engine cannot run this config (tensor parallelism, an fp8 cache), or None."""
+    return None if config is None else single_device_limitation(config)
+
+
 KINDS = ("auto", "engine", "sim", "launch")
 
 
@@ -237,11 +249,12 @@ class Resolved:
 
 def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | None = None,
             search: bool = False, launch: str | None = None, endpoint: str | None = None,
-            launch_timeout_s: float = 300.0) -> Resolved:
+            launch_timeout_s: float = 300.0, config: EngineConfig | None = None) -> Resolved:
     """`auto` for a run: the real engine unless the model is too large for this machine, then the simulator
     on a stated GPU. `auto` for a search (`search=True`): the simulator, calibrated by this machine's profile
     of the model when there is one, with the best trials verified on the real engine when the model runs
-    here."""
+    here. A `config` the real engine cannot run (tensor parallelism, an fp8 cache) makes `auto` simulate, on
+    the roofline, and `engine` an error."""
     from chunkbench.sim.roofline import gpu_spec
 
     if kind not in KINDS or (kind == "launch" and not search):
@@ -253,8 +266,15 @@ def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | 
         if not launch or not endpoint:
             raise UserError("--backend launch needs --launch COMMAND and --endpoint URL")
         return Resolved(LaunchBackend(launch, endpoint, launch_timeout_s))
+    limitation = engine_limitation(config)
     if kind == "engine":
+        if limitation:
+            raise UserError(limitation)
         return Resolved(EngineBackend())
+    if limitation and kind == "auto":
+        chosen = _simulated(gpu, cost_model)
+        return Resolved(chosen.backend, f"{limitation.split(' needs')[0]}: {chosen.note}"
+                        + ("" if gpu else "; pass --gpu to choose"))
     if kind == "sim" or gpu or (cost_model and not search):
         return _simulated(gpu, cost_model)
     local = runs_here(model)

@@ -104,7 +104,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                         prefill_tokens=output.num_prefill_tokens, decode_tokens=output.num_decode_tokens,
                         num_running=output.num_running, num_waiting=output.num_waiting,
                         kv_blocks_used=output.num_used_blocks, num_preempted=len(output.preempted),
-                        cached_tokens=output.num_cached_tokens, num_paused_decodes=len(output.paused_decodes)))
+                        cached_tokens=output.num_cached_tokens, num_paused_decodes=len(output.paused_decodes),
+                        peak_activation_bytes=result.activation_bytes))
                     for request_id in output.paused_decodes:  # it got no token: the pause is in its next gap
                         i = int(request_id)
                         paused_steps[i] = paused_steps.get(i, 0) + 1

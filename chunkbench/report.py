@@ -57,8 +57,11 @@ HEADLINE = [
     ("num_slow_steps", "slow steps (> 5x median decode step)", None),
     ("num_preemptions", "preemptions", True),
     ("peak_kv_usage_pct", "peak KV usage (%)", None),
+    ("peak_activation_bytes", "peak activation memory (MiB/GPU)", True),
     ("sla_attainment_pct", "SLA attainment (%)", False),
 ]
+
+UNITS = {"peak_activation_bytes": 2**20}  # keys shown in a larger unit than the summary's: divide by this
 
 
 def _fmt(value) -> str:
@@ -73,7 +76,7 @@ def comparison_rows(runs: list[BenchRun]) -> list[list[str]]:
     for key, label, _ in HEADLINE:
         if not all(key in r.summary for r in runs):
             continue
-        values = [r.summary[key] for r in runs]
+        values = [r.summary[key] / UNITS.get(key, 1) for r in runs]
         row = [label] + [_fmt(v) for v in values]
         for v in values[1:]:
             row.append(f"{v / values[0]:.2f}x" if values[0] else "-")

@@ -15,6 +15,7 @@ from .knobs import KNOBS, default
 POLICIES = ("static", "continuous", "orca", "chunked")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 class ConfigError(ValueError):
@@ -162,12 +163,26 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "llama-3-70b": ModelConfig("llama-3-70b", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
                                num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128, max_model_len=8192,
                                rope_theta=500000.0),
+    # Llama 3.1 (Meta's config.json): 128k context through llama3 RoPE scaling of the 8k original.
+    "llama-3.1-8b": ModelConfig("llama-3.1-8b", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, max_model_len=131072,
+                                rope_theta=500000.0, rope_scaling=(8.0, 1.0, 4.0, 8192)),
+    "llama-3.1-70b": ModelConfig("llama-3.1-70b", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                                 num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128, max_model_len=131072,
+                                 rope_theta=500000.0, rope_scaling=(8.0, 1.0, 4.0, 8192)),
     "mistral-7b": ModelConfig("mistral-7b", vocab_size=32768, hidden_size=4096, intermediate_size=14336,
                               num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, max_model_len=32768,
                               rope_theta=1000000.0),
     "qwen2.5-7b": ModelConfig("qwen2.5-7b", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                               num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128, max_model_len=32768,
                               rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True),
+    # Qwen2.5 32B and 72B (Qwen's config.json): 32768 native context (131072 only with YaRN, not modelled).
+    "qwen2.5-32b": ModelConfig("qwen2.5-32b", vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+                               num_layers=64, num_heads=40, num_kv_heads=8, head_dim=128, max_model_len=32768,
+                               rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True),
+    "qwen2.5-72b": ModelConfig("qwen2.5-72b", vocab_size=152064, hidden_size=8192, intermediate_size=29568,
+                               num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128, max_model_len=32768,
+                               rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True),
 }
 
 
@@ -184,8 +199,11 @@ class CacheConfig:
     gpu_memory_utilization: float = default("gpu_memory_utilization")
     cpu_kv_cache_gib: float = 1.0
     enable_prefix_caching: bool = default("enable_prefix_caching")
+    kv_cache_dtype: str = default("kv_cache_dtype")
 
     def __post_init__(self) -> None:
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got '{self.kv_cache_dtype}'")
         _require(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
                  f"--block-size must be a power of two from 1 to 128, got {self.block_size}")
         if self.num_blocks is not None:
@@ -196,6 +214,10 @@ class CacheConfig:
 
     def kv_bytes_per_block(self, model: "ModelConfig", dtype_bytes: int) -> int:
         return self.block_size * model.kv_bytes_per_token(dtype_bytes)
+
+    def kv_dtype_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of one cached K or V value: fp8 is one byte (vLLM's --kv-cache-dtype fp8), auto the model's."""
+        return 1 if self.kv_cache_dtype == "fp8" else dtype_bytes
 
 
 def parse_chunk_schedule(text: str | None) -> tuple[int, ...]:
@@ -273,8 +295,12 @@ class EngineConfig:
     dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
     attention_backend: str = "auto"  # auto = triton on cuda, torch on cpu
     seed: int = 0
+    tensor_parallel_size: int = default("tensor_parallel_size")  # GPUs the model is split over (simulator only)
 
     def __post_init__(self) -> None:
+        from .sharding import check_tensor_parallel
+
+        check_tensor_parallel(self.model, self.tensor_parallel_size)
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
                  f"--device must be auto, cpu or cuda[:N], got '{self.device}'")
         _require(self.dtype == "auto" or self.dtype in DTYPES,

@@ -8,11 +8,13 @@ import time
 
 import torch
 
+from .activation import step_activation_bytes
 from .attention import AttentionMetadata, attention_context
 from .block_manager import cdiv
 from .config import ConfigError, EngineConfig
 from .model import build_model
 from .outputs import ScheduledChunk, SchedulerOutput, StepResult
+from .sharding import single_device_limitation
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
@@ -66,6 +68,10 @@ class ModelExecutor:
     """The model on a device, its paged KV cache, and greedy/temperature/top-p sampling."""
 
     def __init__(self, config: EngineConfig) -> None:
+        limitation = single_device_limitation(config)
+        if limitation:
+            raise ConfigError(limitation)
+        self.model_config = config.model
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.backend = resolve_backend(config.attention_backend, self.device)
@@ -108,9 +114,26 @@ class ModelExecutor:
             max_seqlen_k=max(lens_k), backend=self.backend)
         return tensor(input_ids, torch.int64), tensor(positions, torch.int64), metadata
 
+    def _activation_start(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def _activation_bytes(self, chunks: list[ScheduledChunk], before: int) -> int:
+        """CUDA: the allocator's peak during the step above what was allocated before it (measured; untested
+        here: no CUDA in CI). Elsewhere the formula of engine/activation.py for this attention path."""
+        if self.device.type == "cuda":
+            return max(0, torch.cuda.max_memory_allocated(self.device) - before)
+        prefills = [(c.num_tokens, c.start_pos) for c in chunks if not c.is_decode]
+        decodes = [c.context_len for c in chunks if c.is_decode]
+        return step_activation_bytes(self.model_config, prefills, decodes, sum(c.sample for c in chunks),
+                                     self.dtype.itemsize, attention="reference" if self.backend == "torch" else "flash")
+
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:
         self._synchronize()
+        before = self._activation_start()
         start = time.perf_counter()
         chunks = output.chunks
         input_ids, positions, metadata = self._metadata(chunks)
@@ -127,7 +150,8 @@ class ModelExecutor:
             if self.keep_logits:
                 self.last_logits = {c.request_id: logits[i].cpu() for i, c in enumerate(sampling_chunks)}
         self._synchronize()
-        return StepResult(sampled=sampled, seconds=time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        return StepResult(sampled=sampled, seconds=seconds, activation_bytes=self._activation_bytes(chunks, before))
 
 
 def sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[int]:

@@ -63,6 +63,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "CUDA, 1 GiB on CPU).", "cache"),
     Knob("gpu_memory_utilization", float, 0.9, "Fraction of GPU memory the engine may use, weights and KV "
          "cache (0-1].", "cache", vllm="gpu-memory-utilization", sglang="--mem-fraction-static"),
+    Knob("kv_cache_dtype", str, "auto", "KV cache element type: auto (the model's dtype) or fp8 (1 byte: twice "
+         "the cache, half the attention reads; simulator only).", "cache", vllm="kv-cache-dtype"),
+    Knob("tensor_parallel_size", int, 1, "GPUs one model instance is split over (tensor parallelism, GPUs); "
+         "simulator only: the real engine runs on one device.", short="tp", vllm="tensor-parallel-size",
+         sglang="--tp", label="TP"),
     Knob("enable_prefix_caching", bool, False, "Reuse KV blocks of shared prompt prefixes.", "cache",
          flags=("--enable-prefix-caching/--no-enable-prefix-caching",), vllm="enable-prefix-caching",
          searchable=True, label="prefix caching"),

@@ -68,6 +68,7 @@ class SchedulerOutput:
 class StepResult:
     sampled: dict[str, int]  # request id -> token id, for every chunk with sample=True
     seconds: float  # the step's duration: measured (device-synchronized) or predicted
+    activation_bytes: int = 0  # peak activation memory of the step (engine/activation.py; measured on CUDA)
 
 
 class Executor(Protocol):

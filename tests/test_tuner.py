@@ -89,7 +89,8 @@ def test_tune_writes_every_output(tmp_path, capsys):
     assert config["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
     real_vllm_options = {"max-num-batched-tokens", "max-num-seqs", "max-model-len", "enable-chunked-prefill",
                          "block-size", "gpu-memory-utilization", "enable-prefix-caching",
-                         "long-prefill-token-threshold", "max-num-partial-prefills", "model"}
+                         "long-prefill-token-threshold", "max-num-partial-prefills", "model",
+                         "tensor-parallel-size", "kv-cache-dtype"}
     assert set(config) <= real_vllm_options and config["max-num-batched-tokens"] >= 256
     assert "--chunked-prefill-size" in (out / "sglang.txt").read_text()
     assert "SIMULATED" in stdout

@@ -29,8 +29,9 @@ def _knob_option(knob: Knob) -> tuple:
 
 
 ENGINE_OPTIONS = {name: _knob_option(knob) for name, knob in KNOBS.items()}  # EngineConfig.create keywords
-MaxModelLen, NumBlocks, Device, Dtype, Seed = (ENGINE_OPTIONS[k][0] for k in
-                                               ("max_model_len", "num_blocks", "device", "dtype", "seed"))
+MaxModelLen, NumBlocks, Device, Dtype, Seed, TensorParallelSize, KvCacheDtype = (
+    ENGINE_OPTIONS[k][0] for k in ("max_model_len", "num_blocks", "device", "dtype", "seed", "tensor_parallel_size",
+                                   "kv_cache_dtype"))
 
 
 # ---- workload and output options ----

@@ -10,8 +10,8 @@ import typer
 
 from chunkbench.backends import resolve
 from chunkbench.commands.common import announce
-from chunkbench.commands.options import (BackendOpt, CostModelPath, Gpu, MaxModelLen, Model, NoProgress, NumBlocks,
-                                         Seed)
+from chunkbench.commands.options import (BackendOpt, CostModelPath, Gpu, KvCacheDtype, MaxModelLen, Model, NoProgress,
+                                         NumBlocks, Seed, TensorParallelSize)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.outputs import check_writable
@@ -54,6 +54,8 @@ def tune(
     out: Annotated[Optional[Path], typer.Option(help="Output folder. Default: results/tune/<study>.")] = None,
     max_model_len: MaxModelLen = None,
     num_blocks: NumBlocks = None,
+    tensor_parallel_size: TensorParallelSize = 1,
+    kv_cache_dtype: KvCacheDtype = "auto",
     max_sched_delay: Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay (ms).")] = 2000.0,
     seed: Seed = 0,
     no_progress: NoProgress = False,
@@ -82,11 +84,12 @@ def tune(
     search_space = SearchSpace.load(space)
     given = dict(name=workload, rate=rate, num_requests=num_requests, seed=seed)
     spec_workload = WorkloadSpec(**{**search_space.workload, **{k: v for k, v in given.items() if v is not None}})
-    overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed).items()
-                 if v is not None}
+    overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed,
+                                       tensor_parallel_size=tensor_parallel_size,
+                                       kv_cache_dtype=kv_cache_dtype).items() if v is not None}
     config = EngineConfig.create(model, **overrides)  # the fixed flags, validated
     resolved = announce(resolve(backend, model, gpu=gpu, cost_model=cost_model, search=True, launch=launch,
-                                endpoint=endpoint, launch_timeout_s=launch_timeout))
+                                endpoint=endpoint, launch_timeout_s=launch_timeout, config=config))
     if resolved.backend.kind == "launch":
         launch_command(launch, config)  # placeholders checked before anything starts
     spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,

@@ -6,6 +6,9 @@ Sampled ids are placeholders (0), so simulated requests run with ignore_eos sema
 
 from __future__ import annotations
 
+from typing import Callable
+
+from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine, VirtualClock
 from chunkbench.engine.outputs import SchedulerOutput, StepResult
@@ -13,9 +16,11 @@ from chunkbench.sim.shape import COLD_AFTER_S, CostModel, StepShape
 
 
 class SimExecutor:
-    def __init__(self, cost_model: CostModel, num_blocks: int) -> None:
+    def __init__(self, cost_model: CostModel, num_blocks: int,
+                 activation: Callable[[StepShape], int] = lambda step: 0) -> None:
         self.cost_model = cost_model
         self.num_blocks = num_blocks
+        self.activation = activation  # a step's peak activation bytes
         self.cold = False
 
     def idle(self, seconds: float) -> None:
@@ -23,13 +28,18 @@ class SimExecutor:
         self.cold = seconds >= COLD_AFTER_S
 
     def execute(self, output: SchedulerOutput) -> StepResult:
-        seconds = self.cost_model.predict(StepShape.from_output(output))
+        shape = StepShape.from_output(output)
+        seconds = self.cost_model.predict(shape)
         if self.cold:
             seconds *= self.cost_model.idle_factor
             self.cold = False
-        return StepResult(sampled={c.request_id: 0 for c in output.chunks if c.sample}, seconds=seconds)
+        return StepResult(sampled={c.request_id: 0 for c in output.chunks if c.sample}, seconds=seconds,
+                          activation_bytes=self.activation(shape))
 
 
 def sim_engine(config: EngineConfig, cost_model: CostModel, num_blocks: int) -> LLMEngine:
-    """The real scheduler over a SimExecutor on a virtual clock."""
-    return LLMEngine(config, executor=SimExecutor(cost_model, num_blocks), clock=VirtualClock())
+    """The real scheduler over a SimExecutor on a virtual clock. Activation memory: the cost model's, else
+    (a fitted profile) the formula for bf16 FlashAttention-style kernels."""
+    activation = getattr(cost_model, "activation_bytes", None) or (lambda step: step_activation_bytes(
+        config.model, step.prefills, step.decodes, step.num_sampled, 2, config.tensor_parallel_size, "flash"))
+    return LLMEngine(config, executor=SimExecutor(cost_model, num_blocks, activation), clock=VirtualClock())

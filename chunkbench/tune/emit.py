@@ -16,9 +16,12 @@ from chunkbench.engine.knobs import KNOBS
 HF_IDS = {  # presets -> the Hugging Face repositories whose shapes they copy
     "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct", "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
     "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct", "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
-    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct", "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
 }
-TUNED = [k for k in KNOBS.values() if k.searchable or k.name == "max_model_len"]  # what a recommendation sets
+TUNED = [k for k in KNOBS.values()  # what a recommendation sets: the searched knobs and the deployment
+         if k.searchable or k.name in ("max_model_len", "tensor_parallel_size", "kv_cache_dtype")]
 
 
 def first_chunk_cap(s: SchedulerConfig) -> int | None:
@@ -71,6 +74,8 @@ def sglang_flags(config: EngineConfig) -> str:
     chunk = first_chunk_cap(s) or s.max_num_batched_tokens
     flags = [f"--model-path {model_id(config)}", f"--chunked-prefill-size {chunk if s.policy == 'chunked' else -1}"]
     flags += [f"{k.sglang} {k.read(config)}" for k in KNOBS.values() if k.sglang and k.read(config) is not None]
+    if config.cache.kv_cache_dtype == "fp8":
+        flags.append("--kv-cache-dtype fp8_e4m3")  # SGLang names the fp8 format; vLLM's fp8 is e4m3 too
     if s.policy == "chunked":
         flags.append("--enable-mixed-chunk")
     if not config.cache.enable_prefix_caching:

@@ -1,0 +1,208 @@
+"""Deployments as users run them: tensor parallelism, 70B-class and long-context presets, fp8 KV cache, and
+activation memory (simulated, and measured against the formula on the CPU engine)."""
+
+import json
+import os
+import tempfile
+import time
+
+import pytest
+
+from chunkbench.backends import EngineBackend, SimBackend, resolve
+from chunkbench.engine.activation import step_activation_bytes
+from chunkbench.engine.config import EngineConfig, ModelConfig
+from chunkbench.engine.sharding import kv_bytes_per_token_per_gpu, kv_heads_per_gpu
+from chunkbench.errors import UserError
+from chunkbench.runs import compare, run_benchmark
+from chunkbench.sim.gpus import GPUS
+from chunkbench.sim.roofline import (ALL_REDUCES_PER_LAYER, LINK_EFFICIENCY, STEP_OVERHEAD_S, RooflineCostModel,
+                                     ring_all_reduce_seconds)
+from chunkbench.sim.shape import StepShape
+from chunkbench.tune.emit import sglang_flags, vllm_yaml
+from chunkbench.workload import WorkloadRequest, WorkloadSpec, build_workload
+
+SHAPES = {
+    "prefill2048": StepShape(((2048, 0),), (), 1),
+    "decode32x2k": StepShape((), (2048,) * 32, 32),
+    "mixed": StepShape(((512, 4096),), (1000,) * 16, 17),
+}
+# Computed with the roofline as it was before tensor parallelism was added (commit d47161b), then hard-coded:
+# at --tensor-parallel-size 1 the predictions must not move.
+BEFORE_TP = {
+    ("llama-3-8b", "h100-sxm"): (0.0466149260466087, 0.011805690841791045, 0.017856090558518802),
+    ("llama-3-8b", "a100-80g"): (0.1412537239105641, 0.01746741751839137, 0.04889706608739485),
+    ("qwen2.5-7b", "h100-sxm"): (0.04341088492224065, 0.009678607474626866, 0.016110275878846413),
+    ("llama-3-70b", "h100-sxm"): (0.41930837893565215, 0.06287994975522387, 0.1308679595990357),
+    ("llama-3-70b", "l4"): (3.405718898903802, 0.6716594389333334, 1.0539910591148682),
+    ("mistral-7b", "mi300x"): (0.03594846441088994, 0.00838137116981132, 0.01408928844222373),
+}
+
+
+def roofline(model, gpu="h100-sxm", tp=1, kv_dtype_bytes=2):
+    return RooflineCostModel(ModelConfig.from_name(model), GPUS[gpu], tensor_parallel_size=tp,
+                             kv_dtype_bytes=kv_dtype_bytes)
+
+
+@pytest.mark.parametrize("model, gpu", BEFORE_TP)
+def test_tp1_predictions_are_unchanged(model, gpu):
+    cost = roofline(model, gpu)
+    for shape, before in zip(SHAPES.values(), BEFORE_TP[model, gpu]):
+        assert cost.predict(shape) == pytest.approx(before, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tp_divides_compute_and_adds_two_ring_all_reduces_per_layer(tp, shape):
+    # llama-3.1-70b: 64 heads, 8 KV heads, 28672 intermediate and 128256 vocabulary all divide by 2, 4 and 8,
+    # so every GPU does exactly 1/N of the linear and attention work.
+    one, many = roofline("llama-3.1-70b"), roofline("llama-3.1-70b", tp=tp)
+    step = SHAPES[shape]
+    h100 = GPUS["h100-sxm"]
+    message = step.num_tokens * 8192 * 2  # the hidden states of the step's tokens, bf16
+    ring = 2 * (tp - 1) / tp * message / (h100.link_bandwidth * LINK_EFFICIENCY) + 2 * (tp - 1) * h100.link_latency
+    assert ring_all_reduce_seconds(message, tp, h100) == pytest.approx(ring)
+    expected = STEP_OVERHEAD_S + (one.predict(step) - STEP_OVERHEAD_S) / tp + ALL_REDUCES_PER_LAYER * 80 * ring
+    assert many.predict(step) == pytest.approx(expected, rel=1e-9)
+
+
+def test_kv_heads_are_replicated_beyond_their_count():
+    model = ModelConfig.from_name("llama-3.1-70b")  # 8 KV heads
+    assert [kv_heads_per_gpu(model, n) for n in (1, 2, 8, 16)] == [8, 4, 1, 1]
+    assert kv_bytes_per_token_per_gpu(model, 16, 2) == kv_bytes_per_token_per_gpu(model, 8, 2)
+    with pytest.raises(ValueError, match="must divide"):
+        EngineConfig.create("llama-3.1-70b", tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="must divide"):
+        EngineConfig.create("qwen2.5-32b", tensor_parallel_size=16)  # 40 heads
+
+
+def test_a_model_too_large_for_one_gpu_is_told_how_many_it_needs():
+    config = EngineConfig.create("llama-3.1-70b")
+    with pytest.raises(UserError, match=r"needs 2 GPUs: pass --tensor-parallel-size 2") as error:
+        roofline("llama-3.1-70b").kv_blocks(config)  # 141 GB of weights, 72 GB usable per GPU
+    assert "does not fit on one h100-sxm (80 GB)" in str(error.value)
+    # two: 70.5 GB of weights per GPU leave about 1 GB of the 72 GB usable for the cache
+    assert roofline("llama-3.1-70b", tp=2).kv_blocks(EngineConfig.create("llama-3.1-70b", tensor_parallel_size=2)) > 0
+    with pytest.raises(UserError, match="needs 4 GPUs"):  # 48 GB cards: 70.5 GB per GPU cannot fit in two
+        roofline("llama-3.1-70b", "l40s", tp=2).kv_blocks(EngineConfig.create("llama-3.1-70b", tensor_parallel_size=2))
+
+
+def test_kv_capacity_grows_with_gpus_and_doubles_with_fp8():
+    blocks = {tp: roofline("qwen2.5-72b", tp=tp).kv_blocks(EngineConfig.create("qwen2.5-72b", tensor_parallel_size=tp))
+              for tp in (4, 8)}
+    assert blocks[8] > 2 * blocks[4]  # twice the memory, and the weights' share of it halves
+    fp8 = EngineConfig.create("qwen2.5-72b", tensor_parallel_size=4, kv_cache_dtype="fp8")
+    cost = RooflineCostModel.for_config(fp8, GPUS["h100-sxm"])
+    assert cost.kv_blocks(fp8) in (2 * blocks[4], 2 * blocks[4] + 1)
+    # fp8 halves the bytes a long-context decode reads: it runs faster, never slower
+    assert cost.predict(SHAPES["decode32x2k"]) < roofline("qwen2.5-72b", tp=4).predict(SHAPES["decode32x2k"])
+
+
+def test_the_real_engine_refuses_tp_and_fp8_and_auto_simulates():
+    tp2 = EngineConfig.create("tiny", tensor_parallel_size=2)
+    with pytest.raises(UserError, match="--tensor-parallel-size 2 needs the simulator"):
+        with EngineBackend().session(tp2):
+            pass
+    with pytest.raises(UserError, match="--kv-cache-dtype fp8 needs the simulator"):
+        resolve("engine", "tiny", config=EngineConfig.create("tiny", kv_cache_dtype="fp8"))
+    chosen = resolve("auto", "tiny", config=tp2)
+    assert chosen.backend.kind == "sim" and "SIMULATED" in chosen.note
+    with pytest.raises(UserError, match="--cost-model profiles the real engine on one device"):
+        SimBackend(cost_model="x.json").cost(tp2)
+
+
+def test_cli_refuses_tp_on_the_engine_in_one_line(capsys):
+    from chunkbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--model", "tiny", "--backend", "engine", "--tensor-parallel-size", "2", "--num-requests", "2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "needs the simulator" in err
+
+
+def test_emitted_configs_carry_tensor_parallelism():
+    config = EngineConfig.create("llama-3.1-70b", tensor_parallel_size=4, kv_cache_dtype="fp8", max_model_len=32768)
+    text = vllm_yaml(config, [])
+    assert "model: meta-llama/Llama-3.1-70B-Instruct" in text and "tensor-parallel-size: 4" in text
+    assert "kv-cache-dtype: fp8" in text and "max-model-len: 32768" in text
+    assert "--tp 4" in sglang_flags(config) and "--kv-cache-dtype fp8_e4m3" in sglang_flags(config)
+
+
+def test_long_context_presets_accept_their_full_length():
+    assert EngineConfig.create("llama-3.1-70b", max_model_len=131072).scheduler.max_model_len == 131072
+    assert EngineConfig.create("qwen2.5-72b", max_model_len=32768).scheduler.max_model_len == 32768
+    with pytest.raises(ValueError, match="must be <= the model's"):
+        EngineConfig.create("qwen2.5-72b", max_model_len=131072)
+
+
+def test_100k_token_prompts_simulate_in_seconds():
+    config = EngineConfig.create("llama-3.1-70b", tensor_parallel_size=8, max_model_len=131072)
+    workload = [WorkloadRequest(arrival_time=i * 2.0, prompt_len=100_000, output_len=64) for i in range(8)]
+    start = time.perf_counter()
+    run = run_benchmark(config, workload, backend=SimBackend("h100-sxm"), progress=False)
+    assert time.perf_counter() - start < 20
+    assert run.summary["completed"] == 8
+    assert all(s.peak_activation_bytes > 0 for s in run.result.steps)
+    assert run.summary["peak_activation_bytes"] == max(s.peak_activation_bytes for s in run.result.steps)
+
+
+def test_chunking_cuts_the_activation_peak_of_long_documents():
+    workload = build_workload(WorkloadSpec(name="long-doc", num_requests=12, rate=0.5), 32768)
+    base = dict(model="qwen2.5-72b", tensor_parallel_size=4, max_model_len=32768)
+    continuous, chunked = compare(base, ["continuous", "chunked:budget=2048"], workload,
+                                  backend=SimBackend("h100-sxm"), progress=False)
+    assert chunked.summary["peak_activation_bytes"] <= 0.2 * continuous.summary["peak_activation_bytes"]
+
+
+# ---------- the formula against the CPU engine ----------
+
+MEASURED = ModelConfig("measured", vocab_size=4096, hidden_size=256, intermediate_size=1024, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=64, max_model_len=4096)
+
+
+def profiled_peak(fn) -> int:
+    """Most bytes the CPU allocator held at once during fn, counting only what fn allocated: torch.profiler's
+    memory events carry the allocator's running total ("Total Allocated"), which starts from 0 for
+    allocations made while profiling."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
+
+
+@pytest.mark.parametrize("steps", [
+    [(1024, 0)],  # one prefill chunk, plain causal: the MLP phase peaks
+    [(512, 1536)],  # a chunk over cached context: the gathered K/V and the mask
+    [(1500, 0)],  # longer than QUERY_BLOCK: masked in blocks
+])
+def test_activation_formula_matches_the_cpu_engine_within_10_percent(steps):
+    from chunkbench.engine.engine import LLMEngine
+    from chunkbench.engine.request import SamplingParams
+
+    q, ctx = steps[0]
+    engine = LLMEngine(EngineConfig(MEASURED, cache=EngineConfig.create(MEASURED, num_blocks=512).cache,
+                                    scheduler=EngineConfig.create(MEASURED, max_num_batched_tokens=max(q, ctx) or 1,
+                                                                  max_model_len=4096).scheduler, device="cpu"))
+    executor = engine.executor
+    engine.add_request(list(range(1, q + ctx + 1)), SamplingParams(max_tokens=2, ignore_eos=True))
+    if ctx:
+        engine.step()  # the context, computed in one step of `ctx` tokens
+    measured = {}
+    original = executor.execute
+
+    def execute(output):
+        measured["shape"] = [(c.num_tokens, c.start_pos) for c in output.chunks]
+        measured["peak"] = profiled_peak(lambda: measured.setdefault("result", original(output)))
+        return measured["result"]
+
+    executor.execute = execute
+    engine.step()
+    assert measured["shape"] == [(q, ctx)]
+    predicted = measured["result"].activation_bytes
+    assert predicted == step_activation_bytes(MEASURED, [(q, ctx)], [], 1, 4, attention="reference")
+    assert predicted == pytest.approx(measured["peak"], rel=0.10)

@@ -229,7 +229,8 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     summary["prefix_cache_request_hit_rate_pct"] = (100.0 * sum(r.num_cached_tokens > 0 for r in done) / len(done)
                                                     if done else 0.0)
     summary["num_steps"] = len(steps)
-    summary["peak_activation_bytes"] = max((s.peak_activation_bytes for s in steps), default=0)
+    if not endpoint:  # a server's activations are its own business
+        summary["peak_activation_bytes"] = max((s.peak_activation_bytes for s in steps), default=0)
     return summary
 
 
@@ -297,8 +298,9 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo("cached_prompt_tokens / computed_prompt_tokens", "prompt tokens taken from the prefix cache / "
                "prompt tokens computed", "tokens", "chunkbench only"),
     MetricInfo("num_steps", "engine steps in the run; endpoint: 0", "count", "chunkbench only"),
-    MetricInfo("peak_activation_bytes", "largest activation peak of any step, per GPU: measured on CUDA (allocator "
-               "peak minus what was allocated before the step), else engine/activation.py's formula", "bytes",
+    MetricInfo("peak_activation_bytes", "engine only: largest activation peak of any step, per GPU: measured on CUDA "
+               "(allocator peak minus what was allocated before the step), else engine/activation.py's formula",
+               "bytes",
                "chunkbench only"),
 ]
 

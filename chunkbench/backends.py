@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from chunkbench.engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
+from chunkbench.engine.config import MAX_NUM_BLOCKS, MODEL_PRESETS, EngineConfig, ModelConfig
 from chunkbench.engine.engine import CpuClock, LLMEngine
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.engine.sharding import single_device_limitation
@@ -108,7 +108,7 @@ class SimBackend(Backend):
         from chunkbench.sim.executor import sim_engine
 
         cost = self.cost(config)
-        num_blocks = config.cache.num_blocks or cost.kv_blocks(config)
+        num_blocks = config.cache.num_blocks or min(cost.kv_blocks(config), MAX_NUM_BLOCKS)  # beyond: never used
         yield engine_runner(lambda: sim_engine(config, cost, num_blocks))
 
     def __str__(self) -> str:

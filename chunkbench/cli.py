@@ -35,12 +35,16 @@ def main(argv: list[str] | None = None) -> None:
         print("chunkbench: interrupted", file=sys.stderr)
         sys.exit(130)
     except TyperException as exc:  # usage errors: unknown flag, bad value type
-        print(f"chunkbench: error: {exc.format_message()}", file=sys.stderr)
-        sys.exit(2)
+        _error(exc.format_message())
     except ConfigError as exc:
-        print(f"chunkbench: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        _error(str(exc))
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _error(message: str) -> None:
+    """One line, whatever the user's value held (any line break in it is shown as \\n), and exit code 2."""
+    print("chunkbench: error: " + "\\n".join(message.splitlines()), file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

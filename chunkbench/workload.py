@@ -203,10 +203,12 @@ def _read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
     """First human turn as the prompt, the first answer after it as the output."""
     import datasets
 
+    datasets.disable_progress_bars()  # its bars would fill the terminal around our one-line errors
     try:
         rows = datasets.load_dataset("json", data_files=str(path), split="train")
     except Exception as exc:  # datasets raises many types for a bad file
-        raise UserError(f"--workload: cannot read {path} as ShareGPT JSON: {str(exc).splitlines()[0]}") from None
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"--workload: cannot read {path} as ShareGPT JSON: {first}") from None
     if "conversations" not in rows.column_names:
         raise UserError(f"--workload: {path} has no 'conversations' field (ShareGPT format)")
     count = _token_counter(tokenizer_dir)

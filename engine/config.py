@@ -14,6 +14,7 @@ from .knobs import KNOBS, default
 
 POLICIES = ("static", "continuous", "orca", "chunked")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+MAX_NUM_BLOCKS = 2**21  # 33M tokens at 16 per block: more than any workload here needs, small enough to index
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 KV_CACHE_DTYPES = ("auto", "fp8")
 
@@ -207,7 +208,8 @@ class CacheConfig:
         _require(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
                  f"--block-size must be a power of two from 1 to 128, got {self.block_size}")
         if self.num_blocks is not None:
-            _require(self.num_blocks >= 1, f"--num-blocks must be >= 1, got {self.num_blocks}")
+            _require(1 <= self.num_blocks <= MAX_NUM_BLOCKS,
+                     f"--num-blocks must be from 1 to {MAX_NUM_BLOCKS:,}, got {self.num_blocks}")
         _require(0 < self.gpu_memory_utilization <= 1,
                  f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         _positive("--cpu-kv-cache-gib", self.cpu_kv_cache_gib)

@@ -1,0 +1,228 @@
+"""Issue "hardening", the CLI side: bad input is one line and exit 2 before any work, never a traceback, a
+hang or a silently wrong result; outputs are atomic; study names cannot escape or inject."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from chunkbench import outputs
+from chunkbench.engine.engine import CpuClock
+from tests.test_config_and_cli import run_cli
+
+SIM = ["--backend", "sim", "--model", "llama-3-8b", "--no-progress"]
+
+
+def fails_cleanly(args, capsys, message):
+    code, _, err = run_cli(args, capsys)
+    assert code == 2, err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---- 3 and 9: NaN and out-of-range numbers are refused before any work ----
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rate", "nan"], "--rate must be a finite number"),
+    (["--burstiness", "nan", "--arrival", "gamma"], "--burstiness must be a finite number"),
+    (["--time-scale", "nan", "--workload", "azure-conv"], "--time-scale must be a finite number"),
+    (["--workload", "synthetic", "--prompt-len", "fixed:0"], "lengths below 1"),
+    (["--workload", "synthetic", "--prompt-len", "fixed:inf"], "finite number"),
+    (["--workload", "synthetic", "--prompt-len", "fixed:1e30"], "must be <="),
+    (["--workload", "synthetic", "--output-len", "normal:10:-1"], "must be >= 0"),
+    (["--max-model-len", "0"], "--max-model-len must be > 0"),
+    (["--goodput", "ttft:nan"], "--goodput"),
+    (["--seed", "-1"], "--seed"),
+    (["--num-requests", "0"], "--num-requests"),
+    (["--warmup-steps", "-1"], "--warmup-steps"),
+])
+def test_bad_numbers_fail_before_any_work(flags, message, capsys, tmp_path):
+    start = time.monotonic()
+    fails_cleanly(["run", *SIM, "--out", str(tmp_path / "o"), *flags], capsys, message)
+    assert time.monotonic() - start < 30 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rate", "nan"], "--rate must be a finite number"),
+    (["--timeout", "-1"], "--timeout must be > 0"),
+    (["--n-trials", "0"], "--n-trials"),
+    (["--max-sched-delay", "nan"], "--max-sched-delay"),
+])
+def test_bad_tune_numbers(flags, message, capsys, tmp_path):
+    fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--out", str(tmp_path / "t"), *flags], capsys, message)
+    assert not (tmp_path / "t" / "report.html").exists()
+
+
+# ---- 8: files and output locations ----
+
+def write(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("header.csv", "prompt_len,output_len\n", "has no rows"),
+    ("inf.csv", "prompt_len,output_len,arrival_time\n10,5,0\n12,5,inf\n", "not finite"),
+    ("huge.csv", "prompt_len,output_len\n1e30,5\n", "absurd"),
+    ("turns.json", json.dumps([{"conversations": "not a list"}]), "must be a list of turns"),
+    ("empty.json", "", "--workload"),
+])
+def test_bad_workload_files(name, content, message, capsys, tmp_path):
+    fails_cleanly(["run", *SIM, "--workload", write(tmp_path, name, content), "--out", str(tmp_path / "o")],
+                  capsys, message)
+
+
+def test_output_locations_are_checked_before_the_work(capsys, tmp_path):
+    a_file = write(tmp_path, "file", "x")
+    fails_cleanly(["run", *SIM, "--out", a_file], capsys, "is a file, not a folder")
+    fails_cleanly(["run", *SIM, "--json", str(tmp_path)], capsys, "is a folder, not a file")
+    fails_cleanly(["compare", "chunked", *SIM, "--json", a_file + "/x.json"], capsys, "cannot write under")
+    fails_cleanly(["gate", "--suite", "ci", "--junit", a_file + "/j.xml"], capsys, "cannot write under")
+
+
+SUITE = """[[case]]
+name = "c"
+policy = "chunked"
+rate = {rate}
+guard = [{{ metric = "p99_itl_ms", direction = "lower" }}]
+"""
+
+
+@pytest.mark.parametrize("suite, baseline, message", [
+    (SUITE.format(rate='"fast"'), None, "rate must be float or int"),
+    (b"\xff\xfe\x00binary", None, "is not text"),
+    (SUITE.format(rate=4.0), "not json", "is not a chunkbench gate baseline"),
+    (SUITE.format(rate=4.0), json.dumps({"cases": {"c": {"p99_itl_ms": {"value": "x"}}}}), "not a chunkbench"),
+    (SUITE.format(rate=4.0).replace("policy", "repeats = 0\npolicy"), None, "repeats must be >= 1"),
+])
+def test_corrupt_gate_suites_and_baselines(suite, baseline, message, capsys, tmp_path):
+    base = write(tmp_path, "base.json", baseline) if baseline is not None else str(tmp_path / "none.json")
+    fails_cleanly(["gate", "--suite", write(tmp_path, "s.toml", suite), "--baseline", base], capsys, message)
+
+
+@pytest.mark.parametrize("profile, message", [
+    ("{not json", "--cost-model"),
+    (json.dumps({"kind": "fitted"}), "--cost-model"),
+])
+def test_corrupt_profiles(profile, message, capsys, tmp_path):
+    fails_cleanly(["run", "--backend", "sim", "--model", "small", "--no-progress", "--cost-model",
+                   write(tmp_path, "p.json", profile), "--out", str(tmp_path / "o")], capsys, message)
+
+
+def test_profiles_with_nan_or_negative_coefficients_are_refused(capsys, tmp_path):
+    from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel
+
+    good = FittedCostModel(tuple(1e-4 for _ in FEATURE_NAMES), "small", "cpu", 100)
+    for bad in (float("nan"), -1e-3):
+        path = tmp_path / f"{bad}.json"
+        FittedCostModel(good.coefficients[:-1] + (bad,), "small", "cpu", 100).save(path)
+        fails_cleanly(["run", "--backend", "sim", "--model", "small", "--no-progress", "--cost-model", str(path),
+                       "--out", str(tmp_path / "o")], capsys, "cannot use")
+
+
+def test_other_bad_flags(capsys, tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    fails_cleanly(["generate", "--model", str(tmp_path / "hf")], capsys, "has no 'num_attention_heads'")
+    fails_cleanly(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--max-concurrency", "-1"], capsys,
+                  "--max-concurrency")
+    fails_cleanly(["profile", "--max-chunk", "0"], capsys, "--max-chunk")
+    fails_cleanly(["serve", "--port", "70000"], capsys, "--port")
+
+
+# ---- 2: capacity without a feasible trial, or at another percentile ----
+
+@pytest.mark.parametrize("sla", ["1ms", "p90:5s"])
+def test_capacity_reports_whatever_the_trials_found(sla, capsys, tmp_path):
+    code, out, err = run_cli(["tune", *SIM, "--objective", "capacity", "--sla-ttft", sla, "--n-trials", "2",
+                              "--num-requests", "20", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert (tmp_path / "report.html").exists() and (tmp_path / "trials.csv").exists()
+
+
+# ---- 7: two processes creating one SQLite study at once ----
+
+def test_the_alembic_version_race_is_retried(monkeypatch, tmp_path):
+    from chunkbench.tune import study
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    study.open_storage(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert len(calls) == 2
+
+
+# ---- 10: atomic outputs, summary last ----
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(monkeypatch, tmp_path):
+    path = tmp_path / "summary.json"
+    outputs.write_json({"completed": 1}, path)
+
+    def broken(src, dst):
+        raise KeyboardInterrupt  # killed between writing and renaming
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.write_json({"completed": 2}, path)
+    assert json.loads(path.read_text()) == {"completed": 1} and os.listdir(tmp_path) == ["summary.json"]
+
+
+def test_the_summary_is_written_last(monkeypatch, tmp_path, capsys):
+    from chunkbench import runs
+
+    def killed(frame, path):
+        if path.name == "steps.parquet":
+            raise KeyboardInterrupt
+        real(frame, path)
+    real = runs.write_parquet
+    monkeypatch.setattr(runs, "write_parquet", killed)
+    code, _, _ = run_cli(["run", *SIM, "--num-requests", "5", "--out", str(tmp_path)], capsys)
+    assert code == 130 and (tmp_path / "requests.parquet").exists() and not (tmp_path / "summary.json").exists()
+
+
+# ---- 11: study names are text, not paths or lines ----
+
+def test_a_study_name_cannot_escape_or_inject(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    name = "../../x\ntrust-remote-code: true\n[engine]\nmodel = 'evil'"
+    code, _, err = run_cli(["tune", *SIM, "--sla-ttft", "2s", "--n-trials", "1", "--num-requests", "10",
+                            "--study", name], capsys)
+    assert code == 0, err
+    (out,) = (tmp_path / "results" / "tune").iterdir()  # inside results/tune, whatever the name says
+    config = yaml.safe_load((out / "vllm.yaml").read_text())
+    assert "trust-remote-code" not in config and config["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
+    import tomllib
+
+    assert tomllib.loads((out / "recommended.toml").read_text())["engine"]["model"] == "llama-3-8b"
+    assert not (tmp_path.parent.parent / "x").exists()
+
+
+# ---- 12: the same policy twice ----
+
+def test_compare_keeps_both_runs_of_the_same_policy(capsys, tmp_path):
+    code, _, err = run_cli(["compare", "chunked", "chunked", *SIM, "--num-requests", "10", "--out", str(tmp_path)],
+                           capsys)
+    assert code == 0, err
+    assert list(json.loads((tmp_path / "comparison.json").read_text())["runs"]) == ["chunked", "chunked#2"]
+    assert (tmp_path / "chunked" / "summary.json").exists() and (tmp_path / "chunked#2" / "summary.json").exists()
+
+
+# ---- 13: the gate's engine cases are timed in CPU time ----
+
+def test_the_cpu_clock_counts_work_not_waiting():
+    clock = CpuClock()
+    start = clock.now()
+    time.sleep(0.2)  # another process holding the core looks like this to us: time passes, no work is done
+    slept = clock.now() - start
+    sum(i * i for i in range(300_000))
+    worked = clock.now() - start - slept
+    clock.wait(5.0)  # idle until the next arrival: skipped, not slept
+    assert slept < 0.05 and worked > 0.005 and clock.now() - start >= 5.0

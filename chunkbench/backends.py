@@ -18,7 +18,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from chunkbench.engine.config import MAX_NUM_BLOCKS, MODEL_PRESETS, EngineConfig, ModelConfig
+from chunkbench.engine.config import MAX_NUM_BLOCKS, EngineConfig, ModelConfig
+from chunkbench.engine.presets import MODEL_PRESETS
 from chunkbench.engine.engine import CpuClock, LLMEngine
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.engine.sharding import single_device_limitation

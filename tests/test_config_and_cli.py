@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from chunkbench.cli import main
-from chunkbench.engine.config import MODEL_PRESETS, ConfigError, EngineConfig, ModelConfig
+from chunkbench.engine.config import ConfigError, EngineConfig, ModelConfig
+from chunkbench.engine.presets import MODEL_PRESETS
 
 
 @pytest.mark.parametrize("kwargs, flag", [

@@ -1,5 +1,5 @@
 """`bench --endpoint` against a scripted server whose send times are known: every summary key equals its
-definition (vLLM's, see metrics.METRIC_TABLE) computed from the server's own timestamps.
+definition (vLLM's, see metric_table.METRIC_TABLE) computed from the server's own timestamps.
 
 Tolerance: TOL_S = 40 ms per time. The client and the server share time.perf_counter() (one process), so
 the differences are loopback delivery (a chunk reached the client within 2 ms of its send here), the server

@@ -3,7 +3,8 @@
 import re
 from pathlib import Path
 
-from chunkbench.metrics import METRIC_TABLE, RequestRecord, StepRecord, metric_table_markdown, summarize
+from chunkbench.metric_table import METRIC_TABLE, metric_table_markdown
+from chunkbench.metrics import RequestRecord, StepRecord, summarize
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

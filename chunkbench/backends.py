@@ -91,6 +91,7 @@ class SimBackend(Backend):
 
     gpu: str | None = None
     cost_model: str | None = None  # a profile written by `chunkbench profile` (JSON) instead of a roofline
+    engine_overhead: str | None = None  # roofline: the simulated engine's step overhead (sim/engines.py)
     kind = "sim"
 
     def cost(self, config: EngineConfig):
@@ -102,7 +103,7 @@ class SimBackend(Backend):
                 raise UserError(f"--cost-model profiles the real engine on one device: {engine_limitation(config)}"
                                 "; use --gpu (the roofline) instead")
             return FittedCostModel.load(self.cost_model)
-        return RooflineCostModel.for_config(config, gpu_spec(self.gpu or DEFAULT_SIM_GPU))
+        return RooflineCostModel.for_config(config, gpu_spec(self.gpu or DEFAULT_SIM_GPU), self.engine_overhead)
 
     @contextlib.contextmanager
     def session(self, config: EngineConfig) -> Iterator[Serve]:
@@ -113,7 +114,17 @@ class SimBackend(Backend):
         yield engine_runner(lambda: sim_engine(config, cost, num_blocks))
 
     def __str__(self) -> str:
-        return f"simulated, {'profile ' + self.cost_model if self.cost_model else 'roofline on ' + (self.gpu or DEFAULT_SIM_GPU)}"
+        return f"simulated, {'profile ' + self.cost_model if self.cost_model else self.roofline_label()}"
+
+    def roofline_label(self) -> str:
+        """Which GPU, which calibration (or 'uncalibrated') and which engine's step overhead the roofline uses."""
+        from chunkbench.sim.calibration import calibration_for
+        from chunkbench.sim.engines import engine_overhead
+
+        gpu = self.gpu or DEFAULT_SIM_GPU
+        overhead, engine = engine_overhead(self.engine_overhead)
+        return (f"roofline on {gpu} ({calibration_for(gpu).label}; {engine} step overhead "
+                f"{overhead * 1e3:g} ms)")
 
 
 @dataclass
@@ -250,7 +261,8 @@ class Resolved:
 
 def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | None = None,
             search: bool = False, launch: str | None = None, endpoint: str | None = None,
-            launch_timeout_s: float = 300.0, config: EngineConfig | None = None) -> Resolved:
+            launch_timeout_s: float = 300.0, config: EngineConfig | None = None,
+            engine_overhead: str | None = None) -> Resolved:
     """`auto` for a run: the real engine unless the model is too large for this machine, then the simulator
     on a stated GPU. `auto` for a search (`search=True`): the simulator, calibrated by this machine's profile
     of the model when there is one, with the best trials verified on the real engine when the model runs
@@ -263,6 +275,9 @@ def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | 
         raise UserError(f"--backend must be {', '.join(allowed[:-1])} or {allowed[-1]}, got '{kind}'")
     if gpu is not None:
         gpu_spec(gpu)  # validated before anything runs
+    from chunkbench.sim.engines import engine_overhead as check_overhead
+
+    check_overhead(engine_overhead)  # likewise
     if kind == "launch":
         if not launch or not endpoint:
             raise UserError("--backend launch needs --launch COMMAND and --endpoint URL")
@@ -273,16 +288,16 @@ def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | 
             raise UserError(limitation)
         return Resolved(EngineBackend())
     if limitation and kind == "auto":
-        chosen = _simulated(gpu, cost_model)
+        chosen = _simulated(gpu, cost_model, engine_overhead)
         return Resolved(chosen.backend, f"{limitation.split(' needs')[0]}: {chosen.note}"
                         + ("" if gpu else "; pass --gpu to choose"))
     if kind == "sim" or gpu or (cost_model and not search):
-        return _simulated(gpu, cost_model)
+        return _simulated(gpu, cost_model, engine_overhead)
     local = runs_here(model)
     if not search:
         if local:
             return Resolved(EngineBackend())
-        chosen = _simulated(None, None)
+        chosen = _simulated(None, None, engine_overhead)
         return Resolved(chosen.backend, f"no CUDA device here and {model} is larger than 'small': {chosen.note}; "
                                         "pass --gpu to choose")
     from chunkbench.sim.profile import profile_path
@@ -292,13 +307,14 @@ def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | 
         return Resolved(SimBackend(cost_model=profile), f"searching in simulation calibrated by {profile}"
                         + ("; the best trials are re-measured on the real engine" if local else ""), verify=local)
     hint = f" (run `chunkbench profile --model {model}` to calibrate for this machine)" if local else ""
-    return Resolved(SimBackend(DEFAULT_SIM_GPU), f"searching SIMULATED on {DEFAULT_SIM_GPU} (roofline){hint}; "
-                                                 "no real-engine check")
+    backend = SimBackend(DEFAULT_SIM_GPU, engine_overhead=engine_overhead)
+    return Resolved(backend, f"searching SIMULATED with the {backend.roofline_label()}{hint}; no real-engine check")
 
 
-def _simulated(gpu: str | None, cost_model: str | None) -> Resolved:
-    backend = SimBackend(gpu=None if cost_model else gpu or DEFAULT_SIM_GPU, cost_model=cost_model)
-    what = f"profile {cost_model}" if cost_model else f"{backend.gpu} (roofline)"
+def _simulated(gpu: str | None, cost_model: str | None, engine_overhead: str | None = None) -> Resolved:
+    backend = SimBackend(gpu=None if cost_model else gpu or DEFAULT_SIM_GPU, cost_model=cost_model,
+                         engine_overhead=engine_overhead)
+    what = f"profile {cost_model}" if cost_model else f"the {backend.roofline_label()}"
     return Resolved(backend, f"the figures below are SIMULATED with {what}")
 
 

@@ -1,7 +1,9 @@
 """Deployments as users run them: tensor parallelism, 70B-class and long-context presets, fp8 KV cache, and
 activation memory (simulated, and measured against the formula on the CPU engine)."""
 
+import dataclasses
 import json
+import math
 import os
 import tempfile
 import time
@@ -17,6 +19,7 @@ from chunkbench.runs import compare, run_benchmark
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.roofline import (ALL_REDUCES_PER_LAYER, LINK_EFFICIENCY, STEP_OVERHEAD_S, RooflineCostModel,
                                      ring_all_reduce_seconds)
+from chunkbench.sim.kernels import layer_gemms
 from chunkbench.sim.shape import StepShape
 from chunkbench.tune.emit import sglang_flags, vllm_yaml
 from chunkbench.workload import WorkloadRequest, WorkloadSpec, build_workload
@@ -26,15 +29,18 @@ SHAPES = {
     "decode32x2k": StepShape((), (2048,) * 32, 32),
     "mixed": StepShape(((512, 4096),), (1000,) * 16, 17),
 }
-# Computed with the roofline as it was before tensor parallelism was added (commit d47161b), then hard-coded:
-# at --tensor-parallel-size 1 the predictions must not move.
+# The roofline's TP=1 predictions, hard-coded so that any change to them is deliberate. Issue 15 changed the
+# model on purpose (calibrated kernel constants, soft compute/memory blend, elementwise and attention floors,
+# the vLLM engine's 1.5 ms step overhead instead of a fixed 3 ms): these are the new model's values. The
+# values before (commit d47161b) were, in the same order, llama-3-8b/h100-sxm (0.04661, 0.01181, 0.01786),
+# llama-3-8b/a100-80g (0.14125, 0.01747, 0.04890), llama-3-70b/l4 (3.40572, 0.67166, 1.05399).
 BEFORE_TP = {
-    ("llama-3-8b", "h100-sxm"): (0.0466149260466087, 0.011805690841791045, 0.017856090558518802),
-    ("llama-3-8b", "a100-80g"): (0.1412537239105641, 0.01746741751839137, 0.04889706608739485),
-    ("qwen2.5-7b", "h100-sxm"): (0.04341088492224065, 0.009678607474626866, 0.016110275878846413),
-    ("llama-3-70b", "h100-sxm"): (0.41930837893565215, 0.06287994975522387, 0.1308679595990357),
-    ("llama-3-70b", "l4"): (3.405718898903802, 0.6716594389333334, 1.0539910591148682),
-    ("mistral-7b", "mi300x"): (0.03594846441088994, 0.00838137116981132, 0.01408928844222373),
+    ("llama-3-8b", "h100-sxm"): (0.050880579467805345, 0.010515402866240295, 0.02060723323016928),
+    ("llama-3-8b", "a100-80g"): (0.14903180094885904, 0.017114658042054892, 0.0522403961702133),
+    ("qwen2.5-7b", "h100-sxm"): (0.04736305632160895, 0.00861764659094896, 0.018624978504120843),
+    ("llama-3-70b", "h100-sxm"): (0.4274144867138491, 0.058616856313676004, 0.15163298967380048),
+    ("llama-3-70b", "l4"): (4.031828176397352, 0.7131619667939005, 1.479823454036203),
+    ("mistral-7b", "mi300x"): (0.04124292096451287, 0.008624942792864783, 0.016495156470985622),
 }
 
 
@@ -54,15 +60,24 @@ def test_tp1_predictions_are_unchanged(model, gpu):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_tp_divides_compute_and_adds_two_ring_all_reduces_per_layer(tp, shape):
     # llama-3.1-70b: 64 heads, 8 KV heads, 28672 intermediate and 128256 vocabulary all divide by 2, 4 and 8,
-    # so every GPU does exactly 1/N of the linear and attention work.
+    # so every GPU does exactly 1/N of the linear and attention FLOPs.
+    model = ModelConfig.from_name("llama-3.1-70b")
+    assert tp * sum(k * n for k, n in layer_gemms(model, tp)) == sum(k * n for k, n in layer_gemms(model, 1))
     one, many = roofline("llama-3.1-70b"), roofline("llama-3.1-70b", tp=tp)
     step = SHAPES[shape]
     h100 = GPUS["h100-sxm"]
     message = step.num_tokens * 8192 * 2  # the hidden states of the step's tokens, bf16
     ring = 2 * (tp - 1) / tp * message / (h100.link_bandwidth * LINK_EFFICIENCY) + 2 * (tp - 1) * h100.link_latency
     assert ring_all_reduce_seconds(message, tp, h100) == pytest.approx(ring)
-    expected = STEP_OVERHEAD_S + (one.predict(step) - STEP_OVERHEAD_S) / tp + ALL_REDUCES_PER_LAYER * 80 * ring
-    assert many.predict(step) == pytest.approx(expected, rel=1e-9)
+    # The same GPU with a free link: the difference is exactly the two all-reduces of each of the 80 layers.
+    free = RooflineCostModel(model, dataclasses.replace(h100, link_bandwidth=math.inf, link_latency=0.0),
+                             tensor_parallel_size=tp)
+    assert many.predict(step) - free.predict(step) == pytest.approx(ALL_REDUCES_PER_LAYER * 80 * ring, rel=1e-9)
+    # The kernels' share shrinks with N, but less than 1/N: per-kernel floors, norms and residual adds over the
+    # whole hidden state on every GPU, and narrower GEMMs further from their peak (the Vidur TP rows the
+    # constants were fitted to show the same). At most 1.5x the ideal share at TP 8 (1.29-1.41x today).
+    ideal = (one.predict(step) - STEP_OVERHEAD_S) / tp
+    assert ideal < free.predict(step) - STEP_OVERHEAD_S < 1.5 * ideal
 
 
 def test_kv_heads_are_replicated_beyond_their_count():

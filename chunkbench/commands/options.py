@@ -71,6 +71,9 @@ Gpu = Annotated[Optional[str], typer.Option(
     "rtx-4090, mi300x.")]
 CostModelPath = Annotated[Optional[str], typer.Option(
     "--cost-model", help="sim: a profile written by `chunkbench profile` (JSON) instead of a roofline.")]
+EngineOverhead = Annotated[Optional[str], typer.Option(
+    "--engine-overhead", help="sim (roofline): the simulated engine's per-step overhead: vllm (default, 1.5 ms), "
+    "sglang (0.4), trtllm (0.2), chunkbench (3), or milliseconds, e.g. 0.8ms.")]
 PrefixLen = Annotated[int, typer.Option(help="Shared prefix put before every prompt (tokens), as vLLM's random "
                                         "dataset with --random-prefix-len.")]
 Shuffle = Annotated[bool, typer.Option(
@@ -94,7 +97,7 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
 
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write
     "goodput": (Goodput, None), "backend": (BackendOpt, "auto"), "gpu": (Gpu, None),
-    "cost_model": (CostModelPath, None), "warmup_steps": (WarmupSteps, 3), "out": (Out, None),
+    "cost_model": (CostModelPath, None), "engine_overhead": (EngineOverhead, None), "warmup_steps": (WarmupSteps, 3), "out": (Out, None),
     "json_out": (JsonOut, None), "no_progress": (NoProgress, False),
 }
 

@@ -30,7 +30,8 @@ def run(model: Model = "small", **options) -> None:
     config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
     seed, workload = options["seed"], options["workload"]
     spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
-    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"], config=config)).backend
+    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"], config=config,
+                               engine_overhead=o["engine_overhead"])).backend
     result = run_benchmark(config, requests, label=config.scheduler.policy, goodput_ms=slos, seed=seed,
                            warmup_steps=o["warmup_steps"], progress=not o["no_progress"], backend=backend)
     out = o["out"] or default_out("run")
@@ -71,7 +72,7 @@ def compare(
     base_config = EngineConfig.create(**base)
     spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
-                               config=base_config)).backend
+                               config=base_config, engine_overhead=o["engine_overhead"])).backend
     runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
                             warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
                             on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "

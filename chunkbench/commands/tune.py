@@ -10,8 +10,8 @@ import typer
 
 from chunkbench.backends import resolve
 from chunkbench.commands.common import announce
-from chunkbench.commands.options import (BackendOpt, CostModelPath, Gpu, KvCacheDtype, MaxModelLen, Model, NoProgress,
-                                         NumBlocks, Seed, TensorParallelSize)
+from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype, MaxModelLen,
+                                         Model, NoProgress, NumBlocks, Seed, TensorParallelSize)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.outputs import check_writable
@@ -38,6 +38,7 @@ def tune(
     backend: BackendOpt = "auto",
     gpu: Gpu = None,
     cost_model: CostModelPath = None,
+    engine_overhead: EngineOverhead = None,
     verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
                                             "when the model runs on this device.")] = 3,
     launch: Annotated[Optional[str], typer.Option(help="--backend launch: server command per trial, with "
@@ -89,7 +90,8 @@ def tune(
                                        kv_cache_dtype=kv_cache_dtype).items() if v is not None}
     config = EngineConfig.create(model, **overrides)  # the fixed flags, validated
     resolved = announce(resolve(backend, model, gpu=gpu, cost_model=cost_model, search=True, launch=launch,
-                                endpoint=endpoint, launch_timeout_s=launch_timeout, config=config))
+                                endpoint=endpoint, launch_timeout_s=launch_timeout, config=config,
+                                engine_overhead=engine_overhead))
     if resolved.backend.kind == "launch":
         launch_command(launch, config)  # placeholders checked before anything starts
     spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,

@@ -1,31 +1,36 @@
-"""The roofline cost model: a step's time from the GPU's datasheet peaks and the model's shapes, on one GPU or
-split over N GPUs by tensor parallelism (engine/sharding.py)."""
+"""The roofline cost model: a step's time from the GPU's peaks, kernel constants fitted to measured operator
+profiles (sim/calibration.py; datasheet defaults, marked uncalibrated, elsewhere) and the model's shapes, on one
+GPU or split over N GPUs by tensor parallelism (engine/sharding.py), plus the simulated engine's step overhead
+(sim/engines.py).
+
+Per layer: four GEMMs and six elementwise kernels (sim/kernels.py: soft max of the compute and memory bounds,
+token tile, per-kernel floor), attention (the same soft max over attention FLOPs and KV bytes, one launch floor
+per layer), and under TP two ring all-reduces. Once per step: the LM head over the sampled rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import (ALL_REDUCES_PER_LAYER, check_tensor_parallel, heads_per_gpu,
-                                        kv_bytes_per_token_per_gpu, linear_params_per_gpu, params_per_gpu)
+                                        kv_bytes_per_token_per_gpu, params_per_gpu)
 from chunkbench.errors import UserError
+from chunkbench.sim.calibration import Calibration, calibration_for
+from chunkbench.sim.engines import engine_overhead
 from chunkbench.sim.gpus import GPUS, GPUSpec
+from chunkbench.sim.kernels import gemm_seconds, layer_elementwise_seconds, layer_linear_seconds, soft_max
 from chunkbench.sim.shape import StepShape
 
-# Roofline constants. Sources: dense bf16 GEMMs in cuBLAS reach about 70% of the datasheet peak on
-# A100/H100 at serving sizes (NVIDIA's published GEMM benchmarks; vLLM and Vidur profiles agree within
-# ~10%); FlashAttention-2 reaches 50-73% of peak in its forward pass (Dao 2023, fig. 5), we take 50% for
-# short chunks; streaming kernels reach ~80-90% of HBM bandwidth (STREAM-like copies), we take 80%.
-GEMM_EFFICIENCY = 0.70
+# FlashAttention-2 reaches 50-73% of peak in its forward pass (Dao 2023, fig. 5); we take 50% for the short
+# chunks the tuner explores. The profiles hold no attention kernel, so this one is not calibrated.
 ATTENTION_EFFICIENCY = 0.50
-MEMORY_EFFICIENCY = 0.80
 # NCCL all-reduce reaches ~80% of the link's one-way bandwidth as bus bandwidth on large messages
 # (nccl-tests busbw on DGX H100: ~360 of 450 GB/s).
 LINK_EFFICIENCY = 0.80
-TOKEN_TILE = 64  # GEMM tiles quantize the token dimension (CUTLASS/cuBLAS M tiles of 64-128)
-STEP_OVERHEAD_S = 0.003  # scheduling, input preparation, launch and sampling per step (vLLM v1 on H100, eager)
+STEP_OVERHEAD_S = engine_overhead(None)[0]  # the default engine's (sim/engines.py)
 MAX_TP = 64  # the largest --tensor-parallel-size suggested when a model does not fit
 
 
@@ -46,40 +51,54 @@ class RooflineCostModel:
     idle_factor: float = 1.0  # no cold-start term: datasheets say nothing of it
     tensor_parallel_size: int = 1
     kv_dtype_bytes: int = 2  # 1 with --kv-cache-dtype fp8
+    step_overhead_s: float = STEP_OVERHEAD_S
+    engine: str = "vllm"  # what step_overhead_s belongs to, for messages
+    calibration: Calibration | None = field(default=None, compare=False)  # None: the GPU's (calibration_for)
 
     def __post_init__(self) -> None:
         check_tensor_parallel(self.model, self.tensor_parallel_size)
+        if self.calibration is None:
+            object.__setattr__(self, "calibration", calibration_for(self.gpu.name))
 
     @classmethod
-    def for_config(cls, config: EngineConfig, gpu: GPUSpec) -> "RooflineCostModel":
+    def for_config(cls, config: EngineConfig, gpu: GPUSpec, engine: str | None = None) -> "RooflineCostModel":
+        overhead, label = engine_overhead(engine)
         return cls(config.model, gpu, tensor_parallel_size=config.tensor_parallel_size,
-                   kv_dtype_bytes=config.cache.kv_dtype_bytes(2))
+                   kv_dtype_bytes=config.cache.kv_dtype_bytes(2), step_overhead_s=overhead, engine=label)
 
     def __str__(self) -> str:
         tp = self.tensor_parallel_size
-        return f"roofline on {self.gpu.name}" + (f" x{tp} (tensor parallel over {self.gpu.link})" if tp > 1 else "")
+        where = f"roofline on {self.gpu.name}" + (f" x{tp} (tensor parallel over {self.gpu.link})" if tp > 1 else "")
+        return f"{where}, {self.calibration.label}, {self.engine} step overhead {self.step_overhead_s * 1e3:g} ms"
 
     def predict(self, step: StepShape) -> float:
         """Every GPU computes 1/N of the linear layers and of the attention heads at once, then the layers'
         all-reduces: the step takes one GPU's share plus the communication."""
-        m, gpu, tp = self.model, self.gpu, self.tensor_parallel_size
-        tokens = math.ceil(step.num_tokens / TOKEN_TILE) * TOKEN_TILE
-        sampled = math.ceil(step.num_sampled / TOKEN_TILE) * TOKEN_TILE
-        weights = linear_params_per_gpu(m, tp)
-        head = m.vocab_size * m.hidden_size if tp == 1 else math.ceil(m.vocab_size / tp) * m.hidden_size
-        linear_flops = 2 * tokens * weights + 2 * sampled * head
-        linear_bytes = (weights + head) * self.dtype_bytes
-        t_linear = max(linear_flops / (gpu.bf16_flops * GEMM_EFFICIENCY),
-                       linear_bytes / (gpu.mem_bandwidth * MEMORY_EFFICIENCY))
-        per_key_bytes = kv_bytes_per_token_per_gpu(m, tp, self.kv_dtype_bytes)
-        per_pair_flops = 4 * m.num_layers * heads_per_gpu(m, tp) * m.head_dim  # QK^T and PV
-        t_prefill_attn = max(step.prefill_attention_pairs * per_pair_flops / (gpu.bf16_flops * ATTENTION_EFFICIENCY),
-                             step.prefill_keys * per_key_bytes / (gpu.mem_bandwidth * MEMORY_EFFICIENCY))
-        t_decode_attn = max(step.decode_keys * per_pair_flops / (gpu.bf16_flops * ATTENTION_EFFICIENCY),
-                            step.decode_keys * per_key_bytes / (gpu.mem_bandwidth * MEMORY_EFFICIENCY))
+        m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
+        flops, bandwidth, rows = gpu.bf16_flops, gpu.mem_bandwidth, step.num_tokens
+        per_layer = (layer_linear_seconds(m, tp, rows, c, flops, bandwidth, self.dtype_bytes)
+                     + layer_elementwise_seconds(m, tp, rows, c, bandwidth, self.dtype_bytes))
+        vocab = m.vocab_size if tp == 1 else math.ceil(m.vocab_size / tp)
+        t_head = gemm_seconds(step.num_sampled, m.hidden_size, vocab, c, flops, bandwidth, self.dtype_bytes)
         t_comm = ALL_REDUCES_PER_LAYER * m.num_layers * ring_all_reduce_seconds(
             step.num_tokens * m.hidden_size * self.dtype_bytes, tp, gpu)
-        return STEP_OVERHEAD_S + t_linear + t_prefill_attn + t_decode_attn + t_comm
+        return self.step_overhead_s + m.num_layers * (per_layer + self._attention_per_layer(step)) + t_head + t_comm
+
+    def _attention_per_layer(self, step: StepShape) -> float:
+        """Prefill chunks (causal over their cached context) and decodes (one query over its context): each the
+        soft max of its FLOPs and its KV bytes, plus one launch floor for the layer's attention."""
+        if not step.prefills and not step.decodes:
+            return 0.0
+        m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
+        per_key_bytes = kv_bytes_per_token_per_gpu(m, tp, self.kv_dtype_bytes) / m.num_layers
+        per_pair_flops = 4 * heads_per_gpu(m, tp) * m.head_dim  # QK^T and PV
+        compute_rate = gpu.bf16_flops * ATTENTION_EFFICIENCY
+        memory_rate = gpu.mem_bandwidth * c.memory_efficiency
+        prefill = soft_max(step.prefill_attention_pairs * per_pair_flops / compute_rate,
+                           step.prefill_keys * per_key_bytes / memory_rate, c.smoothness)
+        decode = soft_max(step.decode_keys * per_pair_flops / compute_rate,
+                          step.decode_keys * per_key_bytes / memory_rate, c.smoothness)
+        return c.gemm_floor_s + prefill + decode
 
     def activation_bytes(self, step: StepShape) -> int:
         """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16 (engine/activation.py)."""
@@ -131,7 +150,7 @@ class RooflineCostModel:
 
 
 def _with_tp(model: RooflineCostModel, tp: int) -> RooflineCostModel:
-    return RooflineCostModel(model.model, model.gpu, model.dtype_bytes, model.idle_factor, tp, model.kv_dtype_bytes)
+    return dataclasses.replace(model, tensor_parallel_size=tp)
 
 
 def gpu_spec(name: str) -> GPUSpec:

@@ -76,10 +76,12 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
         if KNOBS[key].type is tuple:
             overrides[key] = parse_chunk_schedule(value)
             continue
+        kind = KNOBS[key].type
         try:
-            overrides[key] = int(value)
+            overrides[key] = kind(value)
         except ValueError:
-            raise UserError(f"policy '{spec}': {key} needs a whole number, got '{value}'") from None
+            raise UserError(f"policy '{spec}': {key} needs {'a number' if kind is float else 'a whole number'}, "
+                            f"got '{value}'") from None
     return policy, overrides
 
 

@@ -231,6 +231,10 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     summary["num_steps"] = len(steps)
     if not endpoint:  # a server's activations are its own business
         summary["peak_activation_bytes"] = max((s.peak_activation_bytes for s in steps), default=0)
+    if steps:  # what a --step-time-target is held to
+        step_ms = np.array([s.seconds for s in steps]) * 1000.0
+        summary |= {"median_step_ms": float(np.median(step_ms)), "p99_step_ms": float(np.percentile(step_ms, 99)),
+                    "max_step_ms": float(step_ms.max())}
     return summary
 
 
@@ -298,6 +302,8 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo("cached_prompt_tokens / computed_prompt_tokens", "prompt tokens taken from the prefix cache / "
                "prompt tokens computed", "tokens", "chunkbench only"),
     MetricInfo("num_steps", "engine steps in the run; endpoint: 0", "count", "chunkbench only"),
+    MetricInfo("median_step_ms / p99_step_ms / max_step_ms", "engine only: step durations (what "
+               "--step-time-target holds steps to)", "ms", "chunkbench only"),
     MetricInfo("peak_activation_bytes", "engine only: largest activation peak of any step, per GPU: measured on CUDA "
                "(allocator peak minus what was allocated before the step), else engine/activation.py's formula",
                "bytes",

@@ -22,10 +22,10 @@ from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import WorkloadSpec, build_workload
 
-BUDGETS = (256, 384, 512, 768, 1024, 1536, 2048, 4096)
+BUDGETS = (256, 512, 768, 1024, 1536, 2048, 3072)
 TARGET_FRACTIONS = (0.8, 0.9, 1.0)  # of the TBT SLA
-CASES = [  # (model, tensor parallel size)
-    ("llama-3-8b", 1), ("llama-3.1-70b", 4)]
+CASES = [  # (model, tensor parallel size, a starting rate near its capacity: fewer runs to bracket it)
+    ("llama-3-8b", 1, 32.0), ("llama-3.1-70b", 4, 16.0)]
 WORKLOADS = ("rag-mix", "azure-conv")
 
 
@@ -51,13 +51,16 @@ def sweep(spec: TuneSpec, requests, sla_ms: float, key: str) -> tuple[tuple[str,
     return best(fixed, key), best(timed, key)
 
 
-def capacity_table(num_requests: int) -> None:
+def capacity_table(num_requests: int, only: str | None) -> None:
     print("| model | workload | SLA p99 TBT | best fixed budget | capacity req/s | best time target | capacity req/s "
           "| gain |")
     print("|---|---|---|---|---|---|---|---|")
-    for model, tp in CASES:
+    for model, tp, rate in CASES:
+        if only and model != only:
+            continue
         for name in WORKLOADS:
-            workload = WorkloadSpec(name=name, num_requests=num_requests, rate=4.0)
+            # Traces: timestamps scaled so the run starts at `rate` too (the trace's own rate is about 1.4/s).
+            workload = WorkloadSpec(name=name, num_requests=num_requests, rate=rate, time_scale=1.4 / rate)
             requests = build_workload(workload, 8192)
             for sla in (50.0, 100.0):
                 spec = spec_for(model, tp, workload, sla, "capacity")
@@ -75,7 +78,7 @@ def throughput_table(num_requests: int, rate_factor: float) -> None:
     print("| model | workload | SLA p99 TBT | best fixed budget | output tok/s | p99 TBT ms | best time target "
           "| output tok/s | p99 TBT ms | gain |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for model, tp in CASES:
+    for model, tp, _ in CASES:
         for name in WORKLOADS:
             workload = WorkloadSpec(name=name, num_requests=num_requests, rate=rate_factor,
                                     time_scale=1 / rate_factor)
@@ -99,32 +102,35 @@ def throughput_table(num_requests: int, rate_factor: float) -> None:
 
 
 def num_chunks_table(num_requests: int) -> None:
-    """long-doc (8k-32k-token prompts) on llama-3.1-8b: N chunks per prompt against fixed per-request caps."""
-    print("| model | rule | capacity req/s at p99 TBT <= 100 ms | median TTFT ms at capacity | p99 TBT ms |")
-    print("|---|---|---|---|---|")
-    workload = WorkloadSpec(name="long-doc", num_requests=num_requests, rate=0.5)
-    for model, tp in (("llama-3.1-8b", 1),):
+    """long-doc (8k-32k-token prompts) on llama-3.1-8b at two arrival rates: N chunks per prompt against
+    fixed per-request caps, budget 8192 (a capacity search on so few long requests would measure a burst)."""
+    print("| rate req/s | rule | median TTFT ms | p99 TTFT ms | p99 TBT ms | output tok/s |")
+    print("|---|---|---|---|---|---|")
+    model, sla = "llama-3.1-8b", 100.0
+    arms = [(f"num_chunks {n}", dict(num_chunks=n)) for n in (1, 2, 4, 8, 16)] + \
+           [(f"chunk_size {c}", dict(chunk_size=c)) for c in (512, 1024, 2048, 4096)] + [("budget only", {})]
+    for rate in (0.5, 1.0):
+        workload = WorkloadSpec(name="long-doc", num_requests=num_requests, rate=rate)
         requests = build_workload(workload, 33024)
-        spec = spec_for(model, tp, workload, 100.0, "capacity")
+        spec = spec_for(model, 1, workload, sla, "goodput")
         spec.engine_overrides["max_model_len"] = 33024
-        arms = [(f"num_chunks {n}", dict(num_chunks=n)) for n in (1, 2, 4, 8, 16)] + \
-               [(f"chunk_size {c}", dict(chunk_size=c)) for c in (512, 1024, 2048, 4096, 8192)]
         for label, knobs in arms:
             m = trial(spec, requests, max_num_batched_tokens=8192, **knobs)
-            print(f"| {model} | {label} | {m['value']:.3f} | {m.get('median_ttft_ms', float('nan')):,.0f} | "
-                  f"{m.get('p99_itl_ms', float('nan')):.1f} |", flush=True)
+            print(f"| {rate:g} | {label} | {m['median_ttft_ms']:,.0f} | {m['p99_ttft_ms']:,.0f} | "
+                  f"{m['p99_itl_ms']:.1f} | {m['output_throughput']:,.0f} |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", choices=("capacity", "throughput", "num-chunks"))
-    parser.add_argument("--num-requests", type=int, default=1000)
+    parser.add_argument("--num-requests", type=int, default=500)
+    parser.add_argument("--model", help="capacity: only this model's rows")
     parser.add_argument("--rate-factor", type=float, default=4.0, help="throughput: arrivals this many times "
                         "faster (rag-mix: req/s; traces: timestamps divided by it)")
     args = parser.parse_args()
     start = time.perf_counter()
     if args.table == "capacity":
-        capacity_table(args.num_requests)
+        capacity_table(args.num_requests, args.model)
     elif args.table == "throughput":
         throughput_table(args.num_requests, args.rate_factor)
     else:

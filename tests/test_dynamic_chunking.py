@@ -189,3 +189,38 @@ def test_online_correction_ignores_outliers_and_decode_only_steps():
     assert cost.ratio == 1.0 and cost.observed == 0
     cost.observe(StepShape(((100, 0),), (), 1), 1000.0)  # a 10^5x outlier counts as 8x
     assert cost.ratio == pytest.approx(4.5)
+
+
+# ---- the tuner ----
+
+def test_dynamic_space_searches_the_time_target_and_num_chunks():
+    from chunkbench.tune.space import SearchSpace, engine_kwargs
+
+    space = SearchSpace.load("dynamic")
+    assert {"step_time_target_ms", "num_chunks"} <= set(space.values)
+    kwargs = [engine_kwargs(p, 8192) for p in space.points()]
+    assert {k["step_time_target_ms"] for k in kwargs} >= {None, 50}
+    assert {k["num_chunks"] for k in kwargs} >= {None, 4}
+    EngineConfig.create("llama-3-8b", **kwargs[-1])  # valid engine knobs
+
+
+def test_server_configs_carry_the_best_fixed_budget_and_the_gain():
+    import optuna
+
+    from chunkbench.tune.report import server_trial
+
+    study = optuna.create_study(direction="maximize")
+    for value, knobs in [(30.0, {"max_num_batched_tokens": 8192, "step_time_target_ms": 45.0}),
+                         (24.0, {"max_num_batched_tokens": 1024, "step_time_target_ms": None}),
+                         (20.0, {"max_num_batched_tokens": 2048, "step_time_target_ms": None})]:
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"knobs": {"policy": "chunked", **knobs}},
+                                                  system_attrs={"constraints": [0.0]}))
+    trials = study.get_trials()
+
+    class Spec:
+        objective = "capacity"
+
+    served, note = server_trial(Spec(), study, trials[0])
+    assert served.number == 1
+    assert "budget 1024" in note and "+25% capacity" in note
+    assert server_trial(Spec(), study, trials[1]) == (trials[1], None)

@@ -20,12 +20,13 @@ from chunkbench.sim.fitted import FittedCostModel
 # A CPU step-time target of this many times the predicted step of DECODE_BATCH decodes: long enough for a
 # useful prompt chunk beside a running batch, short enough that decodes never wait seconds (measured on the
 # 2-core machine: docs/dynamic-chunking.md).
-TARGET_DECODE_MULTIPLE = 3.0
+TARGET_DECODE_MULTIPLE = 2.0
 DECODE_BATCH, DECODE_CONTEXT = 8, 512
 # Quick calibration: prefill chunks (tokens, cached context), decode batches (size, context), mixed steps.
 # Small shapes only (a CPU times each in well under a second): real steps under a target are small too.
 QUICK_PREFILLS = [(q, c) for q in (16, 64, 256, 512) for c in (0, 1024)]
 QUICK_DECODES = [(b, c) for b in (1, 2, 4, 8, 16) for c in (256, 1024)]
+WALL_S, MIN_REQUESTS = 120.0, 8  # the CPU default request count: this much predicted work, at least this many
 QUICK_MIXED = [(q, b) for q in (32, 128) for b in (4, 16)]  # a chunk at 0 beside b decodes at 512
 
 
@@ -78,11 +79,24 @@ def default_step_target(cost: FittedCostModel, source: str) -> tuple[float, str]
                     "to choose")
 
 
-def default_num_requests(rate: float, num_runs: int, wall_s: float = 120.0) -> tuple[int, str]:
-    """A request count whose arrivals fill about three quarters of `wall_s` over `num_runs` runs on the CPU."""
-    n = max(8, int(0.75 * wall_s / num_runs * rate))
-    return n, (f"CPU: {n} requests by default ({n / rate:.0f} s of arrivals at {rate:g} req/s per run, so "
-               f"{num_runs} run{'s' if num_runs > 1 else ''} take about {wall_s / 60:.0f} minutes); pass "
+def request_seconds(cost: FittedCostModel, prompt_len: int, output_len: int) -> float:
+    """Predicted work of one request: its prompt as one chunk, its decodes in batches of DECODE_BATCH."""
+    prefill = cost.predict(StepShape(((prompt_len, 0),), (), 1))
+    return prefill + output_len * decode_step_seconds(cost) / DECODE_BATCH
+
+
+def default_num_requests(requests: list, cost: FittedCostModel, num_runs: int,
+                         wall_s: float = WALL_S) -> tuple[int, str]:
+    """How many of the workload's requests fit `wall_s` of work over `num_runs` runs on this device, by the
+    cost model (policies that batch worse, `static`, take up to twice the estimate: hence the factor 2)."""
+    per_run, work, n = wall_s / num_runs, 0.0, 0
+    for r in requests:
+        work += 2 * request_seconds(cost, r.prompt_len, r.output_len)
+        if work > per_run and n >= MIN_REQUESTS:
+            break
+        n += 1
+    return n, (f"CPU: the first {n} requests by default (about {per_run:.0f} s of predicted work per run, "
+               f"{num_runs} run{'s' if num_runs > 1 else ''} in about {wall_s / 60:.0f} minutes); pass "
                "--num-requests to choose")
 
 
@@ -93,22 +107,20 @@ def on_cpu(backend, config: EngineConfig) -> bool:
     return backend.kind == "engine" and (config.device == "cpu" or (config.device == "auto" and not has_cuda()))
 
 
-def fit_to_device(backend, config: EngineConfig, options: dict, num_runs: int,
-                  chunked: bool) -> tuple[dict, list[str]]:
-    """Defaults for what the user left unset, fitted to where the runs execute: `options['num_requests']`
-    (set in place; the workload's default of 100 off the CPU) and, for `chunked` on the CPU without a token
-    budget or a time target, a step-time target. Returns the chunked knobs to add and lines that say why."""
+def fit_to_device(backend, config: EngineConfig, options: dict, num_runs: int, chunked: bool,
+                  requests: list) -> tuple[list, dict, list[str]]:
+    """Defaults for what the user left unset, fitted to where the runs execute: on the CPU the first requests
+    that fit a few minutes of work (unless --num-requests), and for `chunked` without a token budget or a
+    time target a step-time target. Returns the requests, the chunked knobs to add and lines that say why."""
+    if not on_cpu(backend, config):
+        return requests, {}, []
     notes, knobs = [], {}
-    cpu = on_cpu(backend, config)
+    cost, source = backend.step_cost_model(config)
     if options.get("num_requests") is None:
-        if cpu:
-            options["num_requests"], note = default_num_requests(options.get("rate") or 1.0, num_runs)
-            notes.append(note)
-        else:
-            options["num_requests"] = 100
-    given = options.get("max_num_batched_tokens") or options.get("step_time_target_ms")
-    if cpu and chunked and not given:
-        cost, source = backend.step_cost_model(config)
+        n, note = default_num_requests(requests, cost, num_runs)
+        requests = requests[:n]
+        notes.append(note)
+    if chunked and not (options.get("max_num_batched_tokens") or options.get("step_time_target_ms")):
         knobs["step_time_target_ms"], note = default_step_target(cost, source)
         notes.append(note)
-    return knobs, notes
+    return requests, knobs, notes

@@ -224,3 +224,34 @@ def test_server_configs_carry_the_best_fixed_budget_and_the_gain():
     assert served.number == 1
     assert "budget 1024" in note and "+25% capacity" in note
     assert server_trial(Spec(), study, trials[1]) == (trials[1], None)
+
+
+# ---- defaults fitted to the device ----
+
+class FakeCost:
+    def predict(self, step):
+        return linear_cost(step) * 100  # a slow device: 10 ms per token
+
+
+class FakeBackend:
+    kind = "engine"
+
+    def step_cost_model(self, config):
+        return FakeCost(), "a fake profile"
+
+
+def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
+    from chunkbench.device_defaults import fit_to_device
+    from chunkbench.workload import WorkloadSpec, build_workload
+
+    config = EngineConfig.create("tiny", device="cpu")
+    requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=100), 2048)
+    kept, knobs, notes = fit_to_device(FakeBackend(), config, {"num_requests": None}, 3, True, requests)
+    decode8 = FakeCost().predict(StepShape((), (512,) * 8, 8))
+    assert knobs["step_time_target_ms"] == round(2.0 * decode8 * 1000)
+    assert 8 <= len(kept) < 100 and kept == requests[:len(kept)]
+    assert any("--step-time-target" in n for n in notes) and any("--num-requests" in n for n in notes)
+    # What the user sets stays: a budget means no target, a request count means all requests.
+    kept, knobs, _ = fit_to_device(FakeBackend(), config, {"num_requests": 100, "max_num_batched_tokens": 512}, 3,
+                                   True, requests)
+    assert kept == requests and knobs == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Annotated
 
@@ -31,12 +32,13 @@ def run(model: Model = "small", **options) -> None:
     slos = parse_goodput(o["goodput"])
     config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"], config=config)).backend
-    knobs, notes = fit_to_device(backend, config, options, 1, config.scheduler.policy == "chunked")
+    seed, workload = options["seed"], options["workload"]
+    spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **workload_options(options))
+    requests, knobs, notes = fit_to_device(backend, config, options, 1, config.scheduler.policy == "chunked", requests)
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
     config = EngineConfig.create(model, **{**pick(options, ENGINE_OPTIONS), **knobs}) if knobs else config
-    seed, workload = options["seed"], options["workload"]
-    spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
+    spec = dataclasses.replace(spec, num_requests=len(requests))
     result = run_benchmark(config, requests, label=config.scheduler.policy, goodput_ms=slos, seed=seed,
                            warmup_steps=o["warmup_steps"], progress=not o["no_progress"], backend=backend)
     out = o["out"] or default_out("run")
@@ -79,11 +81,12 @@ def compare(
     base_config = EngineConfig.create(**base)
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
                                config=base_config)).backend
+    spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **workload_options(options))
     chunked = any(p.partition(":")[0] == "chunked" for p in policies)
-    knobs, notes = fit_to_device(backend, base_config, options, len(policies), chunked)
+    requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies), chunked, requests)
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
-    spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
+    spec = dataclasses.replace(spec, num_requests=len(requests))
     runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed, chunked_defaults=knobs,
                             warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
                             on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
@@ -100,6 +103,12 @@ def compare(
     save_json(o["json_out"], summaries)
     console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
                   "timeline.png, step_times.png and one folder per policy")
+
+
+def workload_options(options: dict) -> dict:
+    """The workload flags; an unset --num-requests is the workload's default of 100 (fit_to_device may take
+    fewer on the CPU)."""
+    return pick(options, WORKLOAD_OPTIONS) | {"num_requests": options.get("num_requests") or 100}
 
 
 def run_options(options: dict) -> dict:

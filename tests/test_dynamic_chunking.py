@@ -248,7 +248,7 @@ def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
     requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=100), 2048)
     kept, knobs, notes = fit_to_device(FakeBackend(), config, {"num_requests": None}, 3, True, requests)
     decode8 = FakeCost().predict(StepShape((), (512,) * 8, 8))
-    assert knobs["step_time_target_ms"] == round(2.0 * decode8 * 1000)
+    assert knobs["step_time_target_ms"] == round(1.5 * decode8 * 1000)
     assert 8 <= len(kept) < 100 and kept == requests[:len(kept)]
     assert any("--step-time-target" in n for n in notes) and any("--num-requests" in n for n in notes)
     # What the user sets stays: a budget means no target, a request count means all requests.

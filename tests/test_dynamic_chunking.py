@@ -245,7 +245,7 @@ def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
     from chunkbench.workload import WorkloadSpec, build_workload
 
     config = EngineConfig.create("tiny", device="cpu")
-    requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=100), 2048)
+    requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=100), 8192)  # only predicted, never run
     kept, knobs, notes = fit_to_device(FakeBackend(), config, {"num_requests": None}, 3, True, requests)
     decode8 = FakeCost().predict(StepShape((), (512,) * 8, 8))
     assert knobs["step_time_target_ms"] == round(1.5 * decode8 * 1000)

@@ -66,12 +66,15 @@ class EngineBackend(Backend):
         if limitation:
             raise UserError(limitation)
         import torch
+        from chunkbench.engine.step_time import OnlineCorrection
 
-        key = (config.model, config.cache, config.device, config.dtype, config.attention_backend, config.seed,
-               config.scheduler.max_num_seqs, config.scheduler.max_model_len)
+        key = self._key(config)
+        cost = self.step_cost_model(config)[0] if config.scheduler.step_time_target_ms else None
 
         def make() -> LLMEngine:
-            engine = LLMEngine(config, executor=self._executors.get(key), clock=CpuClock() if self.cpu_time else None)
+            step_cost = OnlineCorrection(cost.predict) if cost else None  # each run learns the ratio afresh
+            engine = LLMEngine(config, executor=self._executors.get(key), clock=CpuClock() if self.cpu_time else None,
+                               step_cost=step_cost)
             self._executors[key] = engine.executor
             return engine
         threads = torch.get_num_threads()
@@ -83,6 +86,33 @@ class EngineBackend(Backend):
 
     def __str__(self) -> str:
         return "engine (CPU time, one thread)" if self.cpu_time else "engine"
+
+    @staticmethod
+    def _key(config: EngineConfig) -> tuple:
+        """What an executor depends on: configs equal in these share one."""
+        return (config.model, config.cache, config.device, config.dtype, config.attention_backend, config.seed,
+                config.scheduler.max_num_seqs, config.scheduler.max_model_len)
+
+    def executor(self, config: EngineConfig):
+        from chunkbench.engine.executor import ModelExecutor
+
+        key = self._key(config)
+        if key not in self._executors:
+            self._executors[key] = ModelExecutor(config)
+        return self._executors[key]
+
+    def step_cost_model(self, config: EngineConfig):
+        """The cost model --step-time-target sizes real steps with, and where it came from: this machine's
+        saved profile of the model, else a quick calibration on the executor (once per executor)."""
+        from chunkbench.device_defaults import quick_profile, saved_profile
+        from chunkbench.sim.fitted import FittedCostModel
+
+        key = ("cost",) + self._key(config)
+        if key not in self._executors:
+            path = saved_profile(config)
+            self._executors[key] = ((FittedCostModel.load(path), f"the profile {path}") if path else
+                                    (quick_profile(config, self.executor(config)), "a quick calibration"))
+        return self._executors[key]
 
 
 @dataclass

@@ -70,6 +70,8 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo("cached_prompt_tokens / computed_prompt_tokens", "prompt tokens taken from the prefix cache / "
                "prompt tokens computed", "tokens", "chunkbench only"),
     MetricInfo("num_steps", "engine steps in the run; endpoint: 0", "count", "chunkbench only"),
+    MetricInfo("median_step_ms / p99_step_ms / max_step_ms", "engine only: step durations (what "
+               "--step-time-target holds steps to)", "ms", "chunkbench only"),
     MetricInfo("peak_activation_bytes", "engine only: largest activation peak of any step, per GPU: measured on CUDA "
                "(allocator peak minus what was allocated before the step), else engine/activation.py's formula",
                "bytes",

@@ -231,4 +231,8 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     summary["num_steps"] = len(steps)
     if not endpoint:  # a server's activations are its own business
         summary["peak_activation_bytes"] = max((s.peak_activation_bytes for s in steps), default=0)
+    if steps:  # what a --step-time-target is held to
+        step_ms = np.array([s.seconds for s in steps]) * 1000.0
+        summary |= {"median_step_ms": float(np.median(step_ms)), "p99_step_ms": float(np.percentile(step_ms, 99)),
+                    "max_step_ms": float(step_ms.max())}
     return summary

@@ -55,6 +55,8 @@ HEADLINE = [
     ("num_stalls", "token gaps with a stall", True),
     ("longest_stall_ms", "longest stall (ms)", True),
     ("num_slow_steps", "slow steps (> 5x median decode step)", None),
+    ("median_step_ms", "median step time (ms)", True),
+    ("p99_step_ms", "p99 step time (ms)", True),
     ("num_preemptions", "preemptions", True),
     ("peak_kv_usage_pct", "peak KV usage (%)", None),
     ("peak_activation_bytes", "peak activation memory (MiB/GPU)", True),
@@ -70,9 +72,17 @@ def _fmt(value) -> str:
     return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+def step_target_ms(run: BenchRun) -> float | None:
+    """The run's --step-time-target (ms), or None."""
+    return run.config.scheduler.step_time_target_ms if run.config else None
+
+
 def comparison_rows(runs: list[BenchRun]) -> list[list[str]]:
     """Rows of metric, one value per run, and each later run's ratio against the first."""
     rows = []
+    if any(step_target_ms(r) for r in runs):  # what the step-time rows below are held to
+        rows.append(["step-time target (ms)"] + [_fmt(step_target_ms(r)) if step_target_ms(r) else "-"
+                                                 for r in runs] + [""] * (len(runs) - 1))
     for key, label, _ in HEADLINE:
         if not all(key in r.summary for r in runs):
             continue
@@ -141,7 +151,36 @@ def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
     paths.append(out_dir / "timeline.png")
     write_figure(fig, paths[-1])
     plt.close(fig)
+    paths.append(plot_step_times(runs, out_dir / "step_times.png"))
     return paths
+
+
+def plot_step_times(runs: list[BenchRun], path: Path) -> Path:
+    """Each step's duration over the run, with the run's --step-time-target as a dashed line: steps that
+    hold the target stay under it."""
+    plt = pyplot()
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.2 * len(runs)), sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        starts = [s.start for s in r.result.steps]
+        ms = [s.seconds * 1000.0 for s in r.result.steps]
+        prefill = [s.prefill_tokens > 0 for s in r.result.steps]
+        ax.scatter([t for t, p in zip(starts, prefill) if p], [m for m, p in zip(ms, prefill) if p], s=3,
+                   color="tab:orange", label="with prompt tokens")
+        ax.scatter([t for t, p in zip(starts, prefill) if not p], [m for m, p in zip(ms, prefill) if not p], s=3,
+                   color="tab:blue", label="decodes only")
+        target = step_target_ms(r)
+        if target:
+            ax.axhline(target, color="black", ls="--", lw=1, label=f"target {target:g} ms")
+        if ms and max(ms) > 20 * max(min(ms), 1e-3):
+            ax.set_yscale("log")
+        ax.set_ylabel("step (ms)")
+        ax.set_title(r.label, fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.tight_layout()
+    write_figure(fig, path)
+    plt.close(fig)
+    return path
 
 
 def write_html(runs: list[BenchRun], images: list[Path], path: Path, title: str, command: str) -> None:

@@ -76,18 +76,25 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
         if KNOBS[key].type is tuple:
             overrides[key] = parse_chunk_schedule(value)
             continue
+        kind = KNOBS[key].type
         try:
-            overrides[key] = int(value)
+            overrides[key] = kind(value)
         except ValueError:
-            raise UserError(f"policy '{spec}': {key} needs a whole number, got '{value}'") from None
+            raise UserError(f"policy '{spec}': {key} needs {'a number' if kind is float else 'a whole number'}, "
+                            f"got '{value}'") from None
     return policy, overrides
 
 
-def config_for_policy(base: dict, spec: str) -> EngineConfig:
+def config_for_policy(base: dict, spec: str, chunked_defaults: dict | None = None) -> EngineConfig:
     """The base engine flags with one policy's knobs on top. Policies that never split a prompt get at least
-    their default budget, max(2048, max_model_len), unless the spec sets one (vLLM without chunked prefill)."""
+    their default budget, max(2048, max_model_len), unless the spec sets one (vLLM without chunked prefill).
+    `chunked_defaults` (device_defaults.fit_to_device: a CPU's step-time target) go to a chunked policy whose
+    flags and spec set neither a token budget nor a time target."""
     policy, overrides = parse_policy_spec(spec)
     kwargs = {**base, **overrides}
+    sized = ("max_num_batched_tokens", "step_time_target_ms")
+    if policy == "chunked" and chunked_defaults and not any(kwargs.get(k) for k in sized):
+        kwargs |= chunked_defaults
     if "max_num_batched_tokens" not in overrides and policy != "chunked":
         max_model_len = EngineConfig.create(**{**kwargs, "max_num_batched_tokens": None}).scheduler.max_model_len
         if (kwargs.get("max_num_batched_tokens") or 0) < default_budget(policy, max_model_len):
@@ -96,12 +103,12 @@ def config_for_policy(base: dict, spec: str) -> EngineConfig:
 
 
 def compare(base: dict, specs: list[str], workload: list[WorkloadRequest], backend: Backend | None = None,
-            on_done=None, **run_kwargs) -> list[BenchRun]:
+            on_done=None, chunked_defaults: dict | None = None, **run_kwargs) -> list[BenchRun]:
     """The same requests through each policy, one after the other, on one backend (the real engine shares
     one model). `on_done(run)` is called as each policy finishes."""
     if not specs:
         raise UserError("compare: name at least one policy, e.g. static continuous chunked")
-    configs = [(spec, config_for_policy(base, spec)) for spec in specs]  # all validated before any run
+    configs = [(spec, config_for_policy(base, spec, chunked_defaults)) for spec in specs]  # validated before any run
     backend = backend or EngineBackend()
     runs = []
     for i, (spec, config) in enumerate(configs):

@@ -217,6 +217,8 @@ class SchedulerConfig:
     chunk_schedule: tuple[int, ...] = ()  # progressive caps: i-th chunk of a prompt <= entry i (last repeats)
     tile: int | None = None  # trim cut prompt chunks so the step's token count is a multiple of this
     max_partial_prefills: int | None = None  # prompts mid-prefill at once (chunked only); None = no cap
+    step_time_target_ms: float | None = None  # time budget per step (chunked only); None = tokens only
+    num_chunks: int | None = None  # per-request cap ceil(prompt_len / N) (chunked only); None = no cap
 
     def __post_init__(self) -> None:
         _require(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got '{self.policy}'")
@@ -237,10 +239,18 @@ class SchedulerConfig:
                      f"got {self.tile}")
         if self.max_partial_prefills is not None:
             _positive("--max-partial-prefills", self.max_partial_prefills)
+        if self.step_time_target_ms is not None:
+            _require(math.isfinite(self.step_time_target_ms) and self.step_time_target_ms > 0,
+                     f"--step-time-target must be a number of ms > 0, got {self.step_time_target_ms}")
+        if self.num_chunks is not None:
+            _positive("--num-chunks", self.num_chunks)
 
-    def chunk_cap(self, chunk_index: int) -> int:
-        """The most prompt tokens a request may compute in its `chunk_index`-th chunk (0-based)."""
+    def chunk_cap(self, chunk_index: int, prompt_len: int = 0) -> int:
+        """The most prompt tokens a request may compute in its `chunk_index`-th chunk (0-based); with
+        `num_chunks`, at most ceil(prompt_len / num_chunks)."""
         cap = math.inf
+        if self.num_chunks is not None and prompt_len:
+            cap = -(-prompt_len // self.num_chunks)
         if self.chunk_schedule:
             cap = self.chunk_schedule[min(chunk_index, len(self.chunk_schedule) - 1)]
         if self.chunk_size is not None:

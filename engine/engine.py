@@ -7,10 +7,11 @@ import time
 from dataclasses import dataclass
 
 from .block_manager import BlockManager
-from .config import EngineConfig
+from .config import ConfigError, EngineConfig
 from .outputs import Executor, SchedulerOutput, StepResult
 from .request import Request, RequestStatus, SamplingParams
 from .scheduler import Scheduler
+from .shape import StepCost, StepShape
 
 
 class RealClock:
@@ -66,7 +67,11 @@ class VirtualClock:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, executor: Executor | None = None, clock=None) -> None:
+    def __init__(self, config: EngineConfig, executor: Executor | None = None, clock=None,
+                 step_cost: StepCost | None = None) -> None:
+        """`step_cost` predicts a step's seconds for --step-time-target (default: the executor's
+        `step_cost`, the simulator's cost model); one with an `observe(shape, seconds)` method is told
+        every measured step (engine/step_time.py: OnlineCorrection)."""
         self.config = config
         if executor is None:
             from .executor import ModelExecutor  # torch only when a real model runs
@@ -75,7 +80,14 @@ class LLMEngine:
         self.clock = clock or RealClock()
         self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size,
                                           enable_caching=config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, seed=config.seed)
+        self.step_cost = step_cost or getattr(executor, "step_cost", None)
+        if config.scheduler.step_time_target_ms and self.step_cost is None:
+            raise ConfigError("--step-time-target needs a cost model to predict step times: the simulator has "
+                              "one; on the real engine give a profile (`chunkbench profile`) or let the "
+                              "benchmark calibrate one")
+        self._observe = getattr(self.step_cost, "observe", None)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, seed=config.seed,
+                                   step_cost=self.step_cost)
         self._ids = itertools.count()
         self._rejected: list[Request] = []
         self.last_step: tuple[SchedulerOutput, StepResult] | None = None  # for the harness's step records
@@ -113,6 +125,8 @@ class LLMEngine:
             self.last_step = None
             return updated
         result = self.executor.execute(output)
+        if self._observe is not None:
+            self._observe(StepShape.from_output(output), result.seconds)
         self.clock.advance(result.seconds)
         self.last_step = (output, result)
         return updated + self.scheduler.update(output, result, self.clock.now())

@@ -6,7 +6,8 @@ scheduled `n` of its uncomputed tokens; the step that computes its last token sa
     static      admit a batch when nothing runs; prefill it whole, decode it to completion
     continuous  whole prompts in prefill-only steps that pause decodes (vLLM before chunked prefill)
     orca        whole prompts ride in the same step as the decodes
-    chunked     decodes first, then prompt chunks fill the rest of the budget (Sarathi-Serve, vLLM v1)
+    chunked     decodes first, then prompt chunks fill the rest of the budget (Sarathi-Serve, vLLM v1);
+                with `step_time_target_ms`, also the rest of the step's predicted time (engine/step_time.py)
 
 When KV blocks run out, the newest running request not yet in this step is preempted and later
 recomputed from scratch. Plain Python: no torch, so the simulator runs it at full speed.
@@ -21,11 +22,15 @@ from .block_manager import BlockManager, cdiv
 from .config import SchedulerConfig
 from .outputs import ScheduledChunk, SchedulerOutput, StepResult
 from .request import Request, RequestStatus
+from .shape import StepCost
+from .step_time import StepTimer
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, seed: int = 0) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, seed: int = 0,
+                 step_cost: StepCost | None = None) -> None:
         self.config = config
+        self.step_cost = step_cost  # predicts a step's seconds; needed by step_time_target_ms
         self.block_manager = block_manager
         self.seed = seed
         self.waiting: deque[Request] = deque()
@@ -91,6 +96,8 @@ class Scheduler:
 
     def _schedule_chunked(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:
         budget = self.config.max_num_batched_tokens
+        target = self.config.step_time_target_ms
+        timer = StepTimer(self.step_cost, target / 1000) if target else None
         decodes = [r for r in self.running if r.is_decoding]
         prefills = [r for r in self.running if not r.is_decoding]
         for request in decodes + prefills:
@@ -98,9 +105,10 @@ class Scheduler:
                 break
             if request not in self.running:  # preempted earlier in this step
                 continue
-            n = self._chunk_len(request, budget, scheduled)
+            n = self._chunk_len(request, budget, scheduled, timer)
             if n and self._reserve(request, n, scheduled, preempted):
                 budget -= n
+                self._timed(timer, request, n)
         if preempted:
             return  # vLLM v1: a step that preempts admits nothing
         cap = self.config.max_partial_prefills
@@ -110,10 +118,11 @@ class Scheduler:
                 break
             request = self.waiting[0]
             hits = self._lookup_prefix(request)
-            n = self._chunk_len(request, budget, scheduled)
+            n = self._chunk_len(request, budget, scheduled, timer)
             if not n or not self._admit(request, n, scheduled, hits):
                 break
             budget -= n
+            self._timed(timer, request, n)
 
     def _schedule_orca(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:
         budget = self.config.max_num_batched_tokens
@@ -162,18 +171,28 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _chunk_len(self, request: Request, budget: int, scheduled: dict[Request, int]) -> int:
-        """Tokens of `request` to compute this step under the chunked policy's caps."""
+    def _chunk_len(self, request: Request, budget: int, scheduled: dict[Request, int],
+                   timer: StepTimer | None = None) -> int:
+        """Tokens of `request` to compute this step under the chunked policy's caps: the token budget, the
+        per-request caps and, with a time target, the step's predicted time."""
         remaining = request.num_tokens_to_compute
         if request.is_decoding:
             return 1
-        n = min(remaining, budget, self.config.chunk_cap(request.num_chunks))
+        n = min(remaining, budget, self.config.chunk_cap(request.num_chunks, request.num_prompt_tokens))
+        if timer is not None:
+            n = timer.fit(n, request.num_computed_tokens, remaining)
         tile = self.config.tile
         if tile and n < remaining:  # trim a cut chunk so the step ends on a tile boundary
             excess = (sum(scheduled.values()) + n) % tile
             if excess < n:
                 n -= excess
         return n
+
+    @staticmethod
+    def _timed(timer: StepTimer | None, request: Request, n: int) -> None:
+        """Tell the step timer a chunk joined the step (before update() moves the computed count on)."""
+        if timer is not None:
+            timer.add(n, request.num_computed_tokens, request.is_decoding, n == request.num_tokens_to_compute)
 
     def _lookup_prefix(self, request: Request) -> list[int]:
         """Cached blocks a waiting request's tokens start with; tentatively counts them as computed (a

@@ -1,4 +1,4 @@
-"""Built-in search spaces (default, latency, throughput, prefix) and the CI gate suite (ci), as TOML data
+"""Built-in search spaces (default, latency, throughput, prefix, dynamic) and the CI gate suite (ci), as TOML data
 shipped in the package (pyproject.toml maps this folder to chunkbench.sweeps)."""
 
 from __future__ import annotations

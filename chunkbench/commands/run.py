@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Annotated
 
@@ -18,20 +19,27 @@ from chunkbench.slo import parse_goodput
 
 @with_options(RUN_OPTIONS)
 @with_options(ENGINE_OPTIONS)
-@with_options(WORKLOAD_OPTIONS)
+@with_options(WORKLOAD_OPTIONS, num_requests=None)
 def run(model: Model = "small", **options) -> None:
     """Serve one workload with one engine config; print the metrics and write summary.json,
-    requests.parquet and steps.parquet."""
+    requests.parquet and steps.parquet. Unset, the request count and (chunked on the CPU) the step size
+    fit the device: the output says what was chosen."""
+    from chunkbench.device_defaults import fit_to_device
     from chunkbench.report import comparison_table
     from chunkbench.runs import run_benchmark, save_run
 
     o = run_options(options)
     slos = parse_goodput(o["goodput"])
     config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
-    seed, workload = options["seed"], options["workload"]
-    spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"], config=config,
                                engine_overhead=o["engine_overhead"])).backend
+    seed, workload = options["seed"], options["workload"]
+    spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **workload_options(options))
+    requests, knobs, notes = fit_to_device(backend, config, options, 1, config.scheduler.policy == "chunked", requests)
+    for note in notes:
+        console.print(f"[bold yellow]{note}[/]")
+    config = EngineConfig.create(model, **{**pick(options, ENGINE_OPTIONS), **knobs}) if knobs else config
+    spec = dataclasses.replace(spec, num_requests=len(requests))
     result = run_benchmark(config, requests, label=config.scheduler.policy, goodput_ms=slos, seed=seed,
                            warmup_steps=o["warmup_steps"], progress=not o["no_progress"], backend=backend)
     out = o["out"] or default_out("run")
@@ -49,7 +57,7 @@ def run(model: Model = "small", **options) -> None:
 
 @with_options(RUN_OPTIONS)
 @with_options(ENGINE_OPTIONS)
-@with_options(WORKLOAD_OPTIONS, workload="rag-mix")
+@with_options(WORKLOAD_OPTIONS, workload="rag-mix", num_requests=None)
 def compare(
     policies: Annotated[list[str], typer.Argument(
         help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
@@ -59,7 +67,9 @@ def compare(
 ) -> None:
     """Run the same requests through several policies; print one table (a column per policy, ratios against
     the first) and write comparison.json, plots and report.html. Policies that never split a prompt get a
-    budget of at least max-model-len."""
+    budget of at least max-model-len. Unset, the request count and (chunked on the CPU) the step size fit
+    the device: the output says what was chosen."""
+    from chunkbench.device_defaults import fit_to_device
     from chunkbench.report import comparison_table, write_comparison
     from chunkbench.runs import compare as compare_policies
 
@@ -70,10 +80,15 @@ def compare(
     base = dict(model=model, **engine)
     seed, workload = options["seed"], options["workload"]
     base_config = EngineConfig.create(**base)
-    spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **pick(options, WORKLOAD_OPTIONS))
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
                                config=base_config, engine_overhead=o["engine_overhead"])).backend
-    runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
+    spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **workload_options(options))
+    chunked = any(p.partition(":")[0] == "chunked" for p in policies)
+    requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies), chunked, requests)
+    for note in notes:
+        console.print(f"[bold yellow]{note}[/]")
+    spec = dataclasses.replace(spec, num_requests=len(requests))
+    runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed, chunked_defaults=knobs,
                             warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
                             on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
                                                             f"{r.result.wall_seconds:.1f} s of wall time"))
@@ -81,9 +96,21 @@ def compare(
     title = f"{model}, {workload}, {len(requests)} requests"
     summaries = write_comparison(runs, out, spec, title, "chunkbench compare " + " ".join(sys.argv[2:]))
     console.print(comparison_table(runs, title=title))
+    for r in runs:
+        target = r.config.scheduler.step_time_target_ms if r.config else None
+        if target and "p99_step_ms" in r.summary:
+            console.print(f"{r.label}: p99 step {r.summary['p99_step_ms']:,.0f} ms against a {target:g} ms target "
+                          f"({r.summary['p99_step_ms'] / target:.2f}x), longest {r.summary['max_step_ms']:,.0f} ms")
     save_json(o["json_out"], summaries)
     console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
-                  "timeline.png and one folder per policy")
+                  "timeline.png, step_times.png and one folder per policy")
+
+
+def workload_options(options: dict) -> dict:
+    """The workload flags; an unset --num-requests is the workload's default of 100 (fit_to_device may take
+    fewer on the CPU)."""
+    given = options.get("num_requests")
+    return pick(options, WORKLOAD_OPTIONS) | {"num_requests": 100 if given is None else given}
 
 
 def run_options(options: dict) -> dict:

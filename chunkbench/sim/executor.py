@@ -22,6 +22,7 @@ class SimExecutor:
         self.num_blocks = num_blocks
         self.activation = activation  # a step's peak activation bytes
         self.cold = False
+        self.step_cost = cost_model.predict  # what --step-time-target sizes steps with (hot, as steps mostly are)
 
     def idle(self, seconds: float) -> None:
         """The engine sat idle this long (the harness jumped the clock to the next arrival)."""

@@ -1,49 +1,12 @@
-"""What a simulated step's cost depends on (StepShape), and what predicts it (the CostModel protocol). No torch."""
+"""What a simulated step's cost depends on (StepShape, defined in engine/shape.py so the scheduler can size
+steps with it, re-exported here), and what predicts it (the CostModel protocol). No torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from chunkbench.engine.config import EngineConfig
-from chunkbench.engine.outputs import SchedulerOutput
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What a step's cost depends on: its prefill chunks and its decodes."""
-
-    prefills: tuple[tuple[int, int], ...]  # (chunk tokens, cached context before the chunk)
-    decodes: tuple[int, ...]  # keys each decode reads (its context length)
-    num_sampled: int  # rows that go through the LM head
-
-    @classmethod
-    def from_output(cls, output: SchedulerOutput) -> "StepShape":
-        prefills, decodes, sampled = [], [], 0
-        for c in output.chunks:
-            if c.is_decode:
-                decodes.append(c.context_len)
-            else:
-                prefills.append((c.num_tokens, c.start_pos))
-            sampled += c.sample
-        return cls(tuple(prefills), tuple(decodes), sampled)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(q for q, _ in self.prefills) + len(self.decodes)
-
-    @property
-    def prefill_attention_pairs(self) -> int:
-        """Visible (query, key) pairs of the prefill chunks: each query sees the context and itself causally."""
-        return sum(q * ctx + q * (q + 1) // 2 for q, ctx in self.prefills)
-
-    @property
-    def prefill_keys(self) -> int:
-        return sum(q + ctx for q, ctx in self.prefills)
-
-    @property
-    def decode_keys(self) -> int:
-        return sum(self.decodes)
+from chunkbench.engine.shape import StepShape  # noqa: F401 (re-exported: cost models import it from here)
 
 
 class CostModel(Protocol):

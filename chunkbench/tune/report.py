@@ -84,6 +84,11 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
                   f"{chosen.number} of study '{study.study_name}'", f"SLA: {slo_text}",
                   f"workload: {spec.workload.name} at {spec.workload.rate} req/s; figures {spec.backend}"]
         write_text(emit.chunkbench_toml(config, header), out_dir / "recommended.toml")
+        served, note = server_trial(spec, study, chosen)
+        if note:
+            lines.append(note)
+            header = header + [note]
+            config = trial_config(spec, served)
         write_text(emit.vllm_yaml(config, header), out_dir / "vllm.yaml")
         write_text(emit.vllm_flags(config) + "\n", out_dir / "vllm_flags.txt")
         write_text(emit.sglang_flags(config) + "\n", out_dir / "sglang.txt")
@@ -94,6 +99,27 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
     _plot_search(spec, study, out_dir)
     _write_html(spec, study, out_dir, winner, chosen, verified, command)
     return winner, lines
+
+
+def server_trial(spec: TuneSpec, study: optuna.Study,
+                 chosen: optuna.trial.FrozenTrial) -> tuple[optuna.trial.FrozenTrial, str | None]:
+    """The trial vLLM and SGLang configs carry, and why when it is not `chosen`: they have no step-time
+    target, so a winner with one is replaced by the best feasible trial without one (a fixed token budget),
+    and the note says how much the time budget gains over it."""
+    if not chosen.user_attrs["knobs"].get("step_time_target_ms"):
+        return chosen, None
+    fixed = [t for t in feasible_trials(study) if not t.user_attrs["knobs"].get("step_time_target_ms")]
+    what = "capacity" if spec.objective == "capacity" else "goodput"
+    if not fixed:
+        return chosen, (f"vLLM and SGLang have no step-time target and no trial without one met the SLA: their "
+                        f"configs carry trial {chosen.number}'s token budget without the target")
+    index = 2 if spec.objective == "pareto" else 0  # pareto: output throughput
+    what = "output throughput" if spec.objective == "pareto" else what
+    best, a, b = fixed[0], chosen.values[index], fixed[0].values[index]
+    gain = f"{100 * (a / b - 1):+.0f}%" if b > 0 else "from nothing"
+    return best, (f"vLLM and SGLang have no step-time target: their configs carry trial {best.number} "
+                  f"({knobs_text(best)}), the best fixed budget; the time budget gains {gain} {what} over it "
+                  f"({a:.2f} vs {b:.2f})")
 
 
 def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:

@@ -69,6 +69,10 @@ class SearchSpace:
                 if not isinstance(v, int) or isinstance(v, bool) or v < required:
                     raise UserError(f"{where}: '{key}' values must be whole numbers "
                                     f"{'>= 1' if required else '>= 0 (0 = no cap)'}, got {v!r}")
+        for key in (k for k in KNOBS if ENGINE_KNOBS[k].type is float):  # 0 = off (a time target: tokens only)
+            for v in self.values.get(key, []):
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+                    raise UserError(f"{where}: '{key}' values must be numbers >= 0 (0 = off), got {v!r}")
         budgets = self.values.get("max_num_batched_tokens", [2048])
         tiles = [t for t in self.values.get("tile", [0]) if t]
         if tiles and min(tiles) > max(budgets):
@@ -115,5 +119,7 @@ def engine_kwargs(point: dict, max_model_len: int) -> dict:
     kwargs.update(max_num_batched_tokens=budget, chunk_size=point.get("chunk_size") or None,
                   chunk_schedule=chunk_schedule(point.get("chunk_schedule", "fixed"), budget),
                   tile=tile if tile and tile <= budget else None,
-                  max_partial_prefills=point.get("max_partial_prefills") or None)
+                  max_partial_prefills=point.get("max_partial_prefills") or None,
+                  step_time_target_ms=point.get("step_time_target_ms") or None,
+                  num_chunks=point.get("num_chunks") or None)
     return kwargs

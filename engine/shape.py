@@ -1,0 +1,53 @@
+"""StepShape: what a step's cost depends on, in plain tuples. No torch, no chunkbench.
+
+It lives in engine/ because the scheduler describes candidate steps with it when it sizes a step to a time
+target (`step_time_target_ms`); cost models (chunkbench/sim/) predict its seconds, and
+chunkbench.sim.shape re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .outputs import SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a step's cost depends on: its prefill chunks and its decodes."""
+
+    prefills: tuple[tuple[int, int], ...]  # (chunk tokens, cached context before the chunk)
+    decodes: tuple[int, ...]  # keys each decode reads (its context length)
+    num_sampled: int  # rows that go through the LM head
+
+    @classmethod
+    def from_output(cls, output: SchedulerOutput) -> "StepShape":
+        prefills, decodes, sampled = [], [], 0
+        for c in output.chunks:
+            if c.is_decode:
+                decodes.append(c.context_len)
+            else:
+                prefills.append((c.num_tokens, c.start_pos))
+            sampled += c.sample
+        return cls(tuple(prefills), tuple(decodes), sampled)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(q for q, _ in self.prefills) + len(self.decodes)
+
+    @property
+    def prefill_attention_pairs(self) -> int:
+        """Visible (query, key) pairs of the prefill chunks: each query sees the context and itself causally."""
+        return sum(q * ctx + q * (q + 1) // 2 for q, ctx in self.prefills)
+
+    @property
+    def prefill_keys(self) -> int:
+        return sum(q + ctx for q, ctx in self.prefills)
+
+    @property
+    def decode_keys(self) -> int:
+        return sum(self.decodes)
+
+
+StepCost = Callable[[StepShape], float]  # a step's predicted seconds: a cost model's `predict`

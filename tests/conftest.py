@@ -1,8 +1,31 @@
-"""Without CUDA, Triton kernels run under the interpreter; it must be on before triton is imported."""
+"""Shared test set-up and helpers. Tests are grouped by layer: engine/, sim/, runs/, tune/, serving/, cli/.
+
+Without CUDA, Triton kernels run under the interpreter; it must be on before triton is imported."""
 
 import os
+import socket
+from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(args, capsys):
+    """`chunkbench ARGS` in this process: (exit code, stdout, stderr). An uncaught exception fails the test."""
+    from chunkbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -20,10 +20,9 @@ from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
 from chunkbench.workload import WorkloadSpec, build_workload
-from tests.test_config_and_cli import run_cli
+from tests.conftest import REPO, run_cli
 
 H100 = SimBackend("h100-sxm")
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_sla_strings():

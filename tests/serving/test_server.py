@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -14,13 +13,9 @@ from chunkbench.client import bench_endpoint
 from chunkbench.engine.config import EngineConfig
 from chunkbench.server import create_app
 from chunkbench.workload import WorkloadSpec, build_workload
-from tests.test_config_and_cli import run_cli
+from tests.conftest import free_port, run_cli
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from chunkbench.server_limits import ServerLimits
-from tests.test_server import idle
-from tests.test_server_hardening import running_server
+from tests.serving.test_server import idle
+from tests.serving.test_server_hardening import running_server
 
 NORMAL_OK = 200
 

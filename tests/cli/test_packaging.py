@@ -7,8 +7,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow

@@ -19,8 +19,8 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.request import SamplingError, SamplingParams
 from chunkbench.server import create_app
 from chunkbench.server_limits import ServerLimits
-from tests.test_config_and_cli import run_cli
-from tests.test_server import free_port, idle
+from tests.conftest import free_port, run_cli
+from tests.serving.test_server import idle
 
 
 @contextlib.contextmanager

@@ -4,7 +4,6 @@ hang or a silently wrong result; outputs are atomic; study names cannot escape o
 import json
 import os
 import time
-from pathlib import Path
 
 import optuna
 import pytest
@@ -12,7 +11,7 @@ import yaml
 
 from chunkbench import outputs
 from chunkbench.engine.engine import CpuClock
-from tests.test_config_and_cli import run_cli
+from tests.conftest import run_cli
 
 SIM = ["--backend", "sim", "--model", "llama-3-8b", "--no-progress"]
 

@@ -2,7 +2,6 @@
 tests/data/gpu-profiles, see its ORIGIN.md) and published serving figures. Each threshold is issue 15's
 acceptance number, checked on the data so that a change to the model or the constants can fail it."""
 
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,9 @@ from chunkbench.sim.engines import ENGINE_OVERHEAD_S, engine_overhead
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.roofline import RooflineCostModel
 from chunkbench.sim.shape import StepShape
+from tests.conftest import REPO
 
-DATA = Path(__file__).parent / "data" / "gpu-profiles"
+DATA = REPO / "tests" / "data" / "gpu-profiles"
 ROWS = {gpu_of(DATA / name).name: load_rows(DATA / name) for name in PROFILES}
 
 

@@ -15,7 +15,7 @@ from chunkbench.engine.request import SamplingParams
 from chunkbench.engine.shape import StepShape
 from chunkbench.engine.step_time import MIN_CHUNK_TOKENS, OnlineCorrection, StepTimer
 
-from tests.test_equivalence import MAX_TOKENS, PROMPT_LENS, assert_same, prompts, run as run_reference
+from tests.engine.test_equivalence import MAX_TOKENS, assert_same, prompts, run as run_reference
 
 
 def linear_cost(step: StepShape) -> float:

@@ -1,12 +1,12 @@
 """The README's metric table is metrics.METRIC_TABLE, and the table names every key a summary can hold."""
 
 import re
-from pathlib import Path
 
 from chunkbench.metric_table import METRIC_TABLE, metric_table_markdown
 from chunkbench.metrics import RequestRecord, StepRecord, summarize
+from tests.conftest import REPO
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = REPO / "README.md"
 
 
 def readme_table() -> str:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_config_and_cli import run_cli
+from tests.conftest import run_cli
 
 RUN_FLAGS = ["--rate", "--num-requests", "--duration", "--burstiness", "--time-scale", "--prompt-len", "--output-len",
              "--arrival", "--workload", "--seed", "--prefix-len", "--num-prefixes", "--goodput", "--gpu",

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from chunkbench.cli import main
+from tests.conftest import run_cli
 from chunkbench.engine.config import ConfigError, EngineConfig, ModelConfig
 from chunkbench.engine.presets import MODEL_PRESETS
 
@@ -45,11 +45,6 @@ def test_presets_have_their_published_sizes():
     assert ModelConfig.from_name("llama-3-8b") is MODEL_PRESETS["llama-3-8b"]
 
 
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from chunkbench.gate import Guard, judge
-from tests.test_config_and_cli import run_cli
+from tests.conftest import run_cli
 
 SIM_CASE = """
 [defaults]

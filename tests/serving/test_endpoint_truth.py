@@ -25,7 +25,7 @@ from chunkbench.outputs import write_json, write_parquet
 from chunkbench.runs import requests_frame
 from chunkbench.metrics import PERCENTILES, pct_key, summarize
 from chunkbench.workload import WorkloadRequest
-from tests.scripted_server import DONE, DROP, ScriptedServer, chat_tok, is_choice, tok, usage
+from tests.serving.scripted_server import DONE, DROP, ScriptedServer, chat_tok, is_choice, tok, usage
 
 TOL_S = 0.040
 

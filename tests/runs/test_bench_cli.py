@@ -8,7 +8,7 @@ import pytest
 from chunkbench.runs import compare, config_for_policy, parse_policy_spec
 from chunkbench.errors import UserError
 from chunkbench.workload import WorkloadSpec, build_workload
-from tests.test_config_and_cli import run_cli
+from tests.conftest import run_cli
 
 TINY = ["--model", "tiny", "--num-blocks", "512", "--max-model-len", "1024", "--no-progress", "--warmup-steps", "1"]
 

@@ -1,0 +1,1 @@
+"""The command line: configs, one-line errors, hardening, fuzzing, packaging."""

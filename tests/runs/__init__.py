@@ -1,0 +1,1 @@
+"""Runs: metrics, the metric table, workloads, compare and policy specs."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server and the endpoint client, against real and scripted servers."""

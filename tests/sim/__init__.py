@@ -1,0 +1,1 @@
+"""The simulator: cost models, calibration against GPU profiles, deployments (TP, long context)."""

@@ -1,0 +1,1 @@
+"""The tuner and the CI gate."""

@@ -28,17 +28,24 @@ class StepShape:
             sampled += c.sample
         return cls(tuple(prefills), tuple(decodes), sampled)
 
+    # Most simulated steps are decode-only: their prefill sums are 0 without running a generator.
     @property
     def num_tokens(self) -> int:
+        if not self.prefills:
+            return len(self.decodes)
         return sum(q for q, _ in self.prefills) + len(self.decodes)
 
     @property
     def prefill_attention_pairs(self) -> int:
         """Visible (query, key) pairs of the prefill chunks: each query sees the context and itself causally."""
+        if not self.prefills:
+            return 0
         return sum(q * ctx + q * (q + 1) // 2 for q, ctx in self.prefills)
 
     @property
     def prefill_keys(self) -> int:
+        if not self.prefills:
+            return 0
         return sum(q + ctx for q, ctx in self.prefills)
 
     @property

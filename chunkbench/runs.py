@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +126,18 @@ def describe(config: EngineConfig) -> dict:
 
 
 def environment() -> dict:
+    """Where the run ran. A run that never loaded torch (the simulator, an endpoint) does not import it for
+    this (2 s): torch's version then comes from its package metadata, the device from the platform, and
+    threads is the CPU count."""
+    if "torch" not in sys.modules:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            torch_version = version("torch")
+        except PackageNotFoundError:
+            torch_version = None
+        return {"python": platform.python_version(), "torch": torch_version, "device": platform.processor() or "cpu",
+                "machine": platform.machine(), "threads": os.cpu_count()}
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"

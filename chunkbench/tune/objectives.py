@@ -32,8 +32,8 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
         if spec.objective == "capacity":
             early = backend.kind in ("sim", "engine") and spec.early_stop  # runs the harness can stop
 
-            def run(w: list[WorkloadRequest]) -> dict | None:
-                stop = certain_miss(spec.slos, spec.max_sched_delay_ms, len(w)) if early else None
+            def run(w: list[WorkloadRequest], may_stop: bool = True) -> dict | None:
+                stop = certain_miss(spec.slos, spec.max_sched_delay_ms, len(w)) if early and may_stop else None
                 return measure(serve, config, w, progress=False, stop=stop, **options).summary or None
             return _capacity(spec, run, workload, knobs, capacity_hint)
         summary = measure(serve, config, workload, progress=progress, **options).summary
@@ -64,8 +64,8 @@ def _capacity(spec: TuneSpec, run, workload: list[WorkloadRequest], knobs: dict,
     a probe it stopped early because an SLA was certainly missed (infeasible, as the whole run would be)."""
     base_rate = len(workload) / max(workload[-1].arrival_time, 1e-9)
 
-    def feasible(rate: float) -> tuple[bool, dict | None]:
-        summary = run([replace(w, arrival_time=w.arrival_time * base_rate / rate) for w in workload])
+    def feasible(rate: float, may_stop: bool = True) -> tuple[bool, dict | None]:
+        summary = run([replace(w, arrival_time=w.arrival_time * base_rate / rate) for w in workload], may_stop)
         ok = summary is not None and max(violations(summary, spec.slos), default=0) <= 0 and \
             summary["median_scheduling_delay_ms"] <= spec.max_sched_delay_ms
         return ok, summary
@@ -90,7 +90,11 @@ def _capacity(spec: TuneSpec, run, workload: list[WorkloadRequest], knobs: dict,
             lo, best = (mid, summary) if ok else (lo, best)
             hi = hi if ok else mid
     capacity = lo or 0.0
+    if best is None:  # no rate met the SLAs: show by how much the lowest one missed (its full run)
+        best = summary if summary is not None else feasible(base_rate * 2.0 ** k, may_stop=False)[1]
     keys = METRIC_ATTRS + tuple(s.summary_key for s in spec.slos)
-    metrics = {k: best[k] for k in keys if k in best} if best else {}
-    return TrialOutcome([capacity], {"capacity": 0.0 if capacity > 0 else 1.0}, metrics | {"capacity_rps": capacity},
-                        knobs)
+    metrics = {k: best[k] for k in keys if k in best}
+    # Each SLO's margin at the capacity (or its miss at the lowest rate): ties on capacity go to more headroom.
+    constraints = {"capacity": 0.0 if capacity > 0 else 1.0} | dict(zip((s.name for s in spec.slos),
+                                                                       violations(best, spec.slos)))
+    return TrialOutcome([capacity], constraints, metrics | {"capacity_rps": capacity}, knobs)

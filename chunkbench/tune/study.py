@@ -56,8 +56,9 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return max(trial.constraints.values(), default=0.0) <= 0
 
 
-def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage) -> optuna.Study:
-    seed = spec.seed + zlib.crc32(name.encode())  # distinct processes on one study still differ a little
+def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage, worker: int = 0) -> optuna.Study:
+    # Distinct processes on one study (`worker`: --jobs) sample differently, else they would ask the same points.
+    seed = spec.seed + zlib.crc32(name.encode()) + 1_000_003 * worker
     if spec.objective == "pareto":
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, spec.n_trials // 4)))
         directions = ["minimize", "minimize", "maximize"]

@@ -146,5 +146,5 @@ class Request:
         self.token_times.append(now)
         if not self.sampling.ignore_eos and self.eos_token_id is not None and token_id == self.eos_token_id:
             self.status = RequestStatus.FINISHED_STOPPED
-        elif self.num_output_tokens >= self.sampling.max_tokens:
+        elif len(self.output_token_ids) >= self.sampling.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH

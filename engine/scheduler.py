@@ -85,6 +85,8 @@ class Scheduler:
             return None
         if self.waiting and len(running) < config.max_num_seqs and config.policy != "static":
             return None
+        if not running[-1].is_decoding:  # the newest admission, the likeliest to be mid-prefill: a quick no
+            return None
         return running if all(r.is_decoding for r in running) else None
 
     # ---- one step ----
@@ -265,12 +267,13 @@ class Scheduler:
     def update(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance computed counts, append sampled tokens; return the requests that got a token."""
         updated = []
+        requests, sampled = self.requests, result.sampled
         for chunk in output.chunks:
-            request = self.requests[chunk.request_id]
+            request = requests[chunk.request_id]
             if request.is_finished:  # aborted while the step ran
                 continue
-            token = result.sampled[chunk.request_id] if chunk.sample else None
-            if self.advance(request, chunk.num_tokens, chunk.is_decode, token, now):
+            token = sampled[chunk.request_id] if chunk.sample else None
+            if self.advance(request, len(chunk.token_ids), chunk.is_decode, token, now):
                 updated.append(request)
         return updated
 

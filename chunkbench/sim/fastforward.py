@@ -24,7 +24,6 @@ tests/test_fast_forward.py checks that outputs are identical with it on and off.
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 
 from chunkbench.metrics import StepRecord
 from chunkbench.sim.shape import StepShape
@@ -56,8 +55,11 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
 
     bm = engine.block_manager
     bs = bm.block_size
-    takes: dict[int, list[int]] = defaultdict(list)  # step -> requests (batch index) taking a block before it
-    fills: dict[int, list[int]] = defaultdict(list)  # step -> requests whose step fills a block (to cache it)
+    # A decode takes a block every bs steps and fills one every bs steps, so events are kept by phase (step
+    # mod bs), in running order: the setup costs O(running) however soon an arrival ends the stretch.
+    takes: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests (batch index) taking a block before it
+    first_take = []  # the first step at which each request takes one
+    fills: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests whose step fills a block (to cache it)
     contexts = []  # each decode's keys in the first step (its context length); +1 per step
     for i, r in enumerate(batch):
         computed = r.num_computed_tokens
@@ -65,11 +67,10 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
         if covered < computed:
             return 0, 0  # never happens: a table always covers the computed tokens
         contexts.append(computed + 1)
-        for j in range(covered - computed, horizon, bs):  # step j computes token computed + j
-            takes[j].append(i)
+        first_take.append(covered - computed)  # step j computes token computed + j: past `covered` it needs a block
+        takes[(covered - computed) % bs].append(i)
         if bm.enable_caching:
-            for j in range(-(computed + 1) % bs, horizon, bs):  # computed + j + 1 becomes a multiple of bs
-                fills[j].append(i)
+            fills[-(computed + 1) % bs].append(i)  # computed + j + 1 becomes a multiple of bs
 
     times: list[float] = []  # each step's end: the time of the tokens it samples
     done = [0] * len(batch)  # steps applied to each request so far
@@ -87,7 +88,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     clock, predict, activation = engine.clock, executor.cost_model.predict, executor.activation
     n, num_waiting = len(batch), len(scheduler.waiting)
     for j in range(horizon):
-        need = takes.get(j, ())
+        need = [i for i in takes[j % bs] if first_take[i] <= j]
         if len(need) > len(bm.free_blocks):
             break  # the scheduler would preempt in this step: let it
         for i in need:  # Scheduler._reserve, in running order
@@ -103,7 +104,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
                                 num_running=n, num_waiting=num_waiting, kv_blocks_used=bm.num_used_blocks,
                                 peak_activation_bytes=activation(shape)))
         last = j == horizon - 1
-        for i in sorted(finishers.union(fills.get(j, ()))) if last else fills.get(j, ()):
+        for i in sorted(finishers.union(fills[j % bs])) if last else fills[j % bs]:
             catch_up(i, j)  # Scheduler.update for a request whose token fills a block or finishes it
             scheduler.advance(batch[i], 1, True, sampled, now)
             done[i] = j + 1

@@ -242,6 +242,7 @@ class Scheduler:
     def _make_output(self, scheduled: dict[Request, int], preempted: list[Request],
                      now: float) -> SchedulerOutput:
         chunks = []
+        tables = self.block_manager.block_tables
         for request, n in scheduled.items():
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
@@ -250,7 +251,7 @@ class Scheduler:
                 request_id=request.request_id,
                 token_ids=request.token_ids_between(start, start + n),
                 start_pos=start,
-                block_table=self.block_manager.block_table(request.request_id),  # read during this step only
+                block_table=tables.get(request.request_id, []),  # the live table: read during this step only
                 sample=start + n == request.num_tokens,
                 is_decode=request.is_decoding,
                 sampling=request.sampling,
@@ -258,7 +259,7 @@ class Scheduler:
                 sample_seed=request.sample_seed,
             ))
         # Decided here, before update() moves computed counts on: is_decoding is still this step's view.
-        paused = [r.request_id for r in self.running if r.is_decoding and r not in scheduled]
+        paused = [r.request_id for r in self.running if r not in scheduled and r.is_decoding]
         return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],
                                num_cached_tokens=self._step_cached_tokens,
                                num_running=len(self.running), num_waiting=len(self.waiting),

@@ -20,11 +20,11 @@ class StepShape:
     @classmethod
     def from_output(cls, output: SchedulerOutput) -> "StepShape":
         prefills, decodes, sampled = [], [], 0
-        for c in output.chunks:
+        for c in output.chunks:  # ScheduledChunk's num_tokens and context_len, inlined: this runs every step
             if c.is_decode:
-                decodes.append(c.context_len)
+                decodes.append(c.start_pos + len(c.token_ids))
             else:
-                prefills.append((c.num_tokens, c.start_pos))
+                prefills.append((len(c.token_ids), c.start_pos))
             sampled += c.sample
         return cls(tuple(prefills), tuple(decodes), sampled)
 

@@ -85,7 +85,10 @@ def margin(spec: TuneSpec, study: optuna.Study) -> str | None:
     if round(w, 9) > round(r, 9):
         return (f"Margin: the winner's {what} is {w:.3f} req/s, {w - r:.3f} req/s ({100 * (w - r) / r:.1f}%) "
                 f"ahead of {name}.")
-    if spec.objective == "capacity":
+    if winner.user_attrs["metrics"] == runner.user_attrs["metrics"]:
+        why = ("they ran identically (every metric equal): the knobs in which they differ never came into play "
+               "on this workload")
+    elif spec.objective == "capacity":
         why = (f"the capacity search resolves rates to {CAPACITY_RESOLUTION_PCT:.1f}% on a fixed grid, and "
                "both met the SLAs at the same highest rate")
     else:
@@ -93,8 +96,14 @@ def margin(spec: TuneSpec, study: optuna.Study) -> str | None:
         why = ("every request met the SLAs in both: goodput is the offered rate, so the workload does not load "
                "the deployment (use --objective capacity, or a higher --rate)" if met == [100.0, 100.0]
                else "both served the same number of requests within the SLAs")
-    return (f"Margin: none: the winner ties with {name} at {w:.3f} req/s, because {why}; the tie goes to the "
+    text = (f"Margin: none: the winner ties with {name} at {w:.3f} req/s, because {why}; the tie goes to the "
             "trial with more SLA headroom.")
+    behind = next((t for t in winners if round(t.values[0], 9) < round(w, 9)), None)
+    if behind is not None:
+        v = behind.values[0]
+        text += (f" The best configuration with a lower {what}, trial {behind.number} ({knobs_text(behind)}), "
+                 f"is {w - v:.3f} req/s ({100 * (w - v) / v:.1f}%) behind.")
+    return text
 
 
 def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: dict[int, dict],

@@ -16,8 +16,22 @@ ON, OFF = SimBackend("h100-sxm", fast_forward=True), SimBackend("h100-sxm", fast
 
 
 def both(config, workload, **options):
-    runs = [run_benchmark(config, workload, backend=b, progress=False, **options) for b in (ON, OFF)]
-    fast, slow = runs
+    """Run with the fast path and without; assert equal outputs and that the fast path did run steps."""
+    import chunkbench.harness as harness
+
+    original, skipped = harness.fast_forward, []
+
+    def counting(*args):
+        steps, done = original(*args)
+        skipped.append(steps)
+        return steps, done
+    harness.fast_forward = counting
+    try:
+        fast = run_benchmark(config, workload, backend=ON, progress=False, **options)
+    finally:
+        harness.fast_forward = original
+    slow = run_benchmark(config, workload, backend=OFF, progress=False, **options)
+    assert sum(skipped) > 0
     assert fast.summary == slow.summary
     pd.testing.assert_frame_equal(requests_frame(fast.result), requests_frame(slow.result))
     pd.testing.assert_frame_equal(steps_frame(fast.result), steps_frame(slow.result))
@@ -27,7 +41,8 @@ def both(config, workload, **options):
 @pytest.mark.parametrize("policy", ["static", "continuous", "orca", "chunked"])
 @pytest.mark.parametrize("caching", [False, True])
 def test_same_results_with_preemptions(policy, caching):
-    # Three shared 256-token prefixes, round-robin, for the prefix cache; 200 blocks of 16 tokens cannot hold the batch: requests are preempted.
+    # Three shared 256-token prefixes, round-robin, for the prefix cache; 200 blocks of 16 tokens cannot hold
+    # the batch: requests are preempted.
     # (Not static: there a step that preempts without scheduling anything stops the run, fast path or not.)
     workload = build_workload(WorkloadSpec(name="rag-mix", num_requests=60, rate=20.0, seed=1, prefix_len=256,
                                            num_prefixes=3), 2048)

@@ -155,9 +155,10 @@ def not_verified(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict],
         notes.append("The roofline cost model comes from datasheet peaks and fixed efficiencies, not from "
                      "measurements of this GPU: it ranks configurations, its absolute figures are estimates.")
     if spec.objective == "capacity":
-        notes.append(f"Capacity is found by bisection to {CAPACITY_RESOLUTION_PCT:.1f}% on {spec.workload.num_requests} "
-                     "requests; configurations closer than that tie. Probes that had certainly missed an SLA were "
-                     "stopped early (same verdict as a full run). The SLA figures shown are those at the capacity.")
+        notes.append(f"Capacity is found by bisection to {CAPACITY_RESOLUTION_PCT:.1f}% on "
+                     f"{spec.workload.num_requests} requests; configurations closer than that tie. Probes that "
+                     "had certainly missed an SLA were stopped early (same verdict as a full run). The SLA figures "
+                     "shown are those at the capacity.")
     points = len(spec.space.points())
     done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     if done < points:

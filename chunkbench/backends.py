@@ -45,9 +45,9 @@ class Backend(ABC):
 
 def engine_runner(make_engine: Callable[[], LLMEngine]) -> Serve:
     """Serve workloads on engines from `make_engine`, a fresh one (scheduler, cache, clock) per workload."""
-    def serve(workload, *, seed=0, warmup_steps=3, progress=True, label="run") -> RunResult:
+    def serve(workload, *, seed=0, warmup_steps=3, progress=True, label="run", stop=None) -> RunResult:
         return run_workload(make_engine(), workload, seed=seed, warmup_steps=warmup_steps, progress=progress,
-                            description=label)
+                            description=label, stop=stop)
     return serve
 
 
@@ -122,6 +122,8 @@ class SimBackend(Backend):
     gpu: str | None = None
     cost_model: str | None = None  # a profile written by `chunkbench profile` (JSON) instead of a roofline
     engine_overhead: str | None = None  # roofline: the simulated engine's step overhead (sim/engines.py)
+    fast_forward: bool | None = None  # run decode-only stretches in one go (sim/fastforward.py); None: unless
+    # CHUNKBENCH_FAST_FORWARD=0. Results are identical either way; off is for tests and debugging.
     kind = "sim"
 
     def cost(self, config: EngineConfig):
@@ -141,7 +143,7 @@ class SimBackend(Backend):
 
         cost = self.cost(config)
         num_blocks = config.cache.num_blocks or min(cost.kv_blocks(config), MAX_NUM_BLOCKS)  # beyond: never used
-        yield engine_runner(lambda: sim_engine(config, cost, num_blocks))
+        yield engine_runner(lambda: sim_engine(config, cost, num_blocks, self.fast_forward))
 
     def __str__(self) -> str:
         return f"simulated, {'profile ' + self.cost_model if self.cost_model else self.roofline_label()}"

@@ -8,6 +8,7 @@ running step. Ctrl-C stops the run and keeps what finished.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.request import Request, SamplingParams
 from chunkbench.metrics import RequestRecord, StepRecord
+from chunkbench.sim.fastforward import fast_forward
 from chunkbench.workload import WorkloadRequest
 
 
@@ -29,6 +31,7 @@ class RunResult:
     interrupted: bool = False
     wall_seconds: float = 0.0
     server: dict | None = None  # endpoint runs: figures from the server's /metrics (client.server_figures)
+    stopped: bool = False  # `stop` ended the run early: the records are partial, the summary meaningless
 
 
 def prompt_ids(request_index: int, request: WorkloadRequest, vocab_size: int, seed: int) -> list[int]:
@@ -53,12 +56,20 @@ def warm_up(engine: LLMEngine, steps: int = 3) -> None:
         engine.step()
 
 
+STOP_CHECK_STEPS = 256  # how often `stop` is asked (steps)
+
+
 def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: int = 0, warmup_steps: int = 3,
-                 progress: bool = True, description: str = "run") -> RunResult:
-    """Serve `workload` on `engine` and record per-request token times and per-step composition."""
+                 progress: bool = True, description: str = "run", stop=None) -> RunResult:
+    """Serve `workload` on `engine` and record per-request token times and per-step composition.
+    `stop(requests, start, now)`, asked every STOP_CHECK_STEPS steps with the requests added so far, may end
+    the run early (a capacity probe that has certainly missed its SLA: tune/early_stop.py)."""
     if not engine.clock.virtual:
         warm_up(engine, warmup_steps)
     vocab = engine.config.model.vocab_size
+    # Token ids matter to a model and to prefix-cache hashes only: the simulator (its fast path on) without a
+    # prefix cache gets placeholder prompts of the right lengths; drawing random ids took longer than simulating.
+    placeholders = getattr(engine.executor, "fast_forward", False) and not engine.block_manager.enable_caching
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)
     requests: list[Request | None] = [None] * len(workload)
     steps: list[StepRecord] = []
@@ -67,7 +78,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
     # Paused decodes per request index: how many steps left it out, and which token gaps they fell in.
     paused_steps: dict[int, int] = {}
     paused_gaps: dict[int, set[int]] = {}
-    interrupted = False
+    interrupted = stopped = False
+    next_check = STOP_CHECK_STEPS
     wall_start = time.perf_counter()
     bar = Progress(TextColumn(f"[bold]{description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), disable=not progress, transient=True)
@@ -77,12 +89,17 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
         output_tokens = 0
         try:
             while next_index < len(order) or engine.has_unfinished():
+                if stop is not None and len(steps) >= next_check:
+                    next_check = len(steps) + STOP_CHECK_STEPS
+                    if stop([requests[i] for i in order[:next_index]], start, engine.clock.now()):
+                        stopped = True
+                        break
                 now = engine.clock.now() - start
                 while next_index < len(order) and workload[order[next_index]].arrival_time <= now:
                     i = order[next_index]
                     w = workload[i]
                     requests[i] = engine.add_request(
-                        prompt_ids(i, w, vocab, seed),
+                        [0] * w.prompt_len if placeholders else prompt_ids(i, w, vocab, seed),
                         SamplingParams(max_tokens=w.output_len, ignore_eos=True),
                         request_id=str(i), arrival_time=start + w.arrival_time)
                     next_index += 1
@@ -90,6 +107,13 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                     gap = workload[order[next_index]].arrival_time - now
                     engine.executor.idle(gap)  # the simulator's next step runs cold
                     engine.clock.wait(gap)  # sleeps on the real clock, jumps on the others
+                    continue
+                # The simulator runs decode-only stretches up to the next event in one go (0: not now).
+                next_arrival = workload[order[next_index]].arrival_time if next_index < len(order) else math.inf
+                skipped, done = fast_forward(engine, start, next_arrival, steps)
+                if skipped:
+                    output_tokens += skipped * steps[-1].decode_tokens  # a stretch's steps all decode as many
+                    finished += done
                     continue
                 step_start = engine.clock.now()
                 updated = engine.step()
@@ -121,12 +145,12 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
             interrupted = True
     records = [_record(r, w, start, paused_steps.get(i, 0), paused_gaps.get(i, set()))
                for i, (r, w) in enumerate(zip(requests, workload))
-               if r is not None and (r.is_finished or not interrupted)]  # interrupted: keep what finished
+               if r is not None and (r.is_finished or not (interrupted or stopped))]  # keep what finished
     ends = [rec.token_times[-1] for rec in records if rec.ok]
     first = min((rec.arrival_time for rec in records), default=0.0)
     return RunResult(requests=records, steps=steps, duration=max(ends, default=first) - first,
                      num_kv_blocks=engine.block_manager.num_blocks, interrupted=interrupted,
-                     wall_seconds=time.perf_counter() - wall_start)
+                     wall_seconds=time.perf_counter() - wall_start, stopped=stopped)
 
 
 def _record(request: Request, w: WorkloadRequest, start: float, num_paused: int = 0,

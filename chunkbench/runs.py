@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from chunkbench.engine.config import EngineConfig, default_budget, parse_chunk_s
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.errors import UserError
 from chunkbench.harness import RunResult
-from chunkbench.metrics import summarize
+from chunkbench.metrics import StepRecord, summarize
 from chunkbench.outputs import write_json, write_parquet
 from chunkbench.workload import WorkloadRequest, WorkloadSpec
 
@@ -40,10 +42,14 @@ def run_benchmark(config: EngineConfig, workload: list[WorkloadRequest], *, back
 
 def measure(serve: Serve, config: EngineConfig, workload: list[WorkloadRequest], *, label: str = "run",
             goodput_ms: dict[str, float] | None = None, seed: int = 0, warmup_steps: int = 3,
-            progress: bool = True, percentiles=(), backend: str = "engine") -> BenchRun:
+            progress: bool = True, percentiles=(), backend: str = "engine", stop=None) -> BenchRun:
     """Serve the workload in an open backend session and summarize it (`percentiles`: extra ones to report,
-    e.g. an SLA's p90)."""
-    result = serve(workload, seed=seed, warmup_steps=warmup_steps, progress=progress, label=label)
+    e.g. an SLA's p90). `stop` (engine and simulator sessions only; see harness.run_workload) may end the run
+    early: then the summary is empty."""
+    options = {} if stop is None else {"stop": stop}
+    result = serve(workload, seed=seed, warmup_steps=warmup_steps, progress=progress, label=label, **options)
+    if result.stopped:
+        return BenchRun(label, config, {}, result, backend)
     summary = summarize(result.requests, result.steps, result.duration, goodput_ms, result.num_kv_blocks or None,
                         extra_percentiles=percentiles)
     summary |= result.server or {}  # what only the server can see (its queue time) replaces the client's proxy
@@ -127,6 +133,18 @@ def describe(config: EngineConfig) -> dict:
 
 
 def environment() -> dict:
+    """Where the run ran. A run that never loaded torch (the simulator, an endpoint) does not import it for
+    this (2 s): torch's version then comes from its package metadata, the device from the platform, and
+    threads is the CPU count."""
+    if "torch" not in sys.modules:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            torch_version = version("torch")
+        except PackageNotFoundError:
+            torch_version = None
+        return {"python": platform.python_version(), "torch": torch_version, "device": platform.processor() or "cpu",
+                "machine": platform.machine(), "threads": os.cpu_count()}
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
@@ -138,12 +156,20 @@ def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = 
     """requests.parquet, steps.parquet, then summary.json (metrics, config, workload, environment, `extra`),
     each written atomically and the summary last: a complete summary.json means complete outputs."""
     write_parquet(requests_frame(run.result), out_dir / "requests.parquet")
-    write_parquet(pd.DataFrame([dataclasses.asdict(s) for s in run.result.steps]), out_dir / "steps.parquet")
+    write_parquet(steps_frame(run.result), out_dir / "steps.parquet")
     payload = {"label": run.label, **run.summary, "config": describe(run.config) if run.config else None, "backend": run.backend,
                "workload": dataclasses.asdict(workload_spec) if workload_spec else None,
                "environment": environment(), "interrupted": run.result.interrupted, **extra}
     write_json(payload, out_dir / "summary.json")
     return payload
+
+
+def steps_frame(result: RunResult) -> pd.DataFrame:
+    """One row per step (StepRecord's fields), built column by column: dataclasses.asdict per step took
+    longer than simulating the steps."""
+    if not result.steps:
+        return pd.DataFrame([])  # endpoint runs: as before, a frame without columns
+    return pd.DataFrame({f.name: [getattr(s, f.name) for s in result.steps] for f in dataclasses.fields(StepRecord)})
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:

@@ -38,15 +38,16 @@ def step_activation_bytes(model: ModelConfig, prefills, decodes, num_sampled: in
                           attention: str = "flash") -> int:
     """Peak bytes one GPU allocates for a step's activations. `prefills`: (chunk tokens, cached context)
     pairs; `decodes`: each decode's keys (context length)."""
-    n = sum(q for q, _ in prefills) + len(decodes)
+    n = sum(q for q, _ in prefills) + len(decodes) if prefills else len(decodes)  # most steps only decode
     if n == 0:
         return 0
     h, d = model.hidden_size, model.head_dim
     q_width, kv_width = heads_per_gpu(model, tp) * d, kv_heads_per_gpu(model, tp) * d
     step = n * (FP32 * (3 * d // 2 + 1) + 3 * 8)
     mlp = (3 * n * h + 3 * n * intermediate_per_gpu(model, tp)) * act_bytes
-    attention_bytes = (2 * n * h + 3 * n * q_width + 2 * n * kv_width) * act_bytes \
-        + max((chunk_attention_bytes(model, q, ctx, act_bytes, tp, attention) for q, ctx in prefills), default=0) \
+    chunks = max(chunk_attention_bytes(model, q, ctx, act_bytes, tp, attention) for q, ctx in prefills) \
+        if prefills else 0
+    attention_bytes = (2 * n * h + 3 * n * q_width + 2 * n * kv_width) * act_bytes + chunks \
         + decode_attention_bytes(model, decodes, tp, attention)
     logits = n * h * act_bytes + num_sampled * model.vocab_size * FP32 \
         + (num_sampled * -(-model.vocab_size // tp) * act_bytes if act_bytes != FP32 or tp > 1 else 0)

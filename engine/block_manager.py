@@ -84,7 +84,8 @@ class BlockManager:
     def blocks_needed(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> int:
         """New blocks to take so the table covers the computed tokens plus `num_new_tokens`."""
         have = len(self.block_tables.get(request.request_id, ())) or len(hits)
-        return max(0, cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - have)
+        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - have  # cdiv, inlined: hot
+        return needed if needed > 0 else 0
 
     def can_allocate(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> bool:
         reused_free = sum(1 for b in hits if self.ref_counts[b] == 0)  # taking them shrinks the free list

@@ -49,11 +49,11 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+        return sum(len(c.token_ids) for c in self.chunks)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for c in self.chunks if c.is_decode)
+        return sum(c.is_decode for c in self.chunks)
 
     @property
     def num_prefill_tokens(self) -> int:

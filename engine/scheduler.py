@@ -79,6 +79,21 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def decode_only_batch(self) -> list[Request] | None:
+        """The running requests (in step order) when, under every policy, the next step is one decode token
+        for each of them and nothing else: all are decoding, all fit the budget, and no waiting request can
+        be admitted (no free seat, or static's batch still runs). Else None. Whether their blocks fit is
+        the caller's check. The simulator fast-forwards through such steps (chunkbench/sim/fastforward.py):
+        a policy that treats decodes differently must refuse here, or tests/test_fast_forward.py fails."""
+        running, config = self.running, self.config
+        if not running or len(running) > config.max_num_batched_tokens:
+            return None
+        if self.waiting and len(running) < config.max_num_seqs and config.policy != "static":
+            return None
+        if not running[-1].is_decoding:  # the newest admission, the likeliest to be mid-prefill: a quick no
+            return None
+        return running if all(r.is_decoding for r in running) else None
+
     # ---- one step ----
 
     def schedule(self, now: float = 0.0) -> SchedulerOutput:
@@ -246,6 +261,7 @@ class Scheduler:
     def _make_output(self, scheduled: dict[Request, int], preempted: list[Request],
                      now: float) -> SchedulerOutput:
         chunks = []
+        tables = self.block_manager.block_tables
         for request, n in scheduled.items():
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
@@ -254,7 +270,7 @@ class Scheduler:
                 request_id=request.request_id,
                 token_ids=request.token_ids_between(start, start + n),
                 start_pos=start,
-                block_table=self.block_manager.block_table(request.request_id),  # read during this step only
+                block_table=tables.get(request.request_id, []),  # the live table: read during this step only
                 sample=start + n == request.num_tokens,
                 is_decode=request.is_decoding,
                 sampling=request.sampling,
@@ -262,7 +278,7 @@ class Scheduler:
                 sample_seed=request.sample_seed,
             ))
         # Decided here, before update() moves computed counts on: is_decoding is still this step's view.
-        paused = [r.request_id for r in self.running if r.is_decoding and r not in scheduled]
+        paused = [r.request_id for r in self.running if r not in scheduled and r.is_decoding]
         return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],
                                num_cached_tokens=self._step_cached_tokens,
                                num_running=len(self.running), num_waiting=len(self.waiting),
@@ -271,24 +287,33 @@ class Scheduler:
     def update(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance computed counts, append sampled tokens; return the requests that got a token."""
         updated = []
+        requests, sampled = self.requests, result.sampled
         for chunk in output.chunks:
-            request = self.requests[chunk.request_id]
+            request = requests[chunk.request_id]
             if request.is_finished:  # aborted while the step ran
                 continue
-            request.num_computed_tokens += chunk.num_tokens
-            self.block_manager.computed(request)
-            if not chunk.is_decode:
-                request.num_chunks += 1
-            if not chunk.sample:
-                continue
-            request.append_output(result.sampled[chunk.request_id], now)
-            if not request.is_finished and request.num_tokens >= self.config.max_model_len:
-                request.status = RequestStatus.FINISHED_LENGTH
-            if request.is_finished:
-                self.running.remove(request)
-                self._finish(request)
-            updated.append(request)
+            token = sampled[chunk.request_id] if chunk.sample else None
+            if self.advance(request, len(chunk.token_ids), chunk.is_decode, token, now):
+                updated.append(request)
         return updated
+
+    def advance(self, request: Request, num_tokens: int, is_decode: bool, token: int | None, now: float) -> bool:
+        """A chunk of `num_tokens` was computed: count them, cache the blocks they filled, append the sampled
+        `token` (None: the chunk ended mid-prompt) and finish the request if it is done. True when it got a
+        token. The simulator's fast path calls it too, for the steps where a decode fills a block or ends."""
+        request.num_computed_tokens += num_tokens
+        self.block_manager.computed(request)
+        if not is_decode:
+            request.num_chunks += 1
+        if token is None:
+            return False
+        request.append_output(token, now)
+        if not request.is_finished and request.num_tokens >= self.config.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH
+        if request.is_finished:
+            self.running.remove(request)
+            self._finish(request)
+        return True
 
     def _finish(self, request: Request) -> None:
         self.block_manager.free(request)

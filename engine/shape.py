@@ -24,25 +24,32 @@ class StepShape:
     @classmethod
     def from_output(cls, output: SchedulerOutput) -> "StepShape":
         prefills, decodes, sampled = [], [], 0
-        for c in output.chunks:
+        for c in output.chunks:  # ScheduledChunk's num_tokens and context_len, inlined: this runs every step
             if c.is_decode:
-                decodes.append(c.context_len)
+                decodes.append(c.start_pos + len(c.token_ids))
             else:
-                prefills.append((c.num_tokens, c.start_pos))
+                prefills.append((len(c.token_ids), c.start_pos))
             sampled += c.sample
         return cls(tuple(prefills), tuple(decodes), sampled)
 
+    # Most simulated steps are decode-only: their prefill sums are 0 without running a generator.
     @property
     def num_tokens(self) -> int:
+        if not self.prefills:
+            return len(self.decodes)
         return sum(q for q, _ in self.prefills) + len(self.decodes)
 
     @property
     def prefill_attention_pairs(self) -> int:
         """Visible (query, key) pairs of the prefill chunks: each query sees the context and itself causally."""
+        if not self.prefills:
+            return 0
         return sum(q * ctx + q * (q + 1) // 2 for q, ctx in self.prefills)
 
     @property
     def prefill_keys(self) -> int:
+        if not self.prefills:
+            return 0
         return sum(q + ctx for q, ctx in self.prefills)
 
     @property

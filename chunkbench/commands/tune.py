@@ -25,15 +25,19 @@ def tune(
     sla_tpot: Annotated[Optional[str], typer.Option(help="Time-per-output-token target, same forms.")] = None,
     sla_e2el: Annotated[Optional[str], typer.Option(help="End-to-end latency target, same forms.")] = None,
     sla_percentile: Annotated[float, typer.Option(help="Percentile the targets apply to (0-100].")] = 99.0,
-    objective: Annotated[str, typer.Option(help="goodput (maximise request goodput under the SLAs), capacity "
-                                           "(highest req/s meeting them, by bisection) or pareto (NSGA-II over "
-                                           "p99 TTFT, p99 TBT and throughput).")] = "goodput",
+    objective: Annotated[str, typer.Option(help="capacity (highest req/s meeting the SLAs with median scheduling "
+                                           "delay <= --max-sched-delay, by bisection: Sarathi-Serve's), goodput "
+                                           "(request goodput under the SLAs at the workload's rate) or pareto "
+                                           "(NSGA-II over p99 TTFT, p99 TBT and throughput). auto: capacity when "
+                                           "an --sla-* is given, else goodput.")] = "auto",
     space: Annotated[str, typer.Option(help="Search space: a TOML file, or a built-in one: default, latency, "
                                        "throughput, prefix.")] = "default",
     workload: Annotated[Optional[str], typer.Option(help="Workload (overrides the space file's); see `run`.")] = None,
     rate: Annotated[Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space file's).")] = None,
     num_requests: Annotated[Optional[int], typer.Option(help="Requests per trial (overrides the space file's).")] = None,
     n_trials: Annotated[int, typer.Option(help="Complete trials the study should hold, over all processes.")] = 60,
+    jobs: Annotated[int, typer.Option(help="Trials in this many processes at once on this machine, one shared "
+                                      "study (the trial count stays exact).")] = 1,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds (s).")] = None,
     backend: BackendOpt = "auto",
     gpu: Gpu = None,
@@ -71,11 +75,14 @@ def tune(
     from chunkbench.workload import WorkloadSpec, build_workload
 
     slos = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el}, sla_percentile)
+    if objective == "auto":
+        objective = "capacity" if slos else "goodput"
     if objective not in OBJECTIVES:
         raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
     if objective == "capacity" and not slos:
         raise UserError("--objective capacity needs at least one --sla-* target")
     check_number("--n-trials", n_trials, low=1)
+    check_number("--jobs", jobs, low=1)
     check_number("--verify-top", verify_top, low=0)
     check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
     check_number("--launch-timeout", launch_timeout, low=0, low_open=True)
@@ -100,7 +107,8 @@ def tune(
     build_workload(spec_workload)  # a bad workload fails here, before anything is written
     name = study or default_study_name(spec)
     tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify else 0,
-                    progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]))
+                    progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]), jobs=jobs,
+                    backend_note=resolved.note)
 
 
 def register(app: typer.Typer) -> None:

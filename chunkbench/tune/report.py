@@ -14,11 +14,13 @@ from chunkbench.outputs import write_figure, write_text
 from chunkbench.report import embedded_png, html_page, pyplot
 from chunkbench.slo import SLO
 from chunkbench.tune import emit
+from chunkbench.tune.objectives import BISECTIONS
+from chunkbench.tune.plots import plot_knobs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, feasible_trials, is_feasible
 
 OUTPUTS = ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
-           "report.html")
+           "knobs.png", "report.html")
 
 
 def trial_config(spec: TuneSpec, trial: optuna.trial.FrozenTrial) -> EngineConfig:
@@ -64,13 +66,56 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     return table
 
 
+CAPACITY_RESOLUTION_PCT = 100 * (2 ** (1 / 2 ** BISECTIONS) - 1)
+
+
+def margin(spec: TuneSpec, study: optuna.Study) -> str | None:
+    """How far the winner is ahead of the runner-up (the best feasible trial with other knobs), or why they
+    are equal. None for pareto (a front has no single runner-up) or when nothing is feasible."""
+    winners = feasible_trials(study)
+    if spec.objective == "pareto" or not winners:
+        return None
+    winner = winners[0]
+    runner = next((t for t in winners[1:] if knobs_text(t) != knobs_text(winner)), None)
+    what = "capacity" if spec.objective == "capacity" else "goodput"
+    if runner is None:
+        return f"Margin: trial {winner.number} is the only feasible configuration; no runner-up to compare."
+    w, r = winner.values[0], runner.values[0]
+    name = f"the runner-up (trial {runner.number}: {knobs_text(runner)})"
+    if round(w, 9) > round(r, 9):
+        return (f"Margin: the winner's {what} is {w:.3f} req/s, {w - r:.3f} req/s ({100 * (w - r) / r:.1f}%) "
+                f"ahead of {name}.")
+    if winner.user_attrs["metrics"] == runner.user_attrs["metrics"]:
+        why = ("they ran identically (every metric equal): the knobs in which they differ never came into play "
+               "on this workload")
+    elif spec.objective == "capacity":
+        why = (f"the capacity search resolves rates to {CAPACITY_RESOLUTION_PCT:.1f}% on a fixed grid, and "
+               "both met the SLAs at the same highest rate")
+    else:
+        met = [t.user_attrs["metrics"].get("sla_attainment_pct") for t in (winner, runner)]
+        why = ("every request met the SLAs in both: goodput is the offered rate, so the workload does not load "
+               "the deployment (use --objective capacity, or a higher --rate)" if met == [100.0, 100.0]
+               else "both served the same number of requests within the SLAs")
+    text = (f"Margin: none: the winner ties with {name} at {w:.3f} req/s, because {why}; the tie goes to the "
+            "trial with more SLA headroom.")
+    behind = next((t for t in winners if round(t.values[0], 9) < round(w, 9)), None)
+    if behind is not None:
+        v = behind.values[0]
+        text += (f" The best configuration with a lower {what}, trial {behind.number} ({knobs_text(behind)}), "
+                 f"is {w - v:.3f} req/s ({100 * (w - v) / v:.1f}%) behind.")
+    return text
+
+
 def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: dict[int, dict],
-                  command: str) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
+                  command: str, backend_note: str | None = None) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
     """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal."""
     out_dir.mkdir(parents=True, exist_ok=True)
     winners = feasible_trials(study)
     winner = winners[0] if winners else None
     lines = []
+    ahead = margin(spec, study)
+    if ahead:
+        lines.append(ahead)
     chosen = winner or closest_trial(study, spec.slos)
     slo_text = ", ".join(map(str, spec.slos)) or "no SLA"
     if winner is None:
@@ -97,7 +142,11 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
     frame = study.trials_dataframe(attrs=("number", "state", "values", "params", "user_attrs", "duration"))
     write_text(frame.to_csv(index=False), out_dir / "trials.csv")
     _plot_search(spec, study, out_dir)
-    _write_html(spec, study, out_dir, winner, chosen, verified, command)
+    knob_plot = plot_knobs(spec, study, winner, out_dir / "knobs.png")
+    if not knob_plot:
+        (out_dir / "knobs.png").unlink(missing_ok=True)  # a resumed study's old plot would be stale
+    notes = not_verified(spec, study, verified, backend_note)
+    _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, notes, knob_plot)
     return winner, lines
 
 
@@ -120,6 +169,31 @@ def server_trial(spec: TuneSpec, study: optuna.Study,
     return best, (f"vLLM and SGLang have no step-time target: their configs carry trial {best.number} "
                   f"({knobs_text(best)}), the best fixed budget; the time budget gains {gain} {what} over it "
                   f"({a:.2f} vs {b:.2f})")
+
+
+def not_verified(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict], backend_note: str | None) -> list[str]:
+    """What the report's figures do not establish, and why."""
+    notes = []
+    if not verified:
+        notes.append(f"No trial was re-measured on the real engine: every figure is {spec.backend}"
+                     + (f" ({backend_note})." if backend_note else "."))
+    if spec.backend.kind == "sim" and not getattr(spec.backend, "cost_model", None):
+        notes.append("The roofline's kernel constants are fitted to operator profiles of reference GPUs (or are "
+                     "datasheet constants where the GPU is uncalibrated), not measured on this deployment: it ranks "
+                     "configurations, its absolute figures are estimates.")
+    if spec.objective == "capacity":
+        notes.append(f"Capacity is found by bisection to {CAPACITY_RESOLUTION_PCT:.1f}% on "
+                     f"{spec.workload.num_requests} requests; configurations closer than that tie. Probes that "
+                     "had certainly missed an SLA were stopped early (same verdict as a full run). The SLA figures "
+                     "shown are those at the capacity.")
+    points = len(spec.space.points())
+    done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    if done < points:
+        notes.append(f"The search is not exhaustive: {done} trials over a space of {points} configurations "
+                     "(TPE); a configuration never tried may do better.")
+    notes.append("Knobs outside the search space keep their defaults; other workloads or rates may rank "
+                 "configurations differently.")
+    return notes
 
 
 def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
@@ -160,7 +234,7 @@ def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
     plt.close(fig)
 
 
-def _write_html(spec, study, out_dir, winner, chosen, verified, command) -> None:
+def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, notes, knob_plot) -> None:
     esc = html.escape
     slo_rows = ""
     if chosen is not None:
@@ -189,8 +263,12 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command) -> None
     body = f"""<h1>chunkbench tune: {esc(study.study_name)}</h1><p><code>{esc(command)}</code></p>
 <p>{esc(spec.model)}, workload {esc(spec.workload.name)} at {spec.workload.rate} req/s, objective
 {spec.objective}, {esc(str(spec.backend))}, {len(study.trials)} trials.</p>
-<h2>{esc(title)}</h2><table><tr><th>SLA</th><th>measured</th><th></th></tr>{slo_rows}</table>
+<h2>{esc(title)}</h2>{f"<p><b>{esc(ahead)}</b></p>" if ahead else ""}
+<table><tr><th>SLA</th><th>measured</th><th></th></tr>{slo_rows}</table>
 {embedded_png(out_dir / "search.png")}
+{"<h2>How each knob moves the objective and the SLA metrics</h2>" + embedded_png(out_dir / "knobs.png")
+ if knob_plot else ""}
+<h2>What was not verified, and why</h2><ul>{"".join(f"<li>{esc(n)}</li>" for n in notes)}</ul>
 <h2>Feasible trials, best first</h2>{verified_note}<table><tr><th>trial</th><th>knobs</th><th>objective</th>
 {"<th>real engine (verified)</th>" if verified else ""}</tr>{runners}</table>
 <h2>Why the others failed</h2><table><tr><th>trial</th><th>knobs</th><th>SLA misses</th></tr>{why}</table>"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 from pathlib import Path
 
@@ -25,8 +26,16 @@ def study_folder(name: str) -> Path:
     return Path("results/tune") / (re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "study")
 
 
+def _worker(spec: TuneSpec, name: str, url: str, worker: int) -> None:
+    """One more process on the study (--jobs): trials until the study holds n_trials, counted over all."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(url)
+    run_study(spec, create_study(spec, name, storage, worker), storage, url)
+
+
 def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Path | None, verify: int,
-                    progress: bool = True, command: str = "chunkbench tune") -> Path:
+                    progress: bool = True, command: str = "chunkbench tune", jobs: int = 1,
+                    backend_note: str | None = None) -> Path:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out = out or study_folder(name)
     if storage_url is None:
@@ -49,7 +58,18 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
             label = f"best feasible: trial {best[0].number}, {best[0].values[0]:.3f}" if best else "none feasible yet"
             bar.update(task, completed=complete, best=label)
 
+        # --jobs: more processes on the same storage; study_lock keeps the trial count exact. spawn, not fork:
+        # this process already holds database connections and threads.
+        context = multiprocessing.get_context("spawn")
+        workers = [context.Process(target=_worker, args=(spec, name, storage_url, w), daemon=True)
+                   for w in range(1, jobs)]
+        for process in workers:
+            process.start()
         run_study(spec, study, storage, storage_url, on_trial=on_trial)
+        for process in workers:
+            process.join()
+            if process.exitcode:
+                console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     verified: dict[int, dict] = {}
     if verify:
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
@@ -57,7 +77,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
             console.print(f"verifying trial {trial.number} on the real engine ...")
             verified[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(),
                                               progress=progress).metrics
-    winner, lines = write_outputs(spec, study, out, verified, command)
+    winner, lines = write_outputs(spec, study, out, verified, command, backend_note)
     console.print(results_table(spec, study, verified))
     for line in lines:
         console.print(line, soft_wrap=True)

@@ -56,8 +56,9 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return max(trial.constraints.values(), default=0.0) <= 0
 
 
-def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage) -> optuna.Study:
-    seed = spec.seed + zlib.crc32(name.encode())  # distinct processes on one study still differ a little
+def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage, worker: int = 0) -> optuna.Study:
+    # Distinct processes on one study (`worker`: --jobs) sample differently, else they would ask the same points.
+    seed = spec.seed + zlib.crc32(name.encode()) + 1_000_003 * worker
     if spec.objective == "pareto":
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, spec.n_trials // 4)))
         directions = ["minimize", "minimize", "maximize"]
@@ -149,7 +150,8 @@ def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline,
     while deadline is None or time.monotonic() < deadline:
         with study_lock(url, study.study_name):
             fail_orphaned_trials(study, storage)
-            states = [t.state for t in study.get_trials(deepcopy=False)]
+            trials = study.get_trials(deepcopy=False)
+            states = [t.state for t in trials]
             complete, running = states.count(TrialState.COMPLETE), states.count(TrialState.RUNNING)
             if complete >= spec.n_trials or len(states) >= 3 * spec.n_trials:  # done, or too many crashes
                 return
@@ -164,7 +166,8 @@ def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline,
         heartbeat.start()
         try:
             point = spec.space.params(trial.suggest_categorical)
-            outcome = evaluate(spec, engine_kwargs(point, workload_max_len), workload)
+            outcome = evaluate(spec, engine_kwargs(point, workload_max_len), workload,
+                               capacity_hint=_latest_capacity(trials))
         except (ConfigError, RuntimeError, MemoryError, ValueError) as exc:  # e.g. out of memory
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
             study.tell(trial, state=TrialState.FAIL)
@@ -178,6 +181,15 @@ def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline,
         study.tell(trial, outcome.values if len(outcome.values) > 1 else outcome.values[0])
         if on_trial:
             on_trial(study)
+
+
+def _latest_capacity(trials: list[optuna.trial.FrozenTrial]) -> float | None:
+    """The capacity of the latest complete trial that found one: where the next capacity search starts."""
+    for t in reversed(trials):
+        capacity = t.user_attrs.get("metrics", {}).get("capacity_rps") if t.state == TrialState.COMPLETE else None
+        if capacity:
+            return capacity
+    return None
 
 
 def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -78,12 +78,18 @@ TUNE = ["tune", "--model", "llama-3-8b", "--sla-ttft", "300ms", "--sla-tbt", "10
 
 
 def test_tune_writes_every_output(tmp_path, capsys):
+    # With an SLA the default objective is capacity (it was goodput, which ties once every request meets it).
     out = tmp_path / "t"
     code, stdout, err = run_cli([*TUNE, "--n-trials", "8", "--out", str(out)], capsys)
     assert code == 0, err
     for name in ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
-                 "report.html", "study.db"):
+                 "knobs.png", "report.html", "study.db"):
         assert (out / name).exists(), name
+    assert "trials (capacity, simulated" in stdout
+    assert re.search(r"Margin: (the winner's capacity is .* ahead of|none: the winner ties with) the runner-up",
+                     stdout.replace("\n", " "))
+    page = (out / "report.html").read_text()
+    assert "How each knob moves" in page and "What was not verified, and why" in page and "Margin:" in page
     config = yaml.safe_load((out / "vllm.yaml").read_text())
     assert config["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
     real_vllm_options = {"max-num-batched-tokens", "max-num-seqs", "max-model-len", "enable-chunked-prefill",
@@ -93,6 +99,34 @@ def test_tune_writes_every_output(tmp_path, capsys):
     assert set(config) <= real_vllm_options and config["max-num-batched-tokens"] >= 256
     assert "--chunked-prefill-size" in (out / "sglang.txt").read_text()
     assert "SIMULATED" in stdout
+
+
+def test_capacity_early_stop_and_warm_start_find_the_same_capacity():
+    """Probes stopped once an SLA is certainly missed, and brackets started from another trial's capacity,
+    change the work done, not the capacity found."""
+    import dataclasses
+
+    workload_spec = WorkloadSpec(name="rag-mix", num_requests=80, rate=4.0, seed=2)
+    spec = TuneSpec(model="llama-3-8b", slos=parse_slas({"ttft": "300ms", "e2el": "20s"}), space=small_space(),
+                    workload=workload_spec, backend=H100, objective="capacity")
+    workload = build_workload(workload_spec, 8192)
+    for knobs in ({"max_num_batched_tokens": 512, "max_num_seqs": 8}, {"max_num_batched_tokens": 2048}):
+        kwargs = engine_kwargs({"policy": "chunked", "max_num_seqs": 256, **knobs}, 8192)
+        full = evaluate(dataclasses.replace(spec, early_stop=False), kwargs, workload)
+        assert full.values[0] > 0
+        for hint in (None, 1.0, 300.0, full.values[0]):
+            fast = evaluate(spec, kwargs, workload, capacity_hint=hint)
+            assert fast.values == full.values and fast.constraints == full.constraints, (knobs, hint)
+
+
+def test_jobs_run_trials_in_parallel_processes_with_the_exact_count(tmp_path, capsys):
+    out = tmp_path / "j"
+    code, _, err = run_cli([*TUNE[:-3], "--num-requests", "30", "--n-trials", "6", "--jobs", "2", "--out", str(out),
+                            "--no-progress"], capsys)
+    assert code == 0, err
+    trials = _study(out / "study.db").get_trials()
+    assert len(trials) == 6 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert len({t.user_attrs.get("worker") for t in trials}) == 2, "both processes ran trials"
 
 
 def test_nothing_feasible_names_the_closest_trial(tmp_path, capsys):

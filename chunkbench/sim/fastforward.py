@@ -1,0 +1,115 @@
+"""Fast-forward through decode-only stretches: the simulator's shortcut through steps it can predict.
+
+Most steps of a simulated run are alike: every running request decodes one token, nothing arrives, nothing
+finishes, no prompt is mid-prefill. `fast_forward` runs such a stretch without the scheduler's per-step
+bookkeeping, and leaves every object exactly as the step-by-step path (`LLMEngine.step`) would:
+
+- each step's seconds come from the same `cost_model.predict(StepShape)` call on the same shape, and the
+  virtual clock adds them one by one in step order, so the floating-point sums are the same;
+- KV blocks are taken (`BlockManager.append`) and full blocks cached (`BlockManager.computed`) by the real
+  methods in the scheduler's order: step by step, in running order, taking blocks before the step and
+  caching after it, so block ids, evictions and prefix-cache hits are the same;
+- every other update (one more computed token, one more output token and its time) is plain, so between
+  those events a request's computed count, output tokens and token times are brought up to date in
+  bulk (`catch_up`), always before the block manager reads them.
+
+A stretch ends with the step that finishes a request (its update goes through `Scheduler.advance`, as do
+those of decodes that fill a block when the prefix cache is on), before a step that would find too few free
+blocks (the scheduler preempts), and after the step that reaches the next arrival. The harness calls
+it before every ordinary step; it returns 0 when the next step is not a pure decode step.
+tests/test_fast_forward.py checks that outputs are identical with it on and off. Off: CHUNKBENCH_FAST_FORWARD=0
+(or SimBackend(fast_forward=False)).
+"""
+
+from __future__ import annotations
+
+import os
+
+from chunkbench.metrics import StepRecord
+from chunkbench.sim.shape import StepShape
+
+MAX_STRETCH = 512  # steps per call: bounds the event lists built up front when an arrival cuts a stretch short
+
+
+def enabled_by_default() -> bool:
+    return os.environ.get("CHUNKBENCH_FAST_FORWARD", "1") != "0"
+
+
+def fast_forward(engine, start: float, next_arrival: float, steps: list[StepRecord]) -> tuple[int, int]:
+    """Run the decode-only steps ahead, appending their records to `steps`; return how many steps ran and how
+    many requests finished. `start` is the run's clock origin and `next_arrival` the next request's arrival
+    (relative to it), as in harness.run_workload."""
+    executor, scheduler = engine.executor, engine.scheduler
+    if not getattr(executor, "fast_forward", False) or executor.cold:  # a cold step is scaled: ordinary path
+        return 0, 0
+    running = scheduler.decode_only_batch()
+    if running is None:
+        return 0, 0
+    batch = list(running)  # requests that finish leave scheduler.running; indices into `batch` stay valid
+    sampled = executor.SAMPLED_TOKEN
+    max_len = scheduler.config.max_model_len
+    lefts = [1 if not r.sampling.ignore_eos and r.eos_token_id == sampled  # its next token stops it
+             else min(r.sampling.max_tokens - len(r.output_token_ids), max_len - r.num_tokens) for r in batch]
+    horizon = min(MAX_STRETCH, *lefts)  # the last step may finish requests: the stretch ends with it
+    finishers = {i for i, left in enumerate(lefts) if left == horizon}
+
+    bm = engine.block_manager
+    bs = bm.block_size
+    # A decode takes a block every bs steps and fills one every bs steps, so events are kept by phase (step
+    # mod bs), in running order: the setup costs O(running) however soon an arrival ends the stretch.
+    takes: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests (batch index) taking a block before it
+    first_take = []  # the first step at which each request takes one
+    fills: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests whose step fills a block (to cache it)
+    contexts = []  # each decode's keys in the first step (its context length); +1 per step
+    for i, r in enumerate(batch):
+        computed = r.num_computed_tokens
+        covered = len(bm.block_table(r.request_id)) * bs
+        if covered < computed:
+            return 0, 0  # never happens: a table always covers the computed tokens
+        contexts.append(computed + 1)
+        first_take.append(covered - computed)  # step j computes token computed + j: past `covered` it needs a block
+        takes[(covered - computed) % bs].append(i)
+        if bm.enable_caching:
+            fills[-(computed + 1) % bs].append(i)  # computed + j + 1 becomes a multiple of bs
+
+    times: list[float] = []  # each step's end: the time of the tokens it samples
+    done = [0] * len(batch)  # steps applied to each request so far
+
+    def catch_up(i: int, upto: int) -> None:
+        """Apply steps done[i] .. upto-1 to batch[i], as Scheduler.advance would have one by one."""
+        k = upto - done[i]
+        if k:
+            r = batch[i]
+            r.num_computed_tokens += k
+            r.output_token_ids.extend([sampled] * k)
+            r.token_times.extend(times[done[i]:upto])
+            done[i] = upto
+
+    clock, predict, activation = engine.clock, executor.cost_model.predict, executor.activation
+    n, num_waiting = len(batch), len(scheduler.waiting)
+    for j in range(horizon):
+        need = [i for i in takes[j % bs] if first_take[i] <= j]
+        if len(need) > len(bm.free_blocks):
+            break  # the scheduler would preempt in this step: let it
+        for i in need:  # Scheduler._reserve, in running order
+            catch_up(i, j)
+            bm.append(batch[i], 1)
+        shape = StepShape((), tuple([c + j for c in contexts]), n)
+        seconds = predict(shape)
+        step_start = clock.now()
+        clock.advance(seconds)
+        now = clock.now()
+        times.append(now)
+        steps.append(StepRecord(start=step_start - start, seconds=seconds, prefill_tokens=0, decode_tokens=n,
+                                num_running=n, num_waiting=num_waiting, kv_blocks_used=bm.num_used_blocks,
+                                peak_activation_bytes=activation(shape)))
+        last = j == horizon - 1
+        for i in sorted(finishers.union(fills[j % bs])) if last else fills[j % bs]:
+            catch_up(i, j)  # Scheduler.update for a request whose token fills a block or finishes it
+            scheduler.advance(batch[i], 1, True, sampled, now)
+            done[i] = j + 1
+        if next_arrival <= now - start:
+            break  # the harness adds the request before the next step
+    for i in range(n):
+        catch_up(i, len(times))
+    return len(times), sum(r.is_finished for r in batch)

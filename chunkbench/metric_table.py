@@ -1,5 +1,5 @@
 """What every summary key means, and whether it matches `vllm bench serve`: the README's metric table is
-generated from METRIC_TABLE (tests/test_metric_table.py keeps them equal)."""
+generated from METRIC_TABLE (tests/runs/test_metric_table.py keeps them equal)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 CB=${CB:-.venv/bin/chunkbench}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
-"$PY" -m pytest -q tests/test_kernels.py tests/test_equivalence.py -x -k "not float64"
+"$PY" -m pytest -q tests/engine/test_kernels.py tests/engine/test_equivalence.py -x -k "not float64"
 "$CB" kernels check
 "$CB" kernels bench --json "${OUT:-results}/kernels_bench.json"

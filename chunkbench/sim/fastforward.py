@@ -17,7 +17,7 @@ A stretch ends with the step that finishes a request (its update goes through `S
 those of decodes that fill a block when the prefix cache is on), before a step that would find too few free
 blocks (the scheduler preempts), and after the step that reaches the next arrival. The harness calls
 it before every ordinary step; it returns 0 when the next step is not a pure decode step.
-tests/test_fast_forward.py checks that outputs are identical with it on and off. Off: CHUNKBENCH_FAST_FORWARD=0
+tests/sim/test_fast_forward.py checks that outputs are identical with it on and off. Off: CHUNKBENCH_FAST_FORWARD=0
 (or SimBackend(fast_forward=False)).
 """
 

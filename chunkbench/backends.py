@@ -92,12 +92,15 @@ class SimBackend(Backend):
     gpu: str | None = None
     cost_model: str | None = None  # a profile written by `chunkbench profile` (JSON) instead of a roofline
     engine_overhead: str | None = None  # roofline: the simulated engine's step overhead (sim/engines.py)
+    server_calibration: object = None  # a sim/server_calibration.ServerCalibration: the roofline fitted to a server
     kind = "sim"
 
     def cost(self, config: EngineConfig):
         from chunkbench.sim.fitted import FittedCostModel
         from chunkbench.sim.roofline import RooflineCostModel, gpu_spec
 
+        if self.server_calibration is not None:
+            return self.server_calibration.cost_model(config)
         if self.cost_model:
             if engine_limitation(config):  # a profile times one device in the model's dtype
                 raise UserError(f"--cost-model profiles the real engine on one device: {engine_limitation(config)}"
@@ -110,10 +113,12 @@ class SimBackend(Backend):
         from chunkbench.sim.executor import sim_engine
 
         cost = self.cost(config)
-        num_blocks = config.cache.num_blocks or min(cost.kv_blocks(config), MAX_NUM_BLOCKS)  # beyond: never used
+        num_blocks = config.cache.num_blocks or getattr(self.server_calibration, "num_blocks", None) or min(cost.kv_blocks(config), MAX_NUM_BLOCKS)  # beyond: never used
         yield engine_runner(lambda: sim_engine(config, cost, num_blocks))
 
     def __str__(self) -> str:
+        if self.server_calibration is not None:
+            return f"simulated, roofline {self.server_calibration.label()}"
         return f"simulated, {'profile ' + self.cost_model if self.cost_model else self.roofline_label()}"
 
     def roofline_label(self) -> str:

@@ -21,7 +21,7 @@ from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import WorkloadSpec
 from tests.test_config_and_cli import run_cli
 
-TRUTH = ServerCalibration("cpu", 0.08, 0.15, 0.008, "small", num_blocks=1024)
+TRUTH = ServerCalibration("cpu", 0.08, 0.15, 0.008, 0.002, "small", num_blocks=1024)
 
 
 def make_spec(n_trials: int = 6) -> TuneSpec:
@@ -56,7 +56,7 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
         run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload)}
         runs.append(run | simulate_design(TRUTH, spec, run))
     fitted = fit(runs, spec, "cpu", num_blocks=1024)
-    for name in ("flops_scale", "bandwidth_scale", "step_overhead_s"):
+    for name in ("flops_scale", "bandwidth_scale", "step_overhead_s", "seq_overhead_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(TRUTH, name), rel=0.05), name
     assert fitted.fit_error_pct < 2 and fitted.fits
     assert all("simulated" in run for run in fitted.runs)

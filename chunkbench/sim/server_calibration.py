@@ -8,7 +8,9 @@ step overhead:
 - `flops_scale` multiplies the reference's bf16 FLOP/s (GEMMs, attention, the LM head): prefill-bound time;
 - `bandwidth_scale` multiplies its memory bandwidth (weight streaming, KV reads, elementwise kernels):
   decode-bound time;
-- `step_overhead_s` is the per-step engine time (scheduling, launches, sampling, the server's streaming).
+- `step_overhead_s` is the per-step engine time (scheduling, launches, sampling);
+- `seq_overhead_s` is the per-step time of each sequence in the step (input preparation, detokenizing and
+  streaming its token): what makes a server's ITL grow with its batch beyond the kernels' share.
 
 The reference is a GPU of sim/gpus.py (a GPU server: the scales then read as "this deployment reaches x of
 the datasheet") or `cpu`, a nominal host (1 TFLOP/s, 100 GB/s, one-row token tile, no kernel floors: a CPU
@@ -54,6 +56,7 @@ class ServerCalibration:
     flops_scale: float
     bandwidth_scale: float
     step_overhead_s: float
+    seq_overhead_s: float = 0.0
     model: str = ""
     server: str = ""  # the --launch template it was fitted on, for the record
     num_blocks: int | None = None  # the server's KV blocks, when known (--num-blocks)
@@ -73,15 +76,17 @@ class ServerCalibration:
     def label(self) -> str:
         error = f", fit error {self.fit_error_pct:.1f}%" if self.fit_error_pct is not None else ""
         return (f"fitted to the server on the {self.device} reference: compute x{self.flops_scale:.3g}, bandwidth "
-                f"x{self.bandwidth_scale:.3g}{error}")
+                f"x{self.bandwidth_scale:.3g}, step overhead {self.step_overhead_s * 1e3:.3g} ms + "
+                f"{self.seq_overhead_s * 1e3:.3g} ms per sequence{error}")
 
     def cost_model(self, config: EngineConfig):
         from chunkbench.sim.roofline import RooflineCostModel
 
         _, base = reference(self.device)
-        return RooflineCostModel(config.model, self.spec(), tensor_parallel_size=config.tensor_parallel_size,
+        roofline = RooflineCostModel(config.model, self.spec(), tensor_parallel_size=config.tensor_parallel_size,
                                  kv_dtype_bytes=config.cache.kv_dtype_bytes(2), step_overhead_s=self.step_overhead_s,
                                  engine="fitted", calibration=Calibration(base.constants, True, self.label()))
+        return PerSequenceOverhead(roofline, self.seq_overhead_s) if self.seq_overhead_s else roofline
 
     def save(self, path: Path) -> None:
         from chunkbench.outputs import write_json
@@ -99,3 +104,27 @@ class ServerCalibration:
                             "`chunkbench tune --presearch sim`")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class PerSequenceOverhead:
+    """A cost model plus a fixed time per sequence in each step (the CostModel protocol of sim/shape.py)."""
+
+    base: object
+    seq_overhead_s: float
+
+    @property
+    def idle_factor(self) -> float:
+        return self.base.idle_factor
+
+    def predict(self, step) -> float:
+        return self.base.predict(step) + self.seq_overhead_s * (len(step.prefills) + len(step.decodes))
+
+    def kv_blocks(self, config: EngineConfig) -> int:
+        return self.base.kv_blocks(config)
+
+    def activation_bytes(self, step) -> int:
+        return self.base.activation_bytes(step)
+
+    def __str__(self) -> str:
+        return str(self.base)

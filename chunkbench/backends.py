@@ -124,12 +124,15 @@ class SimBackend(Backend):
     engine_overhead: str | None = None  # roofline: the simulated engine's step overhead (sim/engines.py)
     fast_forward: bool | None = None  # run decode-only stretches in one go (sim/fastforward.py); None: unless
     # CHUNKBENCH_FAST_FORWARD=0. Results are identical either way; off is for tests and debugging.
+    server_calibration: object = None  # a sim/server_calibration.ServerCalibration: the roofline fitted to a server
     kind = "sim"
 
     def cost(self, config: EngineConfig):
         from chunkbench.sim.fitted import FittedCostModel
         from chunkbench.sim.roofline import RooflineCostModel, gpu_spec
 
+        if self.server_calibration is not None:
+            return self.server_calibration.cost_model(config)
         if self.cost_model:
             if engine_limitation(config):  # a profile times one device in the model's dtype
                 raise UserError(f"--cost-model profiles the real engine on one device: {engine_limitation(config)}"
@@ -142,10 +145,13 @@ class SimBackend(Backend):
         from chunkbench.sim.executor import sim_engine
 
         cost = self.cost(config)
-        num_blocks = config.cache.num_blocks or min(cost.kv_blocks(config), MAX_NUM_BLOCKS)  # beyond: never used
+        num_blocks = (config.cache.num_blocks or getattr(self.server_calibration, "num_blocks", None)
+                      or min(cost.kv_blocks(config), MAX_NUM_BLOCKS))  # more blocks than that are never used
         yield engine_runner(lambda: sim_engine(config, cost, num_blocks, self.fast_forward))
 
     def __str__(self) -> str:
+        if self.server_calibration is not None:
+            return f"simulated, roofline {self.server_calibration.label()}"
         return f"simulated, {'profile ' + self.cost_model if self.cost_model else self.roofline_label()}"
 
     def roofline_label(self) -> str:

@@ -220,7 +220,8 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
 
 def server_figures(before: dict, after: dict) -> dict:
     """What the run added to the server's vLLM-named metrics: the scheduling delay (its queue-time histogram,
-    median and p99) and the number of requests it finished. {} when the server exposes neither."""
+    median and p99), its mean tokens per engine step and the number of requests it finished. {} when the server
+    exposes none of them."""
     figures = {}
     name = "vllm:request_queue_time_seconds_bucket"
     if name in after:
@@ -234,6 +235,10 @@ def server_figures(before: dict, after: dict) -> dict:
             figures |= {"median_scheduling_delay_ms": 1000 * histogram_quantile(0.5, buckets),
                         "p99_scheduling_delay_ms": 1000 * histogram_quantile(0.99, buckets),
                         "scheduling_delay_source": "server"}
+    steps = _total(after, "vllm:iteration_tokens_total_count") - _total(before, "vllm:iteration_tokens_total_count")
+    if steps > 0:  # the engine's mean tokens per step (its iteration-tokens histogram's sum over its count)
+        figures["server_mean_step_tokens"] = (_total(after, "vllm:iteration_tokens_total_sum")
+                                       - _total(before, "vllm:iteration_tokens_total_sum")) / steps
     if "vllm:request_success_total" in after:
         figures["server_requests"] = int(_total(after, "vllm:request_success_total")
                                          - _total(before, "vllm:request_success_total"))

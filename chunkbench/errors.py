@@ -19,10 +19,10 @@ def read_toml(path: Path, flag: str) -> dict:
         raise UserError(f"{flag}: cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise UserError(f"{flag}: {path} is not text (UTF-8 TOML)") from None
-    except ValueError:  # a name no file system accepts, e.g. with a NUL byte
-        raise UserError(f"{flag}: {str(path)!r} is not a file name") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{flag}: {path} is not valid TOML: {exc}") from None
+    except ValueError:  # a name no file system accepts, e.g. with a NUL byte
+        raise UserError(f"{flag}: {str(path)!r} is not a file name") from None
 
 
 def check_number(flag: str, value, *, low: float | None = None, high: float | None = None,

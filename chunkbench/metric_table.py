@@ -49,9 +49,11 @@ METRIC_TABLE: list[MetricInfo] = [
                "endpoint: from the server's vllm:request_queue_time_seconds histogram when it has one (median "
                "and p99 interpolated in its buckets, scheduling_delay_source 'server'), else TTFT as an upper "
                "bound ('ttft-proxy')", "ms", "chunkbench only"),
-    MetricInfo("scheduling_delay_source / server_requests", "endpoint only: where the scheduling delay came "
-               "from (server or ttft-proxy); requests the server's vllm:request_success_total counted during "
-               "the run (the warm-up included)", "text / count", "chunkbench only"),
+    MetricInfo("scheduling_delay_source / server_requests / server_mean_step_tokens", "endpoint only: where "
+               "the scheduling delay came from (server or ttft-proxy); requests the server's "
+               "vllm:request_success_total counted during the run (the warm-up included); the server's mean "
+               "tokens per engine step during the run (its vllm:iteration_tokens_total histogram, sum over count)",
+               "text / count / tokens", "chunkbench only"),
     MetricInfo("sla_attainment_pct", "share of completed requests meeting every SLO given; "
                "sla_attainment_<metric>_pct for each SLO alone", "%", "chunkbench only"),
     MetricInfo("num_paused_decodes", "engine only: steps that left a running decode out, summed over "

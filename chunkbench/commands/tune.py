@@ -44,7 +44,15 @@ def tune(
     cost_model: CostModelPath = None,
     engine_overhead: EngineOverhead = None,
     verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
-                                            "when the model runs on this device.")] = 3,
+                                            "when the model runs on this device; --presearch sim: launch the best "
+                                            "N distinct configurations and pick the winner on those measurements."
+                                            )] = 3,
+    presearch: Annotated[str, typer.Option(help="--backend launch: 'sim' calibrates the simulator on a few "
+                                           "launches of the server, searches in simulation and launches only "
+                                           "the --verify-top best; 'none' launches every trial.")] = "none",
+    calibration: Annotated[Optional[Path], typer.Option(help="--presearch sim: a server calibration (JSON) to "
+                                                        "reuse for the same deployment; written there after "
+                                                        "calibrating when the file does not exist.")] = None,
     launch: Annotated[Optional[str], typer.Option(help="--backend launch: server command per trial, with "
                                                   "{model} and knob placeholders, e.g. \"vllm serve {model} "
                                                   "--max-num-batched-tokens {max_num_batched_tokens}\".")] = None,
@@ -86,6 +94,12 @@ def tune(
     check_number("--verify-top", verify_top, low=0)
     check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
     check_number("--launch-timeout", launch_timeout, low=0, low_open=True)
+    if presearch not in ("none", "sim"):
+        raise UserError(f"--presearch must be none or sim, got '{presearch}'")
+    if presearch == "sim" and backend != "launch":
+        raise UserError("--presearch sim calibrates on launched servers: it needs --backend launch")
+    if calibration is not None and presearch != "sim":
+        raise UserError("--calibration is the server calibration of --presearch sim")
     if timeout is not None:
         check_number("--timeout", timeout, low=0, low_open=True)
     check_writable(out, "--out", folder=True)
@@ -106,6 +120,13 @@ def tune(
                     max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)
     build_workload(spec_workload)  # a bad workload fails here, before anything is written
     name = study or default_study_name(spec)
+    if presearch == "sim":
+        from chunkbench.tune.presearch import presearch_tune
+
+        check_number("--verify-top", verify_top, low=1)
+        presearch_tune(spec, name, storage, out or study_folder(name), verify_top, resolved.backend, calibration,
+                       device=gpu or "cpu", progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]))
+        return
     tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify else 0,
                     progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]), jobs=jobs,
                     backend_note=resolved.note)

@@ -1,0 +1,206 @@
+"""Calibrate the simulator on the user's own server (`tune --presearch sim`, issue 18): launch it with a few
+designed configurations and short workloads, measure per-request TTFT and ITL over HTTP, and fit the
+roofline's free constants (sim/server_calibration.py) so that simulating those same runs gives the same
+distributions.
+
+The designs separate the cost terms: a *prefill* run (long prompts, a few tokens out, arriving together: TTFT
+is a queue of compute-bound prefills -> the compute scale), a *decode* run (short prompts, answers of many
+lengths: a batch that drains from a dozen to one, ITL at every batch size -> bandwidth and step overhead) and
+a *mixed* run (prompts short to long at the space's smallest budget, so chunks share steps with decodes).
+
+The fit: least squares over log(flops_scale, bandwidth_scale, step_overhead_s, seq_overhead_s) of relative
+errors (as log ratios), per run, of the mean, median, p90 and p99 of TTFT and of ITL; where the server exposes vLLM's metrics,
+also of its median queue time (vllm:request_queue_time_seconds) and its mean tokens per step
+(vllm:iteration_tokens_total), at half weight. The best point of a coarse log grid starts a Nelder-Mead
+search (percentiles of a discrete-event run are piecewise flat, so finite-difference gradients often see no
+slope). Each run is simulated with the arrivals the server saw (the client's send times). The reported fit
+error is the RMS relative error of the TTFT and ITL figures alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from chunkbench.backends import Backend, SimBackend
+from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.workload import WorkloadSpec, build_workload
+
+STAT_PCTS = (50, 90, 99)
+BOX = 6.0  # the fit stays within e^6 (x400) of its first guess: beyond, no real server
+SERVER_WEIGHT = 0.5  # the server's own figures back the client's up; they are coarser (histogram buckets)
+QUEUE_FLOOR_MS = 50.0  # relative error of a near-zero queue time means nothing: below this, absolute
+
+
+@dataclass(frozen=True)
+class Design:
+    name: str
+    knobs: dict  # engine keyword arguments on top of the tune's fixed flags
+    workload: WorkloadSpec
+    # The prefill run's ITLs are bimodal (a gap behind a 2k-token prefill step, or a plain decode step) with a
+    # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted on TTFT alone.
+    fitted: tuple[str, ...] = ("ttft_ms", "itl_ms")
+
+
+def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
+    """The three calibration runs for this tune. Every request arrives at once: the schedule then does not
+    hinge on where an arrival falls against a step boundary, so the figures move smoothly with the constants
+    (Poisson arrivals make the fit's objective jagged). Budgets come from the search space so the server
+    accepts them; only the token budget varies (a --launch template may not pass other knobs through)."""
+    budgets = sorted(spec.space.values.get("max_num_batched_tokens", [512]))
+    max_len = spec.base_config().scheduler.max_model_len
+    big = max([b for b in budgets if b <= 2048] or budgets[:1])
+    long_prompt = max(64, min(1024, max_len // 2, big))
+
+    def burst(n: int, prompt: str, output: str) -> WorkloadSpec:
+        return WorkloadSpec(name="synthetic", num_requests=n, arrival="all-at-once", seed=spec.seed,
+                            prompt_len=prompt, output_len=output)
+    return [Design("prefill", {"max_num_batched_tokens": big},
+                   burst(num_requests, f"uniform:{long_prompt // 4}:{long_prompt}", "fixed:4"), ("ttft_ms",)),
+            Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "uniform:16:64", "uniform:16:96")),
+            Design("mixed", {"max_num_batched_tokens": budgets[0]},
+                   burst(num_requests + 2, f"uniform:16:{long_prompt}", "uniform:8:64"))]
+
+
+def run_figures(result) -> dict:
+    """Per-request TTFTs and pooled ITLs (ms) of one run, and the server's figures when it had any."""
+    done = [r for r in result.requests if r.error is None and r.token_times]
+    return {"ttft_ms": [1e3 * r.ttft for r in done], "itl_ms": [1e3 * g for r in done for g in r.itls],
+            "server": dict(result.server or {}),
+            "send_s": [r.arrival_time if r.send_time is None else r.send_time for r in result.requests]}
+
+
+def measure_design(backend: Backend, spec: TuneSpec, design: Design) -> dict:
+    """Run one design on the (launched) server: its figures, with the design to simulate it again."""
+    config = spec.base_config(**design.knobs)
+    workload = build_workload(design.workload, config.scheduler.max_model_len)
+    with backend.session(config) as serve:
+        result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=design.name)
+    return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload),
+            "fitted": list(design.fitted)} | run_figures(result)
+
+
+def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -> dict:
+    """The same run in the simulator under `calibration`, with the server-style figures it can give."""
+    config = spec.base_config(**run["knobs"])
+    workload = build_workload(WorkloadSpec(**run["workload"]), config.scheduler.max_model_len)
+    if len(run.get("send_s", ())) == len(workload):
+        # "All at once" over HTTP is a few milliseconds of sends, and the server starts its first step on the
+        # first request to reach it: simulate the arrivals the server saw, not the ones the workload planned.
+        first = min(run["send_s"])
+        workload = sorted((dataclasses.replace(w, arrival_time=t - first) for w, t in zip(workload, run["send_s"])),
+                          key=lambda w: w.arrival_time)
+    with SimBackend(server_calibration=calibration).session(config) as serve:
+        result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=run["name"])
+    figures = run_figures(result)
+    delays = [1e3 * (r.first_scheduled_time - r.arrival_time) for r in result.requests
+              if r.first_scheduled_time is not None]
+    tokens = [s.prefill_tokens + s.decode_tokens for s in result.steps]
+    # The client's untimed warm-up (request 0's lengths, alone) is inside the server's counters: count its
+    # steps (whole-budget prefill chunks, then one token a step) and tokens here too.
+    first = workload[0] if workload else None
+    warm_steps = -(-first.prompt_len // config.scheduler.max_num_batched_tokens) + first.output_len - 1 if first else 0
+    warm_tokens = first.prompt_len + first.output_len - 1 if first else 0
+    figures["server"] = {"median_scheduling_delay_ms": float(np.median(delays)) if delays else 0.0,
+                         "server_mean_step_tokens": (sum(tokens) + warm_tokens) / max(1, len(tokens) + warm_steps)}
+    return figures
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    array = np.asarray(values)
+    return {"mean": float(array.mean())} | {f"p{p}": float(np.percentile(array, p)) for p in STAT_PCTS}
+
+
+def relative(simulated: float, measured: float) -> float:
+    """log(simulated / measured): the relative error near zero, but symmetric, so 10x too slow does not weigh
+    nine times 10x too fast (which would let one bimodal percentile steer the whole fit)."""
+    return math.log(max(simulated, 1e-9) / measured)
+
+
+def residuals(measured: dict, simulated: dict) -> tuple[list[float], list[float]]:
+    """(TTFT/ITL relative errors, server-figure errors) of one run."""
+    main = []
+    for key in measured.get("fitted", ("ttft_ms", "itl_ms")):
+        m, s = stats(measured[key]), stats(simulated[key])
+        main += [relative(s.get(k, 0.0), v) for k, v in m.items() if v > 0]
+    extra = []
+    server, sim_server = measured.get("server", {}), simulated.get("server", {})
+    if "median_scheduling_delay_ms" in server:
+        m = server["median_scheduling_delay_ms"]
+        extra.append((sim_server["median_scheduling_delay_ms"] - m) / max(m, QUEUE_FLOOR_MS))
+    if server.get("server_mean_step_tokens"):
+        m = server["server_mean_step_tokens"]
+        extra.append((sim_server["server_mean_step_tokens"] - m) / m)
+    return main, extra
+
+
+def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
+        num_blocks: int | None = None, grid: int = 3,
+        max_evaluations: int = 500, restarts: int = 4) -> ServerCalibration:
+    """Least squares of the runs' relative errors over the four constants (module docstring)."""
+    from scipy.optimize import minimize
+
+    def calibration(x) -> ServerCalibration:
+        return ServerCalibration(device, *np.exp(x).tolist(), model=spec.model, server=server, num_blocks=num_blocks)
+
+    def vector(x, with_server: bool = True) -> np.ndarray:
+        if box is not None and np.any(np.abs(x - box) > BOX):  # outside: constants no server has
+            return np.full(len(reference_vector), 1e3)
+        main, extra = [], []
+        for run in runs:
+            m, e = residuals(run, simulate_design(calibration(x), spec, run))
+            main += m
+            extra += e
+        return np.asarray(main + ([SERVER_WEIGHT * v for v in extra] if with_server else []))
+
+    box = None
+    reference_vector = vector(_guess(runs, spec, device))
+    box = _guess(runs, spec, device)
+    x0 = _start(box, vector, grid)
+    # The valley between bandwidth and the two overheads is long and narrow: Nelder-Mead shrinks its simplex
+    # before it reaches the bottom, so it restarts from where it stopped with a fresh one while that helps.
+    x, value = x0, float("inf")
+    for _ in range(restarts):
+        solution = minimize(lambda x: float(np.sum(vector(x) ** 2)), x, method="Nelder-Mead",
+                            options={"xatol": 1e-3, "fatol": 1e-9, "maxfev": max_evaluations,
+                                     "initial_simplex": x + 0.3 * np.vstack([np.zeros(len(x)), np.eye(len(x))])})
+        improved = solution.fun < 0.99 * value
+        x, value = solution.x, min(value, solution.fun)
+        if not improved:
+            break
+    best = calibration(x)
+    errors = np.expm1(vector(x, with_server=False))  # back to (simulated - measured) / measured
+    best.fit_error_pct = float(100 * math.sqrt(np.mean(errors ** 2))) if len(errors) else float("inf")
+    best.max_error_pct = float(100 * np.max(np.abs(errors))) if len(errors) else float("inf")
+    for run in runs:  # what the report plots: measured against fitted, per run
+        simulated = simulate_design(best, spec, run)
+        run["simulated"] = {k: simulated[k] for k in ("ttft_ms", "itl_ms", "server")}
+    best.runs = runs
+    return best
+
+
+def _guess(runs, spec, device) -> np.ndarray:
+    """A first guess (log constants) from the runs' median ITL: half of a step streams the weights."""
+    from chunkbench.sim.server_calibration import reference
+
+    itls = [g for run in runs for g in run["itl_ms"]]
+    median_itl_s = 1e-3 * (float(np.median(itls)) if itls else 30.0)
+    ref, _ = reference(device)
+    weight_bytes = 2 * spec.base_config().model.num_params
+    bandwidth_scale = weight_bytes / (0.5 * median_itl_s) / ref.mem_bandwidth
+    flops_scale = bandwidth_scale * 0.5  # a machine's FLOP/byte is usually below the reference's
+    return np.log([flops_scale, bandwidth_scale, 0.3 * median_itl_s, 0.02 * median_itl_s])
+
+
+def _start(centre: np.ndarray, vector, grid: int) -> np.ndarray:
+    """The best point of a coarse log grid around the first guess."""
+    offsets = np.linspace(-1.5, 1.5, grid) if grid > 1 else [0.0]
+    points = [centre + np.array(d) for d in itertools.product(offsets, repeat=len(centre))]
+    return min(points, key=lambda x: float(np.sum(vector(x) ** 2)))

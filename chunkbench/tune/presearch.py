@@ -1,0 +1,167 @@
+"""`chunkbench tune --backend launch --presearch sim`: tune a real server in a few launches instead of one per
+trial (issue 18). Three phases, each resumable:
+
+1. calibrate: launch the server for the designed runs of tune/calibrate.py and fit the simulator to them
+   (or load `--calibration FILE`, fitted before on the same deployment);
+2. search: every trial of the study in simulation with that calibration (seconds each);
+3. verify: launch the `--verify-top K` best distinct configurations for real; the winner is the best on the
+   *measured* figures, and the report shows simulated against measured for each.
+
+A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
+tune launches every trial instead: recommending from a simulator that does not describe the server would be
+worse than slow. Finished launches (calibration runs, verifications) are recorded in `presearch.json` in the
+study folder as they finish, so a killed tune resumes without repeating them; the simulated trials resume as
+any study does (Optuna keeps complete trials).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from chunkbench.backends import Backend, SimBackend
+from chunkbench.errors import UserError
+from chunkbench.outputs import write_json
+from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
+from chunkbench.tune import calibrate as cal
+from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.presearch_report import write_presearch_outputs
+from chunkbench.tune.report import knobs_text, results_table, write_outputs
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.tune.study import closest_trial, create_study, feasible_trials, open_storage, run_study
+from chunkbench.workload import build_workload
+
+console = Console()
+STATE_FILE = "presearch.json"
+
+
+class State:
+    """presearch.json: each finished launch, written the moment it finishes (atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {"calibration_runs": [], "verified": {}}
+
+    def save(self) -> None:
+        write_json(self.data, self.path)
+
+
+def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, path: Path | None,
+                    device: str) -> ServerCalibration:
+    """A given --calibration file, the study folder's (a resumed tune), or a new fit from launches."""
+    if path is not None and path.exists():
+        console.print(f"calibration: {path} (no calibration launches)")
+        return ServerCalibration.load(path)
+    if (out / "calibration.json").exists():
+        return ServerCalibration.load(out / "calibration.json")
+    runs = {r["name"]: r for r in state.data["calibration_runs"]}
+    for design in cal.designs(spec):
+        if design.name in runs:
+            continue  # launched before this process: its figures are in presearch.json
+        console.print(f"calibrating: launching the server for the {design.name} run ...")
+        run = cal.measure_design(launch, spec, design)
+        if not run["ttft_ms"]:
+            raise UserError(f"calibration: the {design.name} run completed no request on the launched server")
+        state.data["calibration_runs"].append(run)
+        state.save()
+        runs[design.name] = run
+    console.print("calibrating: fitting the simulator to those runs ...")
+    calibration = cal.fit([runs[d.name] for d in cal.designs(spec)], spec, device, getattr(launch, "launch", ""),
+                          spec.engine_overrides.get("num_blocks"))
+    calibration.save(out / "calibration.json")
+    if path is not None:
+        calibration.save(path)
+    return calibration
+
+
+def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int) -> list[dict]:
+    """Launch the k best distinct simulated configurations (the closest one when none met the SLAs)."""
+    candidates, seen = [], set()
+    for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
+        key = knobs_text(trial)
+        if key not in seen and len(candidates) < k:
+            seen.add(key)
+            candidates.append(trial)
+    workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
+    results = []
+    for trial in candidates:
+        key = knobs_text(trial)
+        if key not in state.data["verified"]:
+            console.print(f"verifying trial {trial.number} ({key}) on a launched server ...")
+            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch)
+            state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
+                                           "constraints": outcome.constraints, "feasible": outcome.feasible}
+            state.save()
+        results.append({"trial": trial.number, "knobs": key, "engine_knobs": trial.user_attrs["knobs"],
+                        "simulated": trial.user_attrs["metrics"],
+                        "sim_feasible": all(v <= 0 for v in trial.constraints.values())}
+                       | state.data["verified"][key])
+    # The winner is the best on the measured figures: SLAs met first, then the objective.
+    results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
+    return results
+
+
+def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path, verify: int, launch: Backend,
+                   calibration_path: Path | None = None, device: str = "cpu", progress: bool = True,
+                   command: str = "chunkbench tune") -> Path:
+    """Calibrate, search in simulation, verify by launching (module docstring)."""
+    from chunkbench.tune.run import tune_and_report
+
+    if spec.objective == "pareto":
+        raise UserError("--presearch sim picks one winner on measured figures: use --objective goodput or capacity")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out.mkdir(parents=True, exist_ok=True)
+    state = State(out / STATE_FILE)
+    started = time.monotonic()
+    calibration = calibration_for(spec, launch, out, state, calibration_path, device)
+    console.print(f"calibration: {calibration.label()} (max error {calibration.max_error_pct:.1f}%)")
+    if not calibration.fits:
+        console.print(f"calibration fit error {calibration.fit_error_pct:.1f}% exceeds {FIT_TOLERANCE_PCT:g}%: the "
+                      "simulator does not describe this server; launching every trial instead", soft_wrap=True)
+        state.data["mode"] = "launch every trial"
+        state.save()
+        result = tune_and_report(dataclasses.replace(spec, backend=launch), name, storage_url, out, 0,
+                                 progress=progress, command=command)
+        write_presearch_outputs(spec, out, calibration, [], None)
+        return result
+    state.data["mode"] = "presearch sim"
+    state.save()
+    sim_spec = dataclasses.replace(spec, backend=SimBackend(server_calibration=calibration))
+    storage_url = storage_url or f"sqlite:///{out / 'study.db'}"
+    storage = open_storage(storage_url)
+    study = create_study(sim_spec, name, storage)
+    search_started = time.monotonic()
+    run_study(sim_spec, study, storage, storage_url)
+    console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
+    verified = verify_top(spec, study, launch, state, verify)
+    winner = verified[0] if verified else None
+    write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command)
+    write_presearch_outputs(spec, out, calibration, verified, winner, command)
+    console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))
+    console.print(verification_table(spec, verified))
+    if winner:
+        console.print(f"winner on measured figures: trial {winner['trial']} ({winner['knobs']})"
+                      + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
+    console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
+    return out
+
+
+def verification_table(spec: TuneSpec, verified: list[dict]) -> Table:
+    table = Table(title="verified by launching: simulated -> measured")
+    keys = [("request_goodput", "goodput req/s"), ("p99_ttft_ms", "p99 TTFT ms"), ("p99_itl_ms", "p99 ITL ms")]
+    for column in ["trial", "knobs", *(label for _, label in keys), "SLAs met"]:
+        table.add_column(column, justify="left" if column == "knobs" else "right")
+    for row in verified:
+        cells = []
+        for key, _ in keys:
+            s, m = row["simulated"].get(key), row["metrics"].get(key)
+            cells.append("-" if s is None or m is None else
+                         f"{s:,.2f} -> {m:,.2f} ({100 * (s - m) / m:+.0f}%)" if m else f"{s:,.2f} -> {m:,.2f}")
+        table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO")
+    return table

@@ -1,0 +1,136 @@
+"""`tune --presearch sim` (issue 18): the fit recovers the constants that generated its runs, a killed
+calibrate/search/verify tune resumes without repeating launches, and a bad fit falls back to launching every
+trial. The "launched server" here is the simulator itself at known constants, counting its sessions."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+
+import optuna
+import pytest
+
+from chunkbench.backends import SimBackend
+from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.slo import parse_slas
+from chunkbench.tune.calibrate import designs, fit, simulate_design
+from chunkbench.tune.presearch import presearch_tune
+from chunkbench.tune.space import SearchSpace
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.workload import WorkloadSpec
+from tests.conftest import run_cli
+
+TRUTH = ServerCalibration("cpu", 0.08, 0.15, 0.008, 0.002, "small", num_blocks=1024)
+
+
+def make_spec(n_trials: int = 6) -> TuneSpec:
+    workload = WorkloadSpec(name="synthetic", num_requests=12, rate=2.0, prompt_len="uniform:32:512",
+                            output_len="uniform:8:48")
+    return TuneSpec(model="small", slos=parse_slas({"ttft": "3s", "tbt": None, "tpot": None, "e2el": None}, 99.0),
+                    space=SearchSpace.load("default"), workload=workload, backend=SimBackend("h100-sxm"),
+                    n_trials=n_trials, engine_overrides={"num_blocks": 1024})
+
+
+@dataclasses.dataclass
+class FakeServer(SimBackend):
+    """A 'launched server' that is the simulator at known constants; counts launches, may die at one."""
+
+    launches: int = 0
+    die_at: int | None = None  # raise KeyboardInterrupt (a killed tune) when this launch starts
+    kind = "launch"
+
+    @contextlib.contextmanager
+    def session(self, config):
+        self.launches += 1
+        if self.die_at == self.launches:
+            raise KeyboardInterrupt
+        with super().session(config) as serve:
+            yield serve
+
+
+def test_the_fit_recovers_the_constants_that_generated_its_runs():
+    spec = make_spec()
+    runs = []
+    for design in designs(spec):
+        run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload)}
+        runs.append(run | simulate_design(TRUTH, spec, run))
+    fitted = fit(runs, spec, "cpu", num_blocks=1024)
+    for name in ("flops_scale", "bandwidth_scale", "step_overhead_s", "seq_overhead_s"):
+        assert getattr(fitted, name) == pytest.approx(getattr(TRUTH, name), rel=0.05), name
+    assert fitted.fit_error_pct < 2 and fitted.fits
+    assert all("simulated" in run for run in fitted.runs)
+
+
+def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
+    spec = make_spec()
+    server = FakeServer(server_calibration=TRUTH, die_at=5)  # 3 calibration launches, 1 verified, dies on the 2nd
+    with pytest.raises(KeyboardInterrupt):
+        presearch_tune(spec, "resume", None, tmp_path, 2, server, progress=False)
+    state = json.loads((tmp_path / "presearch.json").read_text())
+    assert len(state["calibration_runs"]) == 3 and len(state["verified"]) == 1
+    assert (tmp_path / "calibration.json").exists()
+
+    again = FakeServer(server_calibration=TRUTH)
+    presearch_tune(spec, "resume", None, tmp_path, 2, again, progress=False)
+    assert again.launches == 1  # only the verification that had not finished
+    state = json.loads((tmp_path / "presearch.json").read_text())
+    assert len(state["verified"]) == 2 and state["mode"] == "presearch sim"
+    study = optuna.load_study(study_name="resume", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == spec.n_trials
+    for name in ("recommended.toml", "calibration.png", "report.html"):
+        assert (tmp_path / name).exists()
+    report = (tmp_path / "report.html").read_text()
+    assert "Calibration on the launched server" in report and "Verified by launching" in report
+
+
+def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
+    spec = make_spec(n_trials=3)
+    path = tmp_path / "server.json"
+    first = FakeServer(server_calibration=TRUTH)
+    presearch_tune(spec, "first", None, tmp_path / "a", 1, first, calibration_path=path, progress=False)
+    assert path.exists() and first.launches == 3 + 1
+    second = FakeServer(server_calibration=TRUTH)
+    presearch_tune(spec, "second", None, tmp_path / "b", 1, second, calibration_path=path, progress=False)
+    assert second.launches == 1  # the verification only
+
+
+class NotARoofline:
+    """A server whose step time has nothing to do with its shapes' FLOPs or bytes: 300 ms per waiting-free
+    step with one sequence, 5 ms with more (what no choice of the three constants can produce)."""
+
+    idle_factor = 1.0
+
+    def predict(self, step) -> float:
+        return 0.3 if len(step.prefills) + len(step.decodes) == 1 else 0.005
+
+    def kv_blocks(self, config) -> int:
+        return 1024
+
+
+@dataclasses.dataclass
+class StrangeServer(FakeServer):
+    def cost(self, config):
+        return NotARoofline()
+
+
+def test_a_bad_fit_says_so_and_launches_every_trial(tmp_path, capsys):
+    spec = make_spec(n_trials=3)
+    server = StrangeServer()
+    presearch_tune(spec, "bad", None, tmp_path, 2, server, progress=False)
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "launching every trial instead" in line)
+    assert "calibration fit error" in line and "%" in line
+    assert server.launches == 3 + spec.n_trials  # calibration, then every trial on the server
+    assert json.loads((tmp_path / "presearch.json").read_text())["mode"] == "launch every trial"
+    assert "fits BADLY" in (tmp_path / "report.html").read_text()
+
+
+def test_presearch_flags_are_checked(tmp_path, capsys):
+    code, _, err = run_cli(["tune", "--model", "tiny", "--presearch", "sim", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--backend launch" in err
+    code, _, err = run_cli(["tune", "--model", "tiny", "--presearch", "fast", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--presearch must be none or sim" in err
+    code, _, err = run_cli(["tune", "--model", "tiny", "--calibration", str(tmp_path / "c.json"),
+                            "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--presearch sim" in err

@@ -145,6 +145,13 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     write_presearch_outputs(spec, out, calibration, verified, winner, command)
     console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))
     console.print(verification_table(spec, verified))
+    worst = max((abs(s - m) / m for r in verified for s, m in ((r["simulated"].get(k), r["metrics"].get(k))
+                                                               for k in ("request_goodput", "p99_ttft_ms", "p99_itl_ms"))
+                 if s is not None and m), default=0.0)
+    if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them
+        console.print(f"warning: on the verified configurations simulated and measured figures differ by up to "
+                      f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
+                      "launch every trial (--presearch none)", soft_wrap=True)
     if winner:
         console.print(f"winner on measured figures: trial {winner['trial']} ({winner['knobs']})"
                       + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)

@@ -1,7 +1,10 @@
 """Fit the roofline's per-GPU kernel constants to Vidur's operator profiles and write
 chunkbench/sim/calibration.json, with the fit's errors in-sample and held out.
 
-    .venv/bin/python scripts/calibrate.py [--data ../shared/data/gpu-profiles] [--out chunkbench/sim/calibration.json]
+    .venv/bin/python scripts/calibrate.py --data DIR [--out chunkbench/sim/calibration.json]
+
+DIR holds Vidur's full mlp.csv profiles under the names in chunkbench/sim/calibrate.py PROFILES (see
+tests/data/gpu-profiles/ORIGIN.md for where they come from).
 
 Procedure: chunkbench/sim/calibrate.py (module docstring). Hold-outs, all on the per-layer linear time (the four
 GEMMs summed), TP 1 unless said: in-sample (fit and score on the same GPU); other GPU/model (fit on one
@@ -27,7 +30,7 @@ RANGES = {"32-8192": (32, 8192), "64-1024": (64, 1024)}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "gpu-profiles")
+    parser.add_argument("--data", type=Path, required=True, help="folder of Vidur's full mlp.csv profiles")
     parser.add_argument("--out", type=Path, default=CALIBRATION_FILE)
     parser.add_argument("--subset", type=Path, default=REPO / "tests" / "data" / "gpu-profiles",
                         help="where to write the rows the fit uses, median columns only, for the tests")

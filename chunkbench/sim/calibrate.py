@@ -3,7 +3,7 @@
 Data: Vidur's per-operator profiles of one Llama decoder layer (microsoft/vidur, MIT License, Copyright (c)
 Microsoft Corporation; data/profiling/compute/<gpu>/<model>/mlp.csv at commit 7d47513), one row per
 (num_tokens, tensor-parallel workers), median milliseconds per operator. A subset ships in
-tests/data/gpu-profiles/ with its ORIGIN.md; the full files live outside the package (../shared/data).
+tests/data/gpu-profiles/ with its ORIGIN.md; scripts/calibrate.py takes the full files with --data.
 
 Procedure (`fit`): for each token tile in TILE_CHOICES, scipy.optimize.least_squares (soft-L1 loss, f_scale
 0.05) on the RELATIVE error of each of the four GEMMs of every row with FIT_MIN..FIT_MAX tokens at every TP

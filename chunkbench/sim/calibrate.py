@@ -16,12 +16,14 @@ The package never reads these files at run time: `scripts/calibrate.py` writes s
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from chunkbench.engine.config import ModelConfig
+from chunkbench.outputs import write_text
 from chunkbench.sim.gpus import GPUS, GPUSpec
 from chunkbench.sim.kernels import (KernelConstants, gemm_seconds, layer_elementwise_seconds, layer_gemms)
 
@@ -151,11 +153,12 @@ SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size
 def write_subset(src: Path, dst: Path) -> None:
     """The rows the fit uses (FIT_MIN..FIT_MAX tokens), shape and median columns only: what the tests read."""
     keep = list(SHAPE_COLUMNS) + [f"time_stats.{op}.median" for op in (*GEMM_OPS, *ELEMENTWISE_OPS)]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, newline="") as f, open(dst, "w", newline="") as g:
-        writer = csv.DictWriter(g, keep, extrasaction="ignore", lineterminator="\n")
+    out = io.StringIO()
+    with open(src, newline="") as f:
+        writer = csv.DictWriter(out, keep, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         writer.writerows(r for r in csv.DictReader(f) if FIT_MIN <= int(r["num_tokens"]) <= FIT_MAX)
+    write_text(out.getvalue(), dst)  # atomic, as every output
 
 
 def gpu_of(path: Path) -> GPUSpec:

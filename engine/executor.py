@@ -83,6 +83,9 @@ class ModelExecutor:
             layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.keep_logits = False  # tests: keep each sampled row's logits in last_logits
+        # What a step's seconds are: wall time, or time.thread_time when steps are timed in CPU time
+        # (engine.CpuClock; the profile's --cpu-time): then other processes cannot stretch them.
+        self.timer = time.perf_counter
         self.last_logits: dict[str, torch.Tensor] = {}
 
     def idle(self, seconds: float) -> None:
@@ -134,7 +137,7 @@ class ModelExecutor:
     def execute(self, output: SchedulerOutput) -> StepResult:
         self._synchronize()
         before = self._activation_start()
-        start = time.perf_counter()
+        start = self.timer()
         chunks = output.chunks
         input_ids, positions, metadata = self._metadata(chunks)
         with attention_context(metadata):
@@ -150,7 +153,7 @@ class ModelExecutor:
             if self.keep_logits:
                 self.last_logits = {c.request_id: logits[i].cpu() for i, c in enumerate(sampling_chunks)}
         self._synchronize()
-        seconds = time.perf_counter() - start
+        seconds = self.timer() - start
         return StepResult(sampled=sampled, seconds=seconds, activation_bytes=self._activation_bytes(chunks, before))
 
 

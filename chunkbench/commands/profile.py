@@ -26,6 +26,9 @@ def profile(
                                                "one warm-up pass); the median per point is kept.")] = 5,
     out: Annotated[Optional[Path], typer.Option(
         help="Where to write the profile. Default: results/profiles/<device>-<model>.json.")] = None,
+    cpu_time: Annotated[bool, typer.Option(
+        "--cpu-time", help="Time steps in this thread's CPU time on one torch thread (CPU engine only), as the gate "
+                           "times its engine cases: other processes on a shared machine cannot stretch them.")] = False,
     seed: Seed = 0,
     no_progress: NoProgress = False,
 ) -> None:
@@ -40,7 +43,8 @@ def profile(
     check_writable(out, "--out")
     config = EngineConfig.create(model, max_model_len=max_model_len, num_blocks=num_blocks, device=device,
                                  dtype=dtype, seed=seed)
-    fitted, measured = run_profile(config, repeats=repeats, max_chunk=max_chunk, progress=not no_progress)
+    fitted, measured = run_profile(config, repeats=repeats, max_chunk=max_chunk, progress=not no_progress,
+                                   cpu_time=cpu_time)
     out = out or Path(profile_path(fitted.device, config.model.name))
     fitted.save(out)
     table = Table("prefill chunks (tokens@context)", "decodes", "measured ms", "fitted ms", "error",

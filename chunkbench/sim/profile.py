@@ -18,6 +18,7 @@ from rich.progress import Progress
 from chunkbench.sim.fitted import FittedCostModel
 from chunkbench.engine.block_manager import cdiv
 from chunkbench.engine.config import EngineConfig
+from chunkbench.errors import UserError
 from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
 from chunkbench.engine.request import SamplingParams
 from chunkbench.sim.shape import COLD_AFTER_S, StepShape
@@ -63,11 +64,30 @@ def step_output(step: StepShape, block_size: int) -> SchedulerOutput:
     return SchedulerOutput(chunks=chunks)
 
 
-def run_profile(config: EngineConfig, repeats: int = 5, max_chunk: int = 2048,
-                progress: bool = True) -> tuple[FittedCostModel, list[tuple[StepShape, float]]]:
+def run_profile(config: EngineConfig, repeats: int = 5, max_chunk: int = 2048, progress: bool = True,
+                cpu_time: bool = False) -> tuple[FittedCostModel, list[tuple[StepShape, float]]]:
+    """`cpu_time`: time steps in this thread's CPU time on one torch thread, as the engine does under
+    engine.CpuClock (the gate's clock): a profile for runs timed that way, which other processes on a
+    shared machine cannot stretch. Such runs never sleep, so nothing goes cold: the idle factor is 1."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if cpu_time else threads)
+    try:
+        return _profile(config, repeats, max_chunk, progress, cpu_time)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
+             cpu_time: bool) -> tuple[FittedCostModel, list[tuple[StepShape, float]]]:
     from chunkbench.engine.executor import ModelExecutor
 
     executor = ModelExecutor(config)
+    if cpu_time and executor.device.type != "cpu":
+        raise UserError("--cpu-time times steps in this thread's CPU time: it is for the CPU engine only")
+    if cpu_time:
+        executor.timer = time.thread_time
     block_size = config.cache.block_size
     grid = profile_grid(config.scheduler.max_model_len, max_chunk, executor.num_blocks * block_size)
     outputs = [step_output(step, block_size) for step in grid]
@@ -89,7 +109,7 @@ def run_profile(config: EngineConfig, repeats: int = 5, max_chunk: int = 2048,
     model = FittedCostModel.fit_steps([s for s, _ in measured], [t for _, t in measured],
                                       model_name=config.model.name, device=device, num_blocks=executor.num_blocks,
                                       noise_pct=100 * statistics.median(spread),
-                                      idle_factor=idle_factor(executor, block_size, max_chunk))
+                                      idle_factor=1.0 if cpu_time else idle_factor(executor, block_size, max_chunk))
     return model, measured
 
 

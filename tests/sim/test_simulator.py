@@ -2,7 +2,9 @@
 
 import pytest
 
-from chunkbench.backends import SimBackend
+from tests.conftest import run_cli
+
+from chunkbench.backends import EngineBackend, SimBackend
 from chunkbench.runs import compare, run_benchmark
 from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel, features
 from chunkbench.sim.roofline import RooflineCostModel
@@ -113,19 +115,40 @@ def test_simulated_requests_never_sleep_and_respect_arrivals():
 def test_profiled_simulator_tracks_the_real_engine(tmp_path):
     """Acceptance 1, reduced (the full table is scripts/sim_fidelity.py): profile `small` on this machine over a
     coarse grid, then run the same chat-like requests through the real engine and through the simulator it
-    calibrates. The tolerance is wider than the table's 15% because this machine's speed drifts by about
-    10% from minute to minute and eight requests average little of it out."""
+    calibrates. Both time steps in this thread's CPU time on one torch thread (engine.CpuClock, as the gate):
+    in wall time CI once saw the real median TTFT 1.75x the simulated one, the profile and the run having met
+    different loads (and the CI machine may have another core count). Tolerance 30%, means not medians:
+    on one thread this CPU runs 2 or 3 decodes slower than 4 (the GEMM kernel changes), which the linear cost
+    model can only average, and a median of 8 TTFTs flips between an idle and a busy engine. A miss is
+    retried once with a fresh profile: a slow spell must strike twice. A simulator off by 1.5x fails both."""
     config = EngineConfig.create("small", device="cpu", policy="chunked", max_num_batched_tokens=256,
                                  max_model_len=2048)
-    # Three timed passes, not one: a single pass caught in one of this machine's slow spells put the simulated
-    # median TTFT 32% above the real one.
-    cost, measured = run_profile(config, repeats=3, max_chunk=256, progress=False)
-    assert cost.fit["mean_abs_error_pct"] < 15, cost.fit
-    path = tmp_path / "cpu-small.json"
-    cost.save(path)
     workload = build_workload(WorkloadSpec(name="synthetic", num_requests=8, rate=0.5, seed=3,
                                            prompt_len="lognormal:256:0.6:16:1024", output_len="fixed:48"), 2048)
-    real = run_benchmark(config, workload, progress=False).summary
-    sim = run_benchmark(config, workload, backend=SimBackend(cost_model=str(path)), progress=False).summary
-    for key in ("median_ttft_ms", "output_throughput", "median_itl_ms"):
-        assert sim[key] == pytest.approx(real[key], rel=0.25), (key, real[key], sim[key])
+    path = tmp_path / "cpu-small.json"
+    misses = []
+    for attempt in range(2):
+        cost, _ = run_profile(config, repeats=3, max_chunk=256, progress=False, cpu_time=True)
+        assert cost.fit["mean_abs_error_pct"] < 15, cost.fit
+        assert cost.idle_factor == 1.0  # CPU-time runs never sleep: nothing goes cold
+        cost.save(path)
+        real = run_benchmark(config, workload, backend=EngineBackend(cpu_time=True), progress=False).summary
+        sim = run_benchmark(config, workload, backend=SimBackend(cost_model=str(path)), progress=False).summary
+        misses = [(key, real[key], sim[key]) for key in ("mean_ttft_ms", "output_throughput", "mean_itl_ms")
+                  if sim[key] != pytest.approx(real[key], rel=0.30)]
+        if not misses:
+            break
+    assert not misses, misses
+
+
+def test_profile_in_cpu_time_on_one_thread(tmp_path, capsys):
+    import torch
+
+    threads = torch.get_num_threads()
+    code, out, _ = run_cli(["profile", "--model", "tiny", "--device", "cpu", "--cpu-time", "--repeats", "1",
+                            "--max-chunk", "64", "--max-model-len", "256", "--no-progress",
+                            "--out", str(tmp_path / "p.json")], capsys)
+    assert code == 0, out
+    loaded = FittedCostModel.load(tmp_path / "p.json")
+    assert loaded.idle_factor == 1.0 and loaded.predict(prefill(64)) > loaded.predict(prefill(16)) > 0
+    assert torch.get_num_threads() == threads  # one thread only while profiling

@@ -20,7 +20,7 @@ from chunkbench.sim.fitted import FittedCostModel
 # A CPU step-time target of this many times the predicted step of DECODE_BATCH decodes: long enough for a
 # useful prompt chunk beside a running batch, short enough that decodes never wait seconds (measured on the
 # 2-core machine: docs/dynamic-chunking.md).
-TARGET_DECODE_MULTIPLE = 1.5
+TARGET_DECODE_MULTIPLE = 1.2
 DECODE_BATCH, DECODE_CONTEXT = 8, 512
 # Quick calibration: prefill chunks (tokens, cached context), decode batches (size, context), mixed steps.
 # Small shapes only (a CPU times each in well under a second): real steps under a target are small too.

@@ -214,8 +214,10 @@ class EndpointBackend(Backend):
 
 def launch_values(config: EngineConfig) -> dict:
     """The placeholders of a --launch command: {model}, every knob of engine/knobs.py by name and by its vLLM
-    option (dashes as underscores). A knob the config leaves unset formats as 0 (vLLM's 'no cap')."""
-    from chunkbench.tune.emit import first_chunk_cap
+    option (dashes as underscores), a knob the config leaves unset as 0 (vLLM's 'no cap'); and whole flag
+    lists with unset knobs left out: {vllm_flags} (vLLM's options, e.g. `vllm serve {model} {vllm_flags}`) and
+    {chunkbench_flags} (`chunkbench serve --model small {chunkbench_flags}`)."""
+    from chunkbench.tune.emit import chunkbench_flags, first_chunk_cap, vllm_option_flags
 
     values = {"model": config.model.hf_dir or config.model.name}
     for knob in KNOBS.values():
@@ -224,6 +226,7 @@ def launch_values(config: EngineConfig) -> dict:
         values[knob.name] = 0 if value in (None, "") else value
     values["long_prefill_token_threshold"] = first_chunk_cap(config.scheduler) or 0
     values |= {k.vllm.replace("-", "_"): values[k.name] for k in KNOBS.values() if k.vllm}
+    values |= {"vllm_flags": vllm_option_flags(config), "chunkbench_flags": chunkbench_flags(config)}
     return values
 
 

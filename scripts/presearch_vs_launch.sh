@@ -7,9 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=$1; OUT=$2; shift 2
-LAUNCH="$PWD/.venv/bin/python scripts/serve_unset_as_zero.py --model small --port $PORT --num-blocks 1024 \
---max-num-batched-tokens {max_num_batched_tokens} --max-num-seqs {max_num_seqs} --chunk-size {chunk_size} \
---chunk-schedule {chunk_schedule} --tile {tile} --max-partial-prefills {max_partial_prefills}"
+LAUNCH="$PWD/.venv/bin/chunkbench serve --model small --port $PORT --num-blocks 1024 {chunkbench_flags}"
 /usr/bin/time -f "WALL %e s" .venv/bin/python -m chunkbench.cli tune --model small --num-blocks 1024 \
   --space scripts/presearch_space.toml --backend launch --launch "$LAUNCH" --endpoint "http://127.0.0.1:$PORT/v1" \
   --launch-timeout 120 --no-progress --out "$OUT" "$@"

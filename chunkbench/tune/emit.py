@@ -61,11 +61,28 @@ def vllm_yaml(config: EngineConfig, header: list[str]) -> str:
     return comment(header + notes) + yaml.safe_dump({"model": model_id(config), **options}, sort_keys=False)
 
 
-def vllm_flags(config: EngineConfig) -> str:
+def vllm_option_flags(config: EngineConfig) -> str:
+    """The vLLM options as command-line flags, e.g. '--enable-chunked-prefill --max-num-batched-tokens 512'."""
     options, _ = vllm_options(config)
-    flags = [(f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
-             for key, value in options.items()]
-    return f"vllm serve {model_id(config)} " + " ".join(flags)
+    return " ".join((f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
+                    for key, value in options.items())
+
+
+def vllm_flags(config: EngineConfig) -> str:
+    return f"vllm serve {model_id(config)} {vllm_option_flags(config)}"
+
+
+def chunkbench_flags(config: EngineConfig) -> str:
+    """The recommendation's knobs as `chunkbench serve`/`run` flags: only those set and not at their default,
+    so a knob left unset is left out (never a 0 the command would refuse)."""
+    flags = []
+    for knob in TUNED:
+        value = knob.read(config)
+        if value in (None, (), False) or value == knob.default:
+            continue
+        flag = knob.cli_flags[0].split("/")[0]
+        flags.append(flag if value is True else f"{flag} {','.join(map(str, value)) if isinstance(value, tuple) else value}")
+    return " ".join(flags)
 
 
 def sglang_flags(config: EngineConfig) -> str:

@@ -7,6 +7,7 @@ ITL (every gap between consecutive tokens, pooled), E2EL (arrival to last token)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +77,7 @@ class RequestRecord:
         return list(np.diff(self.token_times))
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRecord:
     start: float
     seconds: float
@@ -153,7 +154,8 @@ def peak_per_second(done: list[RequestRecord]) -> tuple[int, int]:
     if not done:
         return 0, 0
     origin = min(r.latency_origin for r in done)
-    tokens = np.floor(np.maximum([t - origin for r in done for t in r.token_times], 0.0)).astype(np.int64)
+    times = np.fromiter(itertools.chain.from_iterable(r.token_times for r in done), dtype=float)
+    tokens = np.floor(np.maximum(times - origin, 0.0)).astype(np.int64)
     active = np.zeros(int(tokens.max()) + 1, dtype=np.int64)
     for r in done:
         active[int(r.latency_origin - origin):int(r.token_times[-1] - origin) + 1] += 1

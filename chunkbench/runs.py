@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from chunkbench.backends import Backend, EngineBackend, Serve
@@ -165,11 +167,14 @@ def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = 
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
-    """One row per step (StepRecord's fields), built column by column: dataclasses.asdict per step took
-    longer than simulating the steps."""
+    """One row per step (StepRecord's fields: float64 and int64 columns), filled by numpy straight from one
+    C-level attrgetter per step (dataclasses.asdict per step took longer than simulating the steps)."""
     if not result.steps:
         return pd.DataFrame([])  # endpoint runs: as before, a frame without columns
-    return pd.DataFrame({f.name: [getattr(s, f.name) for s in result.steps] for f in dataclasses.fields(StepRecord)})
+    fields = dataclasses.fields(StepRecord)
+    dtype = [(f.name, {"float": "f8", "int": "i8"}[str(f.type)]) for f in fields]
+    rows = map(operator.attrgetter(*(f.name for f in fields)), result.steps)
+    return pd.DataFrame(np.fromiter(rows, dtype=dtype, count=len(result.steps)))
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:

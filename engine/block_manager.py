@@ -109,15 +109,24 @@ class BlockManager:
             raise RuntimeError(f"append: {needed} blocks needed, {len(self.free_blocks)} free")
         table = self.block_tables.setdefault(request.request_id, [])
         for _ in range(needed):
-            block, _ = self.free_blocks.popitem(last=False)
-            assert self.ref_counts[block] == 0, f"block {block} on the free list is in use"
-            if self.block_hash[block] is not None:  # evict: its contents are about to be overwritten
-                if self.cached.get(self.block_hash[block]) == block:
-                    del self.cached[self.block_hash[block]]
-                self.block_hash[block] = None
-            self.ref_counts[block] = 1
-            table.append(block)
+            table.append(self._take())
         return table
+
+    def append_block(self, request_id: str) -> None:
+        """One more block for a request the caller knows needs exactly one (the simulator's fast path: a
+        decode whose table is full), as append() takes it; the caller checked that a block is free."""
+        self.block_tables[request_id].append(self._take())
+
+    def _take(self) -> int:
+        """The least recently freed block, evicted from the prefix cache if it holds a cached block."""
+        block, _ = self.free_blocks.popitem(last=False)
+        assert self.ref_counts[block] == 0, f"block {block} on the free list is in use"
+        if self.block_hash[block] is not None:  # evict: its contents are about to be overwritten
+            if self.cached.get(self.block_hash[block]) == block:
+                del self.cached[self.block_hash[block]]
+            self.block_hash[block] = None
+        self.ref_counts[block] = 1
+        return block
 
     def computed(self, request: Request) -> None:
         """The request's computed tokens advanced: cache any block they filled."""

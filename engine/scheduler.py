@@ -118,7 +118,7 @@ class Scheduler:
         for request in decodes + prefills:
             if budget == 0:
                 break
-            if request not in self.running:  # preempted earlier in this step
+            if preempted and request in preempted:  # preempted earlier in this step (a short list, mostly empty)
                 continue
             n = self._chunk_len(request, budget, scheduled, timer)
             if n and self._reserve(request, n, scheduled, preempted):

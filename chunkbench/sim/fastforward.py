@@ -4,10 +4,11 @@ Most steps of a simulated run are alike: every running request decodes one token
 finishes, no prompt is mid-prefill. `fast_forward` runs such a stretch without the scheduler's per-step
 bookkeeping, and leaves every object exactly as the step-by-step path (`LLMEngine.step`) would:
 
-- each step's seconds come from the same `cost_model.predict(StepShape)` call on the same shape, and the
+- each step's seconds come from the same `cost_model.predict(StepShape)` call on the same shape (or, for the
+  roofline, `predict_decodes(batch, keys)`, the same arithmetic without building the shape), and the
   virtual clock adds them one by one in step order, so the floating-point sums are the same;
-- KV blocks are taken (`BlockManager.append`) and full blocks cached (`BlockManager.computed`) by the real
-  methods in the scheduler's order: step by step, in running order, taking blocks before the step and
+- KV blocks are taken (`BlockManager.append_block`, the one-block case of `append`) and full blocks cached
+  (`BlockManager.computed`) by the real methods in the scheduler's order: step by step, in running order, taking blocks before the step and
   caching after it, so block ids, evictions and prefix-cache hits are the same;
 - every other update (one more computed token, one more output token and its time) is plain, so between
   those events a request's computed count, output tokens and token times are brought up to date in
@@ -40,7 +41,8 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     many requests finished. `start` is the run's clock origin and `next_arrival` the next request's arrival
     (relative to it), as in harness.run_workload."""
     executor, scheduler = engine.executor, engine.scheduler
-    if not getattr(executor, "fast_forward", False) or executor.cold:  # a cold step is scaled: ordinary path
+    if not getattr(executor, "fast_forward", False) or executor.cold or not engine.clock.virtual:
+        # a cold step is scaled: ordinary path; the loop below moves a VirtualClock's time itself
         return 0, 0
     running = scheduler.decode_only_batch()
     if running is None:
@@ -86,25 +88,40 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
             done[i] = upto
 
     clock, predict, activation = engine.clock, executor.cost_model.predict, executor.activation
+    num_blocks, free_blocks = bm.num_blocks, bm.free_blocks  # BlockManager.num_used_blocks, inlined
     n, num_waiting = len(batch), len(scheduler.waiting)
+    # A cost model whose decode-only step depends on the batch and the keys read only (the roofline) says so
+    # with predict_decodes, bit for bit equal to predict(): then no shape is built per step.
+    predict_decodes = getattr(executor.cost_model, "predict_decodes", None)
+    if predict_decodes is not None and activation == getattr(executor.cost_model, "activation_bytes", None):
+        step_activation = executor.cost_model.decode_activation_bytes(n, n)
+        keys = sum(contexts)  # the first step's; every decode reads one key more each step
+    else:
+        predict_decodes = None
+    ids = [r.request_id for r in batch]
     for j in range(horizon):
-        need = [i for i in takes[j % bs] if first_take[i] <= j]
-        if len(need) > len(bm.free_blocks):
-            break  # the scheduler would preempt in this step: let it
-        for i in need:  # Scheduler._reserve, in running order
-            catch_up(i, j)
-            bm.append(batch[i], 1)
-        shape = StepShape((), tuple([c + j for c in contexts]), n)
-        seconds = predict(shape)
-        step_start = clock.now()
-        clock.advance(seconds)
-        now = clock.now()
+        phase = j % bs
+        if takes[phase]:
+            need = [i for i in takes[phase] if first_take[i] <= j]
+            if len(need) > len(free_blocks):
+                break  # the scheduler would preempt in this step: let it
+            for i in need:  # Scheduler._reserve (BlockManager.append of one token), in running order
+                bm.append_block(ids[i])
+        if predict_decodes is not None:
+            seconds = predict_decodes(n, keys + n * j)
+        else:
+            shape = StepShape((), tuple([c + j for c in contexts]), n)
+            seconds, step_activation = predict(shape), activation(shape)
+        step_start = clock.time  # VirtualClock.now() and advance(), inlined: this loop runs every step
+        clock.time += seconds
+        now = clock.time
         times.append(now)
-        steps.append(StepRecord(start=step_start - start, seconds=seconds, prefill_tokens=0, decode_tokens=n,
-                                num_running=n, num_waiting=num_waiting, kv_blocks_used=bm.num_used_blocks,
-                                peak_activation_bytes=activation(shape)))
+        # StepRecord's fields in order: start, seconds, prefill and decode tokens, running, waiting, KV blocks
+        # used, preempted, cached tokens, paused decodes, activation peak (positional: this runs every step)
+        steps.append(StepRecord(step_start - start, seconds, 0, n, n, num_waiting,
+                                num_blocks - len(free_blocks), 0, 0, 0, step_activation))
         last = j == horizon - 1
-        for i in sorted(finishers.union(fills[j % bs])) if last else fills[j % bs]:
+        for i in sorted(finishers.union(fills[phase])) if last else fills[phase]:
             catch_up(i, j)  # Scheduler.update for a request whose token fills a block or finishes it
             scheduler.advance(batch[i], 1, True, sampled, now)
             done[i] = j + 1

@@ -54,11 +54,22 @@ class RooflineCostModel:
     step_overhead_s: float = STEP_OVERHEAD_S
     engine: str = "vllm"  # what step_overhead_s belongs to, for messages
     calibration: Calibration | None = field(default=None, compare=False)  # None: the GPU's (calibration_for)
+    # Memos, for speed only (a simulated run asks for hundreds of thousands of steps of few distinct sizes):
+    # the terms that depend only on the step's rows, and decode-only activation peaks. Each value is the
+    # float the formula computes, so predictions are bit-identical with or without them.
+    _by_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _decode_activation: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _attention_rates: tuple = field(default=(), init=False, repr=False, compare=False)  # set from the above
 
     def __post_init__(self) -> None:
         check_tensor_parallel(self.model, self.tensor_parallel_size)
         if self.calibration is None:
             object.__setattr__(self, "calibration", calibration_for(self.gpu.name))
+        m, tp, c = self.model, self.tensor_parallel_size, self.calibration.constants
+        object.__setattr__(self, "_attention_rates", (  # per key bytes, per (query, key) FLOPs, the two rates
+            kv_bytes_per_token_per_gpu(m, tp, self.kv_dtype_bytes) / m.num_layers,
+            4 * heads_per_gpu(m, tp) * m.head_dim,  # QK^T and PV
+            self.gpu.bf16_flops * ATTENTION_EFFICIENCY, self.gpu.mem_bandwidth * c.memory_efficiency))
 
     @classmethod
     def for_config(cls, config: EngineConfig, gpu: GPUSpec, engine: str | None = None) -> "RooflineCostModel":
@@ -74,36 +85,60 @@ class RooflineCostModel:
     def predict(self, step: StepShape) -> float:
         """Every GPU computes 1/N of the linear layers and of the attention heads at once, then the layers'
         all-reduces: the step takes one GPU's share plus the communication."""
-        m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
-        flops, bandwidth, rows = gpu.bf16_flops, gpu.mem_bandwidth, step.num_tokens
-        per_layer = (layer_linear_seconds(m, tp, rows, c, flops, bandwidth, self.dtype_bytes)
-                     + layer_elementwise_seconds(m, tp, rows, c, bandwidth, self.dtype_bytes))
-        vocab = m.vocab_size if tp == 1 else math.ceil(m.vocab_size / tp)
-        t_head = gemm_seconds(step.num_sampled, m.hidden_size, vocab, c, flops, bandwidth, self.dtype_bytes)
-        t_comm = ALL_REDUCES_PER_LAYER * m.num_layers * ring_all_reduce_seconds(
-            step.num_tokens * m.hidden_size * self.dtype_bytes, tp, gpu)
-        return self.step_overhead_s + m.num_layers * (per_layer + self._attention_per_layer(step)) + t_head + t_comm
+        per_layer, t_head, t_comm = self._row_terms(step.num_tokens, step.num_sampled)
+        attention = self._attention_per_layer(step.prefill_attention_pairs, step.prefill_keys, step.decode_keys) \
+            if step.prefills or step.decodes else 0.0
+        return self.step_overhead_s + self.model.num_layers * (per_layer + attention) + t_head + t_comm
 
-    def _attention_per_layer(self, step: StepShape) -> float:
+    def predict_decodes(self, batch: int, keys: int) -> float:
+        """predict() of a decode-only step of `batch` decodes reading `keys` keys in all, bit for bit, without
+        building its shape (the fast path, sim/fastforward.py): such a step's cost depends on nothing else."""
+        per_layer, t_head, t_comm = self._row_terms(batch, batch)
+        return self.step_overhead_s + self.model.num_layers * (per_layer + self._attention_per_layer(0, 0, keys)) \
+            + t_head + t_comm
+
+    def _row_terms(self, rows: int, sampled: int) -> tuple[float, float, float]:
+        """One layer's GEMMs and elementwise kernels, the LM head and the all-reduces: they depend only on the
+        step's token rows and sampled rows."""
+        terms = self._by_rows.get((rows, sampled))
+        if terms is None:
+            m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
+            flops, bandwidth = gpu.bf16_flops, gpu.mem_bandwidth
+            per_layer = (layer_linear_seconds(m, tp, rows, c, flops, bandwidth, self.dtype_bytes)
+                         + layer_elementwise_seconds(m, tp, rows, c, bandwidth, self.dtype_bytes))
+            vocab = m.vocab_size if tp == 1 else math.ceil(m.vocab_size / tp)
+            t_head = gemm_seconds(sampled, m.hidden_size, vocab, c, flops, bandwidth, self.dtype_bytes)
+            t_comm = ALL_REDUCES_PER_LAYER * m.num_layers * ring_all_reduce_seconds(
+                rows * m.hidden_size * self.dtype_bytes, tp, gpu)
+            terms = self._by_rows[(rows, sampled)] = (per_layer, t_head, t_comm)
+        return terms
+
+    def _attention_per_layer(self, prefill_pairs: int, prefill_keys: int, decode_keys: int) -> float:
         """Prefill chunks (causal over their cached context) and decodes (one query over its context): each the
         soft max of its FLOPs and its KV bytes, plus one launch floor for the layer's attention."""
-        if not step.prefills and not step.decodes:
-            return 0.0
-        m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
-        per_key_bytes = kv_bytes_per_token_per_gpu(m, tp, self.kv_dtype_bytes) / m.num_layers
-        per_pair_flops = 4 * heads_per_gpu(m, tp) * m.head_dim  # QK^T and PV
-        compute_rate = gpu.bf16_flops * ATTENTION_EFFICIENCY
-        memory_rate = gpu.mem_bandwidth * c.memory_efficiency
-        prefill = soft_max(step.prefill_attention_pairs * per_pair_flops / compute_rate,
-                           step.prefill_keys * per_key_bytes / memory_rate, c.smoothness)
-        decode = soft_max(step.decode_keys * per_pair_flops / compute_rate,
-                          step.decode_keys * per_key_bytes / memory_rate, c.smoothness)
+        c = self.calibration.constants
+        per_key_bytes, per_pair_flops, compute_rate, memory_rate = self._attention_rates
+        prefill = soft_max(prefill_pairs * per_pair_flops / compute_rate,
+                           prefill_keys * per_key_bytes / memory_rate, c.smoothness)
+        decode = soft_max(decode_keys * per_pair_flops / compute_rate,
+                          decode_keys * per_key_bytes / memory_rate, c.smoothness)
         return c.gemm_floor_s + prefill + decode
 
     def activation_bytes(self, step: StepShape) -> int:
         """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16 (engine/activation.py)."""
+        if not step.prefills:
+            return self.decode_activation_bytes(len(step.decodes), step.num_sampled)
         return step_activation_bytes(self.model, step.prefills, step.decodes, step.num_sampled, self.dtype_bytes,
                                      self.tensor_parallel_size, "flash")
+
+    def decode_activation_bytes(self, batch: int, sampled: int) -> int:
+        """activation_bytes() of a decode-only step: flash kernels read the pages in place, so the contexts
+        do not matter, only the rows."""
+        peak = self._decode_activation.get((batch, sampled))
+        if peak is None:
+            peak = self._decode_activation[(batch, sampled)] = step_activation_bytes(
+                self.model, (), (1,) * batch, sampled, self.dtype_bytes, self.tensor_parallel_size, "flash")
+        return peak
 
     def profile_activation_bytes(self, config: EngineConfig) -> int:
         """What vLLM's profiling run measures before it sizes the cache: one step of max_num_batched_tokens

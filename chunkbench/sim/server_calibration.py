@@ -120,6 +120,12 @@ class PerSequenceOverhead:
     def predict(self, step) -> float:
         return self.base.predict(step) + self.seq_overhead_s * (len(step.prefills) + len(step.decodes))
 
+    def predict_decodes(self, batch: int, keys: int) -> float:  # the fast path's (sim/roofline.py), bit for bit
+        return self.base.predict_decodes(batch, keys) + self.seq_overhead_s * batch
+
+    def decode_activation_bytes(self, batch: int, sampled: int) -> int:
+        return self.base.decode_activation_bytes(batch, sampled)
+
     def kv_blocks(self, config: EngineConfig) -> int:
         return self.base.kv_blocks(config)
 

@@ -15,7 +15,7 @@ from chunkbench.workload import WorkloadSpec, build_workload
 ON, OFF = SimBackend("h100-sxm", fast_forward=True), SimBackend("h100-sxm", fast_forward=False)
 
 
-def both(config, workload, **options):
+def both(config, workload, on=ON, off=OFF, **options):
     """Run with the fast path and without; assert equal outputs and that the fast path did run steps."""
     import chunkbench.harness as harness
 
@@ -27,10 +27,10 @@ def both(config, workload, **options):
         return steps, done
     harness.fast_forward = counting
     try:
-        fast = run_benchmark(config, workload, backend=ON, progress=False, **options)
+        fast = run_benchmark(config, workload, backend=on, progress=False, **options)
     finally:
         harness.fast_forward = original
-    slow = run_benchmark(config, workload, backend=OFF, progress=False, **options)
+    slow = run_benchmark(config, workload, backend=off, progress=False, **options)
     assert sum(skipped) > 0
     assert fast.summary == slow.summary
     pd.testing.assert_frame_equal(requests_frame(fast.result), requests_frame(slow.result))
@@ -92,3 +92,48 @@ def test_switch_from_the_environment(monkeypatch):
     monkeypatch.delenv("CHUNKBENCH_FAST_FORWARD")
     assert SimExecutor(cost, 1).fast_forward
     assert dataclasses.replace(ON, fast_forward=False) == OFF
+
+
+def test_predict_decodes_is_predict_bit_for_bit():
+    """The fast path's shortcut for the roofline: the same float as predict() on the decode-only shape, for
+    TP, fp8 KV and the server-calibrated model with its per-sequence overhead."""
+    import random
+
+    from chunkbench.sim.gpus import GPUS
+    from chunkbench.sim.roofline import RooflineCostModel
+    from chunkbench.sim.server_calibration import ServerCalibration
+    from chunkbench.sim.shape import StepShape
+
+    models = [RooflineCostModel(ModelConfig.from_name("llama-3-8b"), GPUS["h100-sxm"]),
+              RooflineCostModel(ModelConfig.from_name("llama-3.1-70b"), GPUS["a100-80g"], tensor_parallel_size=4,
+                                kv_dtype_bytes=1),
+              ServerCalibration("cpu", 0.3, 0.7, 0.004, 0.0002).cost_model(EngineConfig.create("small"))]
+    rng = random.Random(0)
+    for cost in models:
+        for _ in range(300):
+            contexts = tuple(rng.randint(1, 8192) for _ in range(rng.choice([1, 2, 7, 64, 255])))
+            shape = StepShape((), contexts, len(contexts))
+            assert cost.predict_decodes(len(contexts), sum(contexts)) == cost.predict(shape)
+            assert cost.decode_activation_bytes(len(contexts), len(contexts)) == cost.activation_bytes(shape)
+
+
+@pytest.mark.parametrize("kind", ["profile", "server-calibration"])
+def test_same_results_with_other_cost_models(kind, tmp_path):
+    """A fitted profile takes the shape-building path, the server-calibrated roofline the shortcut: both
+    give what the step-by-step path gives."""
+    from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel
+    from chunkbench.sim.server_calibration import ServerCalibration
+
+    if kind == "profile":
+        coefficients = [{"step": 0.004, "tokens": 2e-5, "decode_keys": 3e-8}.get(n, 0.0) for n in FEATURE_NAMES]
+        FittedCostModel(tuple(coefficients), "llama-3-8b", "d", 4000).save(tmp_path / "p.json")
+        on, off = SimBackend(cost_model=str(tmp_path / "p.json"), fast_forward=True), \
+            SimBackend(cost_model=str(tmp_path / "p.json"), fast_forward=False)
+    else:
+        calibration = ServerCalibration("cpu", 0.3, 0.7, 0.004, 0.0002)
+        on, off = SimBackend(server_calibration=calibration, fast_forward=True), \
+            SimBackend(server_calibration=calibration, fast_forward=False)
+    workload = build_workload(WorkloadSpec(name="azure-conv", num_requests=80), 4096)
+    config = EngineConfig.create("llama-3-8b", policy="chunked", max_num_batched_tokens=1024, max_model_len=4096,
+                                 num_blocks=4000)
+    both(config, workload, on, off)

@@ -113,12 +113,21 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         target = self.config.step_time_target_ms
         timer = StepTimer(self.step_cost, target / 1000) if target else None
-        decodes = [r for r in self.running if r.is_decoding]
-        prefills = [r for r in self.running if not r.is_decoding]
-        for request in decodes + prefills:
+        decodes, prefills = [], []
+        for r in self.running:
+            (decodes if r.is_decoding else prefills).append(r)
+        for request in decodes:  # one token each (what _chunk_len gives a decode), while the budget lasts
             if budget == 0:
                 break
             if preempted and request in preempted:  # preempted earlier in this step (a short list, mostly empty)
+                continue
+            if self._reserve(request, 1, scheduled, preempted):
+                budget -= 1
+                self._timed(timer, request, 1)
+        for request in prefills:
+            if budget == 0:
+                break
+            if preempted and request in preempted:
                 continue
             n = self._chunk_len(request, budget, scheduled, timer)
             if n and self._reserve(request, n, scheduled, preempted):
@@ -190,9 +199,9 @@ class Scheduler:
                    timer: StepTimer | None = None) -> int:
         """Tokens of `request` to compute this step under the chunked policy's caps: the token budget, the
         per-request caps and, with a time target, the step's predicted time."""
-        remaining = request.num_tokens_to_compute
         if request.is_decoding:
             return 1
+        remaining = request.num_tokens_to_compute
         n = min(remaining, budget, self.config.chunk_cap(request.num_chunks, request.num_prompt_tokens))
         if timer is not None:
             n = timer.fit(n, request.num_computed_tokens, remaining)

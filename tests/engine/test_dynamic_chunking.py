@@ -241,14 +241,14 @@ class FakeBackend:
 
 
 def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
-    from chunkbench.device_defaults import fit_to_device
+    from chunkbench.device_defaults import TARGET_DECODE_MULTIPLE, fit_to_device
     from chunkbench.workload import WorkloadSpec, build_workload
 
     config = EngineConfig.create("tiny", device="cpu")
     requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=100), 8192)  # only predicted, never run
     kept, knobs, notes = fit_to_device(FakeBackend(), config, {"num_requests": None}, 3, True, requests)
     decode8 = FakeCost().predict(StepShape((), (512,) * 8, 8))
-    assert knobs["step_time_target_ms"] == round(1.5 * decode8 * 1000)
+    assert knobs["step_time_target_ms"] == round(TARGET_DECODE_MULTIPLE * decode8 * 1000) > decode8 * 1000
     assert 8 <= len(kept) < 100 and kept == requests[:len(kept)]
     assert any("--step-time-target" in n for n in notes) and any("--num-requests" in n for n in notes)
     # What the user sets stays: a budget means no target, a request count means all requests.

@@ -122,7 +122,8 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     calibration = calibration_for(spec, launch, out, state, calibration_path, device)
     console.print(f"calibration: {calibration.label()} (max error {calibration.max_error_pct:.1f}%)")
     if not calibration.fits:
-        console.print(f"calibration fit error {calibration.fit_error_pct:.1f}% exceeds {FIT_TOLERANCE_PCT:g}%: the "
+        where = " on the tune's workload" if calibration.workload_error_pct is not None else ""
+        console.print(f"calibration fit error {calibration.judged_error_pct:.1f}%{where} exceeds {FIT_TOLERANCE_PCT:g}%: the "
                       "simulator does not describe this server; launching every trial instead", soft_wrap=True)
         state.data["mode"] = "launch every trial"
         state.save()

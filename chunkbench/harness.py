@@ -158,7 +158,7 @@ def _record(request: Request, w: WorkloadRequest, start: float, num_paused: int 
     """Times relative to the run start."""
     return RequestRecord(
         prompt_len=w.prompt_len, output_len=w.output_len, arrival_time=request.arrival_time - start,
-        token_times=[t - start for t in request.token_times],
+        token_times=[t - start for t in request.token_times] if start else list(request.token_times),  # t - 0.0 is t
         first_scheduled_time=None if request.first_scheduled_time is None else request.first_scheduled_time - start,
         num_preemptions=request.num_preemptions, num_cached_tokens=request.num_cached_tokens,
         num_paused_decodes=num_paused, paused_gaps=tuple(sorted(paused_gaps)),

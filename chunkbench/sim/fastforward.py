@@ -50,29 +50,32 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     batch = list(running)  # requests that finish leave scheduler.running; indices into `batch` stay valid
     sampled = executor.SAMPLED_TOKEN
     max_len = scheduler.config.max_model_len
-    lefts = [1 if not r.sampling.ignore_eos and r.eos_token_id == sampled  # its next token stops it
-             else min(r.sampling.max_tokens - len(r.output_token_ids), max_len - r.num_tokens) for r in batch]
-    horizon = min(MAX_STRETCH, *lefts)  # the last step may finish requests: the stretch ends with it
-    finishers = {i for i, left in enumerate(lefts) if left == horizon}
-
     bm = engine.block_manager
-    bs = bm.block_size
+    bs, tables, caching = bm.block_size, bm.block_tables, bm.enable_caching
     # A decode takes a block every bs steps and fills one every bs steps, so events are kept by phase (step
-    # mod bs), in running order: the setup costs O(running) however soon an arrival ends the stretch.
+    # mod bs), in running order: the setup costs O(running) however soon an arrival ends the stretch. One
+    # pass over the batch, attributes read once (Request's properties inlined: this runs ~50,000 times a trace).
     takes: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests (batch index) taking a block before it
     first_take = []  # the first step at which each request takes one
     fills: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests whose step fills a block (to cache it)
     contexts = []  # each decode's keys in the first step (its context length); +1 per step
+    lefts = []  # steps until each request finishes (its last step may be this stretch's last)
     for i, r in enumerate(batch):
-        computed = r.num_computed_tokens
-        covered = len(bm.block_table(r.request_id)) * bs
-        if covered < computed:
+        computed, outputs = r.num_computed_tokens, len(r.output_token_ids)
+        # step j computes token computed + j: from `gap` steps ahead it is past the table's end, needs a block
+        gap = len(tables.get(r.request_id, ())) * bs - computed
+        if gap < 0:
             return 0, 0  # never happens: a table always covers the computed tokens
         contexts.append(computed + 1)
-        first_take.append(covered - computed)  # step j computes token computed + j: past `covered` it needs a block
-        takes[(covered - computed) % bs].append(i)
-        if bm.enable_caching:
+        first_take.append(gap)
+        takes[gap % bs].append(i)
+        if caching:
             fills[-(computed + 1) % bs].append(i)  # computed + j + 1 becomes a multiple of bs
+        sampling = r.sampling
+        lefts.append(1 if not sampling.ignore_eos and r.eos_token_id == sampled  # its next token stops it
+                     else min(sampling.max_tokens - outputs, max_len - len(r.prompt_token_ids) - outputs))
+    horizon = min(MAX_STRETCH, *lefts)  # the last step may finish requests: the stretch ends with it
+    finishers = {i for i, left in enumerate(lefts) if left == horizon}
 
     times: list[float] = []  # each step's end: the time of the tokens it samples
     done = [0] * len(batch)  # steps applied to each request so far
@@ -129,4 +132,5 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
             break  # the harness adds the request before the next step
     for i in range(n):
         catch_up(i, len(times))
-    return len(times), sum(r.is_finished for r in batch)
+    # Only a finisher can finish, and only in the stretch's last step
+    return len(times), sum(batch[i].is_finished for i in finishers) if len(times) == horizon else 0

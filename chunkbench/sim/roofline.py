@@ -119,7 +119,7 @@ class RooflineCostModel:
         c = self.calibration.constants
         per_key_bytes, per_pair_flops, compute_rate, memory_rate = self._attention_rates
         prefill = soft_max(prefill_pairs * per_pair_flops / compute_rate,
-                           prefill_keys * per_key_bytes / memory_rate, c.smoothness)
+                           prefill_keys * per_key_bytes / memory_rate, c.smoothness) if prefill_keys else 0.0
         decode = soft_max(decode_keys * per_pair_flops / compute_rate,
                           decode_keys * per_key_bytes / memory_rate, c.smoothness)
         return c.gemm_floor_s + prefill + decode

@@ -1,5 +1,6 @@
 """Metrics on hand-built timestamps, every key checked against a value worked out by hand."""
 
+import numpy as np
 import pytest
 
 from chunkbench.errors import UserError
@@ -97,3 +98,13 @@ def test_window_and_goodput_parsing():
     for bad in ("ttft", "ttft:abc", "itl:30", "ttft:-5"):
         with pytest.raises(UserError, match="--goodput"):
             parse_goodput(bad)
+
+
+def test_pooled_itls_are_each_requests_gaps_in_order():
+    from chunkbench.metrics import pooled_itls, token_times
+
+    done = [RequestRecord(prompt_len=1, output_len=3, arrival_time=0.0, token_times=[0.1, 0.3, 0.6]),
+            RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[5.0]),
+            RequestRecord(prompt_len=1, output_len=2, arrival_time=0.0, token_times=[0.2, 0.25])]
+    expected = np.concatenate([np.diff(r.token_times) for r in done])
+    assert pooled_itls(done, token_times(done)).tolist() == expected.tolist()

@@ -121,11 +121,14 @@ def test_capacity_early_stop_and_warm_start_find_the_same_capacity():
 
 def test_jobs_run_trials_in_parallel_processes_with_the_exact_count(tmp_path, capsys):
     out = tmp_path / "j"
-    code, _, err = run_cli([*TUNE[:-3], "--num-requests", "30", "--n-trials", "6", "--jobs", "2", "--out", str(out),
+    # Trials long enough (400 requests, a capacity search each) that this process cannot finish all eight
+    # before the spawned one has started (an interpreter and its imports, 1-2 s): with 30 requests the
+    # simulator got fast enough that it sometimes did, and the second process found the study full.
+    code, _, err = run_cli([*TUNE[:-3], "--num-requests", "400", "--n-trials", "8", "--jobs", "2", "--out", str(out),
                             "--no-progress"], capsys)
     assert code == 0, err
     trials = _study(out / "study.db").get_trials()
-    assert len(trials) == 6 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert len({t.user_attrs.get("worker") for t in trials}) == 2, "both processes ran trials"
 
 

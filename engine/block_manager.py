@@ -108,25 +108,32 @@ class BlockManager:
         if needed > len(self.free_blocks):
             raise RuntimeError(f"append: {needed} blocks needed, {len(self.free_blocks)} free")
         table = self.block_tables.setdefault(request.request_id, [])
-        for _ in range(needed):
-            table.append(self._take())
+        if needed:
+            table += self._take(needed)
         return table
 
     def append_block(self, request_id: str) -> None:
         """One more block for a request the caller knows needs exactly one (the simulator's fast path: a
         decode whose table is full), as append() takes it; the caller checked that a block is free."""
-        self.block_tables[request_id].append(self._take())
+        self.block_tables[request_id] += self._take(1)
 
-    def _take(self) -> int:
-        """The least recently freed block, evicted from the prefix cache if it holds a cached block."""
-        block, _ = self.free_blocks.popitem(last=False)
-        assert self.ref_counts[block] == 0, f"block {block} on the free list is in use"
-        if self.block_hash[block] is not None:  # evict: its contents are about to be overwritten
-            if self.cached.get(self.block_hash[block]) == block:
-                del self.cached[self.block_hash[block]]
-            self.block_hash[block] = None
-        self.ref_counts[block] = 1
-        return block
+    def _take(self, n: int) -> list[int]:
+        """The n least recently freed blocks, each evicted from the prefix cache if it holds a cached block.
+        Loops kept tight: a simulated trace takes and frees millions of blocks."""
+        popitem, refs = self.free_blocks.popitem, self.ref_counts
+        blocks = [popitem(last=False)[0] for _ in range(n)]
+        for block in blocks:
+            if refs[block]:
+                raise AssertionError(f"block {block} on the free list is in use")
+            refs[block] = 1
+        if self.enable_caching:
+            for block in blocks:
+                h = self.block_hash[block]
+                if h is not None:  # evict: its contents are about to be overwritten
+                    if self.cached.get(h) == block:
+                        del self.cached[h]
+                    self.block_hash[block] = None
+        return blocks
 
     def computed(self, request: Request) -> None:
         """The request's computed tokens advanced: cache any block they filled."""
@@ -137,8 +144,10 @@ class BlockManager:
         """Release a request's blocks (finished, aborted or preempted). Freeing twice is a no-op.
         Tail blocks are freed first, so they are evicted before the prefix blocks others may share."""
         self.num_registered.pop(request.request_id, None)
+        refs, free = self.ref_counts, self.free_blocks
         for block in reversed(self.block_tables.pop(request.request_id, [])):
-            self.ref_counts[block] -= 1
-            assert self.ref_counts[block] >= 0, f"block {block} freed more often than taken"
-            if self.ref_counts[block] == 0:
-                self.free_blocks[block] = None
+            left = refs[block] = refs[block] - 1
+            if left == 0:
+                free[block] = None
+            elif left < 0:
+                raise AssertionError(f"block {block} freed more often than taken")

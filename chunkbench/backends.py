@@ -14,7 +14,6 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -77,7 +76,6 @@ class EngineBackend(Backend):
             engine = LLMEngine(config, executor=self._executors.get(key), clock=CpuClock() if self.cpu_time else None,
                                step_cost=step_cost)
             self._executors[key] = engine.executor
-            engine.executor.timer = time.thread_time if self.cpu_time else time.perf_counter  # as the clock
             return engine
         threads = torch.get_num_threads()
         torch.set_num_threads(1 if self.cpu_time else threads)

@@ -172,7 +172,7 @@ def steps_frame(result: RunResult) -> pd.DataFrame:
     if not result.steps:
         return pd.DataFrame([])  # endpoint runs: as before, a frame without columns
     fields = dataclasses.fields(StepRecord)
-    dtype = [(f.name, {"float": "f8", "int": "i8"}[str(f.type)]) for f in fields]
+    dtype = [(f.name, {"float": "f8", "int": "i8"}[getattr(f.type, "__name__", f.type)]) for f in fields]
     rows = map(operator.attrgetter(*(f.name for f in fields)), result.steps)
     return pd.DataFrame(np.fromiter(rows, dtype=dtype, count=len(result.steps)))
 

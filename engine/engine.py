@@ -18,6 +18,7 @@ class RealClock:
     """Wall time: a step's duration has already passed when it returns."""
 
     virtual = False
+    timer = staticmethod(time.perf_counter)  # what the executor times steps with (LLMEngine sets it)
 
     def now(self) -> float:
         return time.perf_counter()
@@ -35,6 +36,7 @@ class CpuClock:
     missed). The CI gate times real-engine cases with it."""
 
     virtual = False  # real work is measured: warm up first
+    timer = staticmethod(time.thread_time)
 
     def __init__(self) -> None:
         self.offset = 0.0
@@ -78,6 +80,8 @@ class LLMEngine:
             executor = ModelExecutor(config)
         self.executor = executor
         self.clock = clock or RealClock()
+        if hasattr(executor, "timer") and hasattr(self.clock, "timer"):  # steps timed as the clock runs
+            executor.timer = self.clock.timer
         self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size,
                                           enable_caching=config.cache.enable_prefix_caching)
         self.step_cost = step_cost or getattr(executor, "step_cost", None)

@@ -84,7 +84,7 @@ class ModelExecutor:
             layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.keep_logits = False  # tests: keep each sampled row's logits in last_logits
         # What a step's seconds are: wall time, or time.thread_time when steps are timed in CPU time
-        # (engine.CpuClock; the profile's --cpu-time): then other processes cannot stretch them.
+        # (LLMEngine sets the clock's timer; the profile's --cpu-time): other processes cannot stretch them.
         self.timer = time.perf_counter
         self.last_logits: dict[str, torch.Tensor] = {}
 

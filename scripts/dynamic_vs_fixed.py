@@ -66,7 +66,7 @@ def capacity_table(num_requests: int, only: str | None) -> None:
                 spec = spec_for(model, tp, workload, sla, "capacity")
                 (fl, f), (tl, t) = sweep(spec, requests, sla, "value")
                 gain = t["value"] / f["value"] if f["value"] else float("inf")
-                print(f"| {model} TP{tp} | {name} | {rate:g} | {sla:g} ms | {fl} | {f['value']:.2f} | {tl} | {t['value']:.2f} "
+                print(f"| {model} TP{tp} | {name} | {sla:g} ms | {fl} | {f['value']:.2f} | {tl} | {t['value']:.2f} "
                       f"| {gain:.2f}x |", flush=True)
                 print(f"<!-- {model} {name} {sla}: fixed p99 TBT {f.get('p99_itl_ms', 0):.1f} ms, sched delay "
                       f"{f.get('median_scheduling_delay_ms', 0):.0f} ms; target p99 TBT {t.get('p99_itl_ms', 0):.1f}"

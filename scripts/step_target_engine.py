@@ -3,16 +3,15 @@ against the fixed token budget whose steps reach the same p99.
 
     flock /tmp/chunkbench-cpu.lock .venv/bin/python scripts/step_target_engine.py --target-ms 300
 
-Steps are timed in this thread's CPU time on one torch thread (as the CI gate does: engine.CpuClock and a
-CPU-time executor), so other processes on a shared machine move neither the measurement nor the online
-correction. The cost model is a quick calibration (device_defaults.quick_profile) in the same CPU time,
+Steps are timed in this thread's CPU time on one torch thread (as the CI gate does: engine.CpuClock, which
+has the executor time its steps in CPU time), so other processes on a shared machine move neither the
+measurement nor the online correction. The cost model is a quick calibration (device_defaults.quick_profile) in the same CPU time,
 corrected online (engine/step_time.py: OnlineCorrection).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import torch
@@ -25,21 +24,6 @@ from chunkbench.engine.step_time import OnlineCorrection
 from chunkbench.harness import run_workload
 from chunkbench.metrics import summarize
 from chunkbench.workload import WorkloadSpec, build_workload
-
-
-class CpuTimedExecutor:
-    """The model executor, its steps timed in this thread's CPU time."""
-
-    def __init__(self, executor) -> None:
-        self.executor = executor
-
-    def __getattr__(self, name):
-        return getattr(self.executor, name)
-
-    def execute(self, output):
-        start = time.thread_time()
-        result = self.executor.execute(output)
-        return dataclasses.replace(result, seconds=time.thread_time() - start)
 
 
 def run(config: EngineConfig, executor, requests, step_cost=None) -> dict:
@@ -63,7 +47,8 @@ def main() -> None:
     start = time.perf_counter()
     torch.set_num_threads(1)
     base = EngineConfig.create(args.model, policy="chunked", max_num_batched_tokens=8192)
-    executor = CpuTimedExecutor(ModelExecutor(base))
+    executor = ModelExecutor(base)
+    executor.timer = time.thread_time  # the quick calibration too; the runs' CpuClock sets the same (LLMEngine)
     cost = quick_profile(base, executor)
     requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=args.num_requests, rate=args.rate), 8192)
     rows = [("target", args.target_ms, run(EngineConfig.create(args.model, policy="chunked", max_num_batched_tokens=8192,

@@ -81,11 +81,11 @@ def run_profile(config: EngineConfig, repeats: int = 5, max_chunk: int = 2048, p
 
 def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
              cpu_time: bool) -> tuple[FittedCostModel, list[tuple[StepShape, float]]]:
-    from chunkbench.engine.executor import ModelExecutor
+    from chunkbench.engine.executor import ModelExecutor, resolve_device
 
-    executor = ModelExecutor(config)
-    if cpu_time and executor.device.type != "cpu":
+    if cpu_time and resolve_device(config.device).type != "cpu":  # before the model takes GPU memory
         raise UserError("--cpu-time times steps in this thread's CPU time: it is for the CPU engine only")
+    executor = ModelExecutor(config)
     if cpu_time:
         executor.timer = time.thread_time
     block_size = config.cache.block_size

@@ -58,6 +58,7 @@ class RooflineCostModel:
     # the terms that depend only on the step's rows, and decode-only activation peaks. Each value is the
     # float the formula computes, so predictions are bit-identical with or without them.
     _by_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _by_sampled: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _decode_activation: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _attention_rates: tuple = field(default=(), init=False, repr=False, compare=False)  # set from the above
 
@@ -98,20 +99,23 @@ class RooflineCostModel:
             + t_head + t_comm
 
     def _row_terms(self, rows: int, sampled: int) -> tuple[float, float, float]:
-        """One layer's GEMMs and elementwise kernels, the LM head and the all-reduces: they depend only on the
-        step's token rows and sampled rows."""
-        terms = self._by_rows.get((rows, sampled))
+        """One layer's GEMMs and elementwise kernels and the all-reduces (they depend only on the step's token
+        rows), and the LM head (only on its sampled rows): each memoized by what it depends on."""
+        terms = self._by_rows.get(rows)
         if terms is None:
             m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
-            flops, bandwidth = gpu.bf16_flops, gpu.mem_bandwidth
-            per_layer = (layer_linear_seconds(m, tp, rows, c, flops, bandwidth, self.dtype_bytes)
-                         + layer_elementwise_seconds(m, tp, rows, c, bandwidth, self.dtype_bytes))
-            vocab = m.vocab_size if tp == 1 else math.ceil(m.vocab_size / tp)
-            t_head = gemm_seconds(sampled, m.hidden_size, vocab, c, flops, bandwidth, self.dtype_bytes)
+            per_layer = (layer_linear_seconds(m, tp, rows, c, gpu.bf16_flops, gpu.mem_bandwidth, self.dtype_bytes)
+                         + layer_elementwise_seconds(m, tp, rows, c, gpu.mem_bandwidth, self.dtype_bytes))
             t_comm = ALL_REDUCES_PER_LAYER * m.num_layers * ring_all_reduce_seconds(
                 rows * m.hidden_size * self.dtype_bytes, tp, gpu)
-            terms = self._by_rows[(rows, sampled)] = (per_layer, t_head, t_comm)
-        return terms
+            terms = self._by_rows[rows] = (per_layer, t_comm)
+        t_head = self._by_sampled.get(sampled)
+        if t_head is None:
+            m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
+            vocab = m.vocab_size if tp == 1 else math.ceil(m.vocab_size / tp)
+            t_head = self._by_sampled[sampled] = gemm_seconds(sampled, m.hidden_size, vocab, c, gpu.bf16_flops,
+                                                              gpu.mem_bandwidth, self.dtype_bytes)
+        return terms[0], t_head, terms[1]
 
     def _attention_per_layer(self, prefill_pairs: int, prefill_keys: int, decode_keys: int) -> float:
         """Prefill chunks (causal over their cached context) and decodes (one query over its context): each the

@@ -48,6 +48,7 @@ class Design:
     # The prefill run's ITLs are bimodal (a gap behind a 2k-token prefill step, or a plain decode step) with a
     # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted on TTFT alone.
     fitted: tuple[str, ...] = ("ttft_ms", "itl_ms")
+    take: int | None = None  # run the workload's first `take` requests (None: all it builds)
 
 
 def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
@@ -67,14 +68,14 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
     # The tune's own workload, its first requests at its own arrivals, at the space's middle budget: the load
     # the trials will see. Bursts alone fitted a per-step overhead that was too high at light load (measured:
     # simulated p99 TTFT 3.3 s against 2.0 s on the verified configuration).
-    own = dataclasses.replace(spec.workload, num_requests=min(spec.workload.num_requests or WORKLOAD_REQUESTS,
-                                                              WORKLOAD_REQUESTS))
+    # Built whole, then cut: a synthetic workload of fewer requests would draw other lengths and arrivals.
     return [Design("prefill", {"max_num_batched_tokens": big},
                    burst(num_requests, f"uniform:{long_prompt // 4}:{long_prompt}", "fixed:4"), ("ttft_ms",)),
             Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "uniform:16:64", "uniform:16:96")),
             Design("mixed", {"max_num_batched_tokens": budgets[0]},
                    burst(num_requests + 2, f"uniform:16:{long_prompt}", "uniform:8:64")),
-            Design("workload", {"max_num_batched_tokens": budgets[len(budgets) // 2]}, own)]
+            Design("workload", {"max_num_batched_tokens": budgets[len(budgets) // 2]}, spec.workload,
+                   take=WORKLOAD_REQUESTS)]
 
 
 def run_figures(result) -> dict:
@@ -88,17 +89,17 @@ def run_figures(result) -> dict:
 def measure_design(backend: Backend, spec: TuneSpec, design: Design) -> dict:
     """Run one design on the (launched) server: its figures, with the design to simulate it again."""
     config = spec.base_config(**design.knobs)
-    workload = build_workload(design.workload, config.scheduler.max_model_len)
+    workload = build_workload(design.workload, config.scheduler.max_model_len)[:design.take]
     with backend.session(config) as serve:
         result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=design.name)
-    return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload),
+    return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "fitted": list(design.fitted)} | run_figures(result)
 
 
 def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -> dict:
     """The same run in the simulator under `calibration`, with the server-style figures it can give."""
     config = spec.base_config(**run["knobs"])
-    workload = build_workload(WorkloadSpec(**run["workload"]), config.scheduler.max_model_len)
+    workload = build_workload(WorkloadSpec(**run["workload"]), config.scheduler.max_model_len)[:run.get("take")]
     if len(run.get("send_s", ())) == len(workload) and run["workload"].get("arrival") != "all-at-once":
         # Simulate the arrivals the server saw (the client's send times), not the ones the workload planned.
         # Not for a burst: its sends spread over a few milliseconds, first the one that opens the connection,

@@ -122,9 +122,13 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     calibration = calibration_for(spec, launch, out, state, calibration_path, device)
     console.print(f"calibration: {calibration.label()} (max error {calibration.max_error_pct:.1f}%)")
     if not calibration.fits:
-        where = " on the tune's workload" if calibration.workload_error_pct is not None else ""
-        console.print(f"calibration fit error {calibration.judged_error_pct:.1f}%{where} exceeds {FIT_TOLERANCE_PCT:g}%: the "
-                      "simulator does not describe this server; launching every trial instead", soft_wrap=True)
+        error = (f"{calibration.judged_error_pct:.1f}%" if calibration.workload_error_pct is None else
+                 f"{calibration.workload_error_pct:.1f}% on the tune's workload, {calibration.fit_error_pct:.1f}% "
+                 "over all runs")
+        limit = f"{FIT_TOLERANCE_PCT:g}%" + ("" if calibration.workload_error_pct is None else
+                                             f" (all runs: {2 * FIT_TOLERANCE_PCT:g}%)")
+        console.print(f"calibration fit error {error} exceeds {limit}: the simulator does not describe this "
+                      "server; launching every trial instead", soft_wrap=True)
         state.data["mode"] = "launch every trial"
         state.save()
         result = tune_and_report(dataclasses.replace(spec, backend=launch), name, storage_url, out, 0,

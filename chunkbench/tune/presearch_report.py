@@ -50,8 +50,8 @@ def _pct(s: float | None, m: float | None) -> str:
 def section(calibration: ServerCalibration, verified: list[dict], out: Path) -> str:
     esc = html.escape
     verdict = ("fits: searching in simulation" if calibration.fits else
-               f"fits BADLY ({calibration.judged_error_pct or 0:.1f}%, above {FIT_TOLERANCE_PCT:g}%): every trial "
-               "was launched instead")
+               f"fits BADLY (limits: {FIT_TOLERANCE_PCT:g}% on the tune's workload, {2 * FIT_TOLERANCE_PCT:g}% over "
+               "all runs): every trial was launched instead")
     rows = ""
     for run in (r for r in calibration.runs if "simulated" in r):
         for key in ("ttft_ms", "itl_ms"):

@@ -108,3 +108,6 @@ def test_pooled_itls_are_each_requests_gaps_in_order():
             RequestRecord(prompt_len=1, output_len=2, arrival_time=0.0, token_times=[0.2, 0.25])]
     expected = np.concatenate([np.diff(r.token_times) for r in done])
     assert pooled_itls(done, token_times(done)).tolist() == expected.tolist()
+    empty = RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[])
+    with pytest.raises(ValueError, match="every record needs token times"):
+        pooled_itls([empty] + done, token_times([empty] + done))

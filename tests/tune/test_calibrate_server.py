@@ -53,7 +53,8 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
     spec = make_spec()
     runs = []
     for design in designs(spec):
-        run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload)}
+        run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload),
+               "take": design.take}
         runs.append(run | simulate_design(TRUTH, spec, run))
     fitted = fit(runs, spec, "cpu", num_blocks=1024)
     for name in ("flops_scale", "bandwidth_scale", "step_overhead_s", "seq_overhead_s"):
@@ -62,6 +63,7 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
     # What decides: the error on the tune's own workload, not the bursts' (which hinge on arrival order)
     assert not dataclasses.replace(fitted, workload_error_pct=20.0).fits
     assert dataclasses.replace(fitted, fit_error_pct=20.0).fits
+    assert not dataclasses.replace(fitted, fit_error_pct=37.7).fits  # absurd constants fitting one run
     assert all("simulated" in run for run in fitted.runs)
 
 

@@ -54,8 +54,11 @@ def tune(
                                                         "reuse for the same deployment; written there after "
                                                         "calibrating when the file does not exist.")] = None,
     launch: Annotated[Optional[str], typer.Option(help="--backend launch: server command per trial, with "
-                                                  "{model} and knob placeholders, e.g. \"vllm serve {model} "
-                                                  "--max-num-batched-tokens {max_num_batched_tokens}\".")] = None,
+                                                  "{model} and knob placeholders (unset: 0), e.g. \"vllm serve "
+                                                  "{model} --max-num-batched-tokens {max_num_batched_tokens}\"; "
+                                                  "{vllm_flags} and {chunkbench_flags} are the trial's whole flag "
+                                                  "list, unset knobs left out: \"vllm serve {model} "
+                                                  "{vllm_flags}\".")] = None,
     endpoint: Annotated[Optional[str], typer.Option(help="--backend launch: the launched server's OpenAI base "
                                                     "URL, e.g. http://127.0.0.1:8000/v1.")] = None,
     launch_timeout: Annotated[float, typer.Option(help="--backend launch: seconds to wait for /health (s).")] = 300.0,

@@ -45,7 +45,7 @@ def profile(
                                  dtype=dtype, seed=seed)
     fitted, measured = run_profile(config, repeats=repeats, max_chunk=max_chunk, progress=not no_progress,
                                    cpu_time=cpu_time)
-    out = out or Path(profile_path(fitted.device, config.model.name))
+    out = out or Path(profile_path(fitted.device, config.model.name, fitted.clock))
     fitted.save(out)
     table = Table("prefill chunks (tokens@context)", "decodes", "measured ms", "fitted ms", "error",
                   title=f"{config.model.name} on {fitted.device}: {len(measured)} step shapes")

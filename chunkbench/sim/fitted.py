@@ -50,6 +50,7 @@ class FittedCostModel:
     num_blocks: int | None = None  # the profiled engine's KV cache, so simulation preempts as it did
     fit: dict | None = None
     idle_factor: float = 1.0  # a step after the engine sat idle takes this many times longer (profiled)
+    clock: str = "wall"  # what the steps were timed in: "wall", or "cpu" (`chunkbench profile --cpu-time`)
 
     def predict(self, step: StepShape) -> float:
         return float(np.dot(self.coefficients, features(step)))
@@ -88,7 +89,7 @@ class FittedCostModel:
         write_json({
             "kind": "fitted", "model": self.model_name, "device": self.device, "num_blocks": self.num_blocks,
             "features": FEATURE_NAMES, "coefficients": list(self.coefficients), "fit": self.fit,
-            "idle_factor": self.idle_factor}, path)
+            "idle_factor": self.idle_factor, "clock": self.clock}, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
@@ -104,7 +105,10 @@ class FittedCostModel:
             blocks = data.get("num_blocks")
             if not (math.isfinite(idle) and idle >= 1) or not (blocks is None or (type(blocks) is int and blocks >= 1)):
                 raise ValueError("idle_factor must be >= 1 and num_blocks a whole number >= 1")
+            clock = data.get("clock", "wall")
+            if clock not in ("wall", "cpu"):
+                raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
             return cls(coefficients, str(data.get("model", "")), str(data.get("device", "")), blocks,
-                       data.get("fit"), idle)
+                       data.get("fit"), idle, clock)
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise UserError(f"--cost-model: cannot use {path}: {exc}") from None

@@ -109,7 +109,8 @@ def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
     model = FittedCostModel.fit_steps([s for s, _ in measured], [t for _, t in measured],
                                       model_name=config.model.name, device=device, num_blocks=executor.num_blocks,
                                       noise_pct=100 * statistics.median(spread),
-                                      idle_factor=1.0 if cpu_time else idle_factor(executor, block_size, max_chunk))
+                                      idle_factor=1.0 if cpu_time else idle_factor(executor, block_size, max_chunk),
+                                      clock="cpu" if cpu_time else "wall")
     return model, measured
 
 
@@ -136,7 +137,8 @@ def _cuda_name() -> str:
     return torch.cuda.get_device_name()
 
 
-def profile_path(device: str, model: str) -> str:
-    """Where `profile` saves and `tune` looks: results/profiles/<device>-<model>.json."""
+def profile_path(device: str, model: str, clock: str = "wall") -> str:
+    """Where `profile` saves and `tune` looks: results/profiles/<device>-<model>.json; a CPU-time profile
+    (--cpu-time) beside it as <device>-<model>-cpu-time.json, so runs timed in wall time never pick it up."""
     safe = device.lower().replace(" ", "-").replace("/", "-")
-    return f"results/profiles/{safe}-{model}.json"
+    return f"results/profiles/{safe}-{model}{'-cpu-time' if clock == 'cpu' else ''}.json"

@@ -12,7 +12,7 @@ from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.sim.shape import StepShape
 from chunkbench.errors import UserError
 from chunkbench.sim.gpus import GPUS
-from chunkbench.sim.profile import run_profile
+from chunkbench.sim.profile import profile_path, run_profile
 from chunkbench.workload import WorkloadSpec, build_workload
 
 LLAMA_8B = ModelConfig.from_name("llama-3-8b")
@@ -151,4 +151,6 @@ def test_profile_in_cpu_time_on_one_thread(tmp_path, capsys):
     assert code == 0, out
     loaded = FittedCostModel.load(tmp_path / "p.json")
     assert loaded.idle_factor == 1.0 and loaded.predict(prefill(64)) > loaded.predict(prefill(16)) > 0
+    assert loaded.clock == "cpu"  # recorded, and saved apart from wall-time profiles by default:
+    assert profile_path("cpu", "tiny", loaded.clock) != profile_path("cpu", "tiny")
     assert torch.get_num_threads() == threads  # one thread only while profiling

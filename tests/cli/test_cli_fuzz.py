@@ -57,6 +57,9 @@ def test_compare_takes_any_policy_spec(spec, capsys, tmp_path_factory):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flag=st.sampled_from(TUNE_FLAGS), value=VALUES)
 def test_tune_takes_any_value_of_any_flag(flag, value, capsys, tmp_path_factory):
+    # --timeout 10: a valid but large value (--n-trials 3000, --num-requests 3000) is a long tune, not a hang;
+    # without it one such draw ran for minutes. With it they take 16-21 s here (trials stop starting at 10 s).
     out = tmp_path_factory.mktemp("tune")
     check(["tune", "--backend", "sim", "--model", "llama-3-8b", "--sla-ttft", "2s", "--n-trials", "2",
-           "--num-requests", "10", "--no-progress", "--out", str(out), flag, value], capsys, bound_s=90.0)
+           "--num-requests", "10", "--timeout", "10", "--no-progress", "--out", str(out), flag, value], capsys,
+          bound_s=90.0)

@@ -111,3 +111,9 @@ def test_pooled_itls_are_each_requests_gaps_in_order():
     empty = RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[])
     with pytest.raises(ValueError, match="every record needs token times"):
         pooled_itls([empty] + done, token_times([empty] + done))
+
+
+def test_peaks_of_requests_far_apart_need_no_dense_array():
+    # --rate 1e-12 put arrivals 1e12 s apart: one bucket per second of the run asked for 24.8 TiB
+    far = [RequestRecord(prompt_len=1, output_len=2, arrival_time=t, token_times=[t + 0.1, t + 0.2]) for t in (0.0, 1e12, 3e20)]
+    assert peak_per_second(far) == (2, 1)

@@ -119,18 +119,21 @@ def test_profiled_simulator_tracks_the_real_engine(tmp_path):
     in wall time CI once saw the real median TTFT 1.75x the simulated one, the profile and the run having met
     different loads (and the CI machine may have another core count). Tolerance 30%, means not medians:
     on one thread this CPU runs 2 or 3 decodes slower than 4 (the GEMM kernel changes), which the linear cost
-    model can only average, and a median of 8 TTFTs flips between an idle and a busy engine. A miss is
-    retried once with a fresh profile: a slow spell must strike twice. A simulator off by 1.5x fails both."""
+    model can only average, and a median of 8 TTFTs flips between an idle and a busy engine. Even CPU time
+    moves on this shared VM (one profile's repeated timings spread 67%): a miss, or a profile that fits worse
+    than 15%, is retried with a fresh profile, three tries in all. A simulator off by 1.5x fails all three."""
     config = EngineConfig.create("small", device="cpu", policy="chunked", max_num_batched_tokens=256,
                                  max_model_len=2048)
     workload = build_workload(WorkloadSpec(name="synthetic", num_requests=8, rate=0.5, seed=3,
                                            prompt_len="lognormal:256:0.6:16:1024", output_len="fixed:48"), 2048)
     path = tmp_path / "cpu-small.json"
     misses = []
-    for attempt in range(2):
+    for attempt in range(3):
         cost, _ = run_profile(config, repeats=3, max_chunk=256, progress=False, cpu_time=True)
-        assert cost.fit["mean_abs_error_pct"] < 15, cost.fit
         assert cost.idle_factor == 1.0  # CPU-time runs never sleep: nothing goes cold
+        if cost.fit["mean_abs_error_pct"] >= 15:  # a profile taken in a noisy spell (once: timings spread 67%)
+            misses = [("profile fit", cost.fit)]
+            continue
         cost.save(path)
         real = run_benchmark(config, workload, backend=EngineBackend(cpu_time=True), progress=False).summary
         sim = run_benchmark(config, workload, backend=SimBackend(cost_model=str(path)), progress=False).summary

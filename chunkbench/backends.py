@@ -65,7 +65,7 @@ class EngineBackend(Backend):
         limitation = engine_limitation(config)
         if limitation:
             raise UserError(limitation)
-        import torch
+        from chunkbench.engine.executor import one_torch_thread
         from chunkbench.engine.step_time import OnlineCorrection
 
         key = self._key(config)
@@ -77,12 +77,8 @@ class EngineBackend(Backend):
                                step_cost=step_cost)
             self._executors[key] = engine.executor
             return engine
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1 if self.cpu_time else threads)
-        try:
+        with one_torch_thread(self.cpu_time):
             yield engine_runner(make)
-        finally:
-            torch.set_num_threads(threads)
 
     def __str__(self) -> str:
         return "engine (CPU time, one thread)" if self.cpu_time else "engine"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -15,6 +16,18 @@ from .config import ConfigError, EngineConfig
 from .model import build_model
 from .outputs import ScheduledChunk, SchedulerOutput, StepResult
 from .sharding import single_device_limitation
+
+@contextlib.contextmanager
+def one_torch_thread(enabled: bool = True):
+    """torch on one thread while inside, as steps timed in this thread's CPU time need (engine.CpuClock,
+    `profile --cpu-time`): work on torch's helper threads would be missed. Restores the count after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if enabled else threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}

@@ -48,7 +48,7 @@ def main() -> None:
     torch.set_num_threads(1)
     base = EngineConfig.create(args.model, policy="chunked", max_num_batched_tokens=8192)
     executor = ModelExecutor(base)
-    executor.timer = time.thread_time  # the quick calibration too; the runs' CpuClock sets the same (LLMEngine)
+    executor.timer = CpuClock.timer  # the quick calibration too; the runs' CpuClock sets the same (LLMEngine)
     cost = quick_profile(base, executor)
     requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=args.num_requests, rate=args.rate), 8192)
     rows = [("target", args.target_ms, run(EngineConfig.create(args.model, policy="chunked", max_num_batched_tokens=8192,

@@ -18,6 +18,7 @@ from rich.progress import Progress
 from chunkbench.sim.fitted import FittedCostModel
 from chunkbench.engine.block_manager import cdiv
 from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.engine import CpuClock
 from chunkbench.errors import UserError
 from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
 from chunkbench.engine.request import SamplingParams
@@ -69,14 +70,10 @@ def run_profile(config: EngineConfig, repeats: int = 5, max_chunk: int = 2048, p
     """`cpu_time`: time steps in this thread's CPU time on one torch thread, as the engine does under
     engine.CpuClock (the gate's clock): a profile for runs timed that way, which other processes on a
     shared machine cannot stretch. Such runs never sleep, so nothing goes cold: the idle factor is 1."""
-    import torch
+    from chunkbench.engine.executor import one_torch_thread
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1 if cpu_time else threads)
-    try:
+    with one_torch_thread(cpu_time):
         return _profile(config, repeats, max_chunk, progress, cpu_time)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
@@ -87,7 +84,7 @@ def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
         raise UserError("--cpu-time times steps in this thread's CPU time: it is for the CPU engine only")
     executor = ModelExecutor(config)
     if cpu_time:
-        executor.timer = time.thread_time
+        executor.timer = CpuClock.timer  # as the engine times steps on its CPU clock
     block_size = config.cache.block_size
     grid = profile_grid(config.scheduler.max_model_len, max_chunk, executor.num_blocks * block_size)
     outputs = [step_output(step, block_size) for step in grid]

@@ -86,17 +86,18 @@ class RooflineCostModel:
     def predict(self, step: StepShape) -> float:
         """Every GPU computes 1/N of the linear layers and of the attention heads at once, then the layers'
         all-reduces: the step takes one GPU's share plus the communication."""
-        per_layer, t_head, t_comm = self._row_terms(step.num_tokens, step.num_sampled)
         attention = self._attention_per_layer(step.prefill_attention_pairs, step.prefill_keys, step.decode_keys) \
             if step.prefills or step.decodes else 0.0
-        return self.step_overhead_s + self.model.num_layers * (per_layer + attention) + t_head + t_comm
+        return self._step_seconds(step.num_tokens, step.num_sampled, attention)
 
     def predict_decodes(self, batch: int, keys: int) -> float:
         """predict() of a decode-only step of `batch` decodes reading `keys` keys in all, bit for bit, without
         building its shape (the fast path, sim/fastforward.py): such a step's cost depends on nothing else."""
-        per_layer, t_head, t_comm = self._row_terms(batch, batch)
-        return self.step_overhead_s + self.model.num_layers * (per_layer + self._attention_per_layer(0, 0, keys)) \
-            + t_head + t_comm
+        return self._step_seconds(batch, batch, self._attention_per_layer(0, 0, keys))
+
+    def _step_seconds(self, rows: int, sampled: int, attention_per_layer: float) -> float:
+        per_layer, t_head, t_comm = self._row_terms(rows, sampled)
+        return self.step_overhead_s + self.model.num_layers * (per_layer + attention_per_layer) + t_head + t_comm
 
     def _row_terms(self, rows: int, sampled: int) -> tuple[float, float, float]:
         """One layer's GEMMs and elementwise kernels and the all-reduces (they depend only on the step's token

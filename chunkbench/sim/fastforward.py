@@ -91,7 +91,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
             done[i] = upto
 
     clock, predict, activation = engine.clock, executor.cost_model.predict, executor.activation
-    num_blocks, free_blocks = bm.num_blocks, bm.free_blocks  # BlockManager.num_used_blocks, inlined
+    num_blocks = bm.num_blocks
     n, num_waiting = len(batch), len(scheduler.waiting)
     # A cost model whose decode-only step depends on the batch and the keys read only (the roofline) says so
     # with predict_decodes, bit for bit equal to predict(): then no shape is built per step.
@@ -106,7 +106,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
         phase = j % bs
         if takes[phase]:
             need = [i for i in takes[phase] if first_take[i] <= j]
-            if len(need) > len(free_blocks):
+            if len(need) > bm.num_free:
                 break  # the scheduler would preempt in this step: let it
             for i in need:  # Scheduler._reserve (BlockManager.append of one token), in running order
                 bm.append_block(ids[i])
@@ -122,7 +122,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
         # StepRecord's fields in order: start, seconds, prefill and decode tokens, running, waiting, KV blocks
         # used, preempted, cached tokens, paused decodes, activation peak (positional: this runs every step)
         steps.append(StepRecord(step_start - start, seconds, 0, n, n, num_waiting,
-                                num_blocks - len(free_blocks), 0, 0, 0, step_activation))
+                                num_blocks - bm.num_free, 0, 0, 0, step_activation))
         last = j == horizon - 1
         for i in sorted(finishers.union(fills[phase])) if last else fills[phase]:
             catch_up(i, j)  # Scheduler.update for a request whose token fills a block or finishes it

@@ -94,11 +94,12 @@ def test_cache_invariants_under_random_traffic(requests, policy, budget, num_blo
         engine.step()
         step += 1
         assert step < 20000
-        tables = bm.block_tables
+        tables, free = bm.block_tables, bm.free_list()
+        assert len(free) == len(set(free)) == bm.num_free
         for block in range(num_blocks):
             holders = sum(table.count(block) for table in tables.values())
             assert bm.ref_counts[block] == holders >= 0
-            assert (block in bm.free_blocks) == (holders == 0)
+            assert (block in free) == (holders == 0)
         for h, block in bm.cached.items():
             assert bm.block_hash[block] == h
         for request in engine.scheduler.running:  # every cached block it holds matches its own prefix hashes
@@ -106,7 +107,7 @@ def test_cache_invariants_under_random_traffic(requests, policy, budget, num_blo
             for i, h in enumerate(request.block_hashes[:request.num_computed_tokens // bm.block_size]):
                 if bm.block_hash[table[i]] is not None:
                     assert bm.block_hash[table[i]] == h
-    assert bm.num_used_blocks == 0 and len(bm.free_blocks) == num_blocks
+    assert bm.num_used_blocks == 0 and len(bm.free_list()) == num_blocks
     assert all(count == 0 for count in bm.ref_counts)
 
 

@@ -73,7 +73,7 @@ def test_every_request_finishes_within_budget_and_seats(requests, policy, budget
         assert request.error is None
         assert request.num_output_tokens == output
     assert engine.block_manager.num_used_blocks == 0
-    assert sorted(engine.block_manager.free_blocks) == list(range(num_blocks))
+    assert sorted(engine.block_manager.free_list()) == list(range(num_blocks))
 
 
 def test_static_admits_only_when_the_batch_is_done():

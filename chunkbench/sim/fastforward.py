@@ -97,7 +97,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     # with predict_decodes, bit for bit equal to predict(): then no shape is built per step.
     predict_decodes = getattr(executor.cost_model, "predict_decodes", None)
     if predict_decodes is not None and activation == getattr(executor.cost_model, "activation_bytes", None):
-        step_activation = executor.cost_model.decode_activation_bytes(n, n)
+        step_activation = executor.cost_model.rows_activation_bytes(n, n)
         keys = sum(contexts)  # the first step's; every decode reads one key more each step
     else:
         predict_decodes = None

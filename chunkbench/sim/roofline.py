@@ -55,11 +55,11 @@ class RooflineCostModel:
     engine: str = "vllm"  # what step_overhead_s belongs to, for messages
     calibration: Calibration | None = field(default=None, compare=False)  # None: the GPU's (calibration_for)
     # Memos, for speed only (a simulated run asks for hundreds of thousands of steps of few distinct sizes):
-    # the terms that depend only on the step's rows, and decode-only activation peaks. Each value is the
+    # the terms that depend only on the step's rows, and activation peaks (by rows and sampled rows). Each value is the
     # float the formula computes, so predictions are bit-identical with or without them.
     _by_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _by_sampled: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    _decode_activation: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _activation: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _attention_rates: tuple = field(default=(), init=False, repr=False, compare=False)  # set from the above
 
     def __post_init__(self) -> None:
@@ -131,18 +131,15 @@ class RooflineCostModel:
 
     def activation_bytes(self, step: StepShape) -> int:
         """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16 (engine/activation.py)."""
-        if not step.prefills:
-            return self.decode_activation_bytes(len(step.decodes), step.num_sampled)
-        return step_activation_bytes(self.model, step.prefills, step.decodes, step.num_sampled, self.dtype_bytes,
-                                     self.tensor_parallel_size, "flash")
+        return self.rows_activation_bytes(step.num_tokens, step.num_sampled)
 
-    def decode_activation_bytes(self, batch: int, sampled: int) -> int:
-        """activation_bytes() of a decode-only step: flash kernels read the pages in place, so the contexts
-        do not matter, only the rows."""
-        peak = self._decode_activation.get((batch, sampled))
+    def rows_activation_bytes(self, rows: int, sampled: int) -> int:
+        """activation_bytes() of any step of `rows` token rows and `sampled` sampled rows: flash kernels keep
+        no per-chunk buffers and read the pages in place, so neither the chunks nor the contexts matter."""
+        peak = self._activation.get((rows, sampled))
         if peak is None:
-            peak = self._decode_activation[(batch, sampled)] = step_activation_bytes(
-                self.model, (), (1,) * batch, sampled, self.dtype_bytes, self.tensor_parallel_size, "flash")
+            peak = self._activation[(rows, sampled)] = step_activation_bytes(
+                self.model, (), (1,) * rows, sampled, self.dtype_bytes, self.tensor_parallel_size, "flash")
         return peak
 
     def profile_activation_bytes(self, config: EngineConfig) -> int:

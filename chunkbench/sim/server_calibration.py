@@ -139,8 +139,8 @@ class PerSequenceOverhead:
     def predict_decodes(self, batch: int, keys: int) -> float:  # the fast path's (sim/roofline.py), bit for bit
         return self.base.predict_decodes(batch, keys) + self.seq_overhead_s * batch
 
-    def decode_activation_bytes(self, batch: int, sampled: int) -> int:
-        return self.base.decode_activation_bytes(batch, sampled)
+    def rows_activation_bytes(self, rows: int, sampled: int) -> int:
+        return self.base.rows_activation_bytes(rows, sampled)
 
     def kv_blocks(self, config: EngineConfig) -> int:
         return self.base.kv_blocks(config)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from chunkbench.backends import SimBackend
+from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.runs import requests_frame, run_benchmark, steps_frame
 from chunkbench.workload import WorkloadSpec, build_workload
@@ -114,7 +115,15 @@ def test_predict_decodes_is_predict_bit_for_bit():
             contexts = tuple(rng.randint(1, 8192) for _ in range(rng.choice([1, 2, 7, 64, 255])))
             shape = StepShape((), contexts, len(contexts))
             assert cost.predict_decodes(len(contexts), sum(contexts)) == cost.predict(shape)
-            assert cost.decode_activation_bytes(len(contexts), len(contexts)) == cost.activation_bytes(shape)
+            assert cost.rows_activation_bytes(len(contexts), len(contexts)) == cost.activation_bytes(shape)
+    for cost in models[:2]:  # memoized by rows: the formula's value for any chunks and contexts
+        base = getattr(cost, "base", cost)
+        for _ in range(300):
+            prefills = tuple((rng.randint(1, 2048), rng.randint(0, 8192)) for _ in range(rng.choice([1, 2, 5])))
+            shape = StepShape(prefills, tuple(rng.randint(1, 8192) for _ in range(rng.randint(0, 40))),
+                              rng.randint(0, 45))
+            assert cost.activation_bytes(shape) == step_activation_bytes(
+                base.model, prefills, shape.decodes, shape.num_sampled, 2, base.tensor_parallel_size, "flash")
 
 
 @pytest.mark.parametrize("kind", ["profile", "server-calibration"])

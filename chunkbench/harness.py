@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.request import Request, SamplingParams
+from chunkbench.gc_pause import paused_gc
 from chunkbench.metrics import RequestRecord, StepRecord
 from chunkbench.sim.fastforward import fast_forward
 from chunkbench.workload import WorkloadRequest
@@ -83,7 +84,7 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
     wall_start = time.perf_counter()
     bar = Progress(TextColumn(f"[bold]{description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), disable=not progress, transient=True)
-    with bar:
+    with paused_gc(engine.clock.virtual), bar:  # no collector pauses in a simulated run (gc_pause.py)
         task = bar.add_task(description, total=len(workload), rate="")
         finished = 0
         output_tokens = 0
@@ -143,9 +144,9 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                                rate=f"{output_tokens / max(elapsed, 1e-9):,.0f} out tok/s")
         except KeyboardInterrupt:
             interrupted = True
-    records = [_record(r, w, start, paused_steps.get(i, 0), paused_gaps.get(i, set()))
-               for i, (r, w) in enumerate(zip(requests, workload))
-               if r is not None and (r.is_finished or not (interrupted or stopped))]  # keep what finished
+        records = [_record(r, w, start, paused_steps.get(i, 0), paused_gaps.get(i, set()))
+                   for i, (r, w) in enumerate(zip(requests, workload))
+                   if r is not None and (r.is_finished or not (interrupted or stopped))]  # keep what finished
     ends = [rec.token_times[-1] for rec in records if rec.ok]
     first = min((rec.arrival_time for rec in records), default=0.0)
     return RunResult(requests=records, steps=steps, duration=max(ends, default=first) - first,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chunkbench.gc_pause import gc_paused
+
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -102,7 +104,9 @@ def _stats(prefix: str, values_s: list[float], percentiles=PERCENTILES) -> dict[
         ms = np.zeros(1)
     out = {f"mean_{prefix}_ms": float(ms.mean()), f"median_{prefix}_ms": float(np.median(ms)),
            f"std_{prefix}_ms": float(ms.std())}
-    out.update({f"{pct_key(p)}_{prefix}_ms": float(np.percentile(ms, p)) for p in percentiles})
+    if percentiles:  # one call: one partition of the array for all of them (each value as if asked alone)
+        out.update({f"{pct_key(p)}_{prefix}_ms": float(v)
+                    for p, v in zip(percentiles, np.percentile(ms, list(percentiles)))})
     return out
 
 
@@ -171,9 +175,11 @@ def peak_per_second(done: list[RequestRecord], times: np.ndarray | None = None) 
         return 0, 0
     origin = min(r.latency_origin for r in done)
     times = token_times(done) if times is None else times
-    # Buckets stay floats and only the occupied ones are counted: a dense array over every second of the run
-    # asked for 24.8 TiB when requests arrived 1e12 s apart (--rate 1e-12).
-    _, per_bucket = np.unique(np.floor(np.maximum(times - origin, 0.0)), return_counts=True)
+    buckets = np.floor(np.maximum(times - origin, 0.0))
+    if buckets.size and buckets.max() < 4 * buckets.size:  # a dense count, as long as the run is not much sparser
+        per_bucket = np.bincount(buckets.astype(np.int64))
+    else:  # only the occupied buckets: a dense array over every second asked for 24.8 TiB at --rate 1e-12
+        _, per_bucket = np.unique(buckets, return_counts=True)
     first = np.floor([r.latency_origin - origin for r in done])
     after_last = np.floor([r.token_times[-1] - origin for r in done]) + 1
     # A request is active from its first bucket to its last: +1 where it starts, -1 after it ends, ends first
@@ -184,6 +190,7 @@ def peak_per_second(done: list[RequestRecord], times: np.ndarray | None = None) 
     return int(per_bucket.max()), int(np.cumsum(change[order]).max())
 
 
+@gc_paused  # it builds a few lists per request of a trace
 def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s: float,
               goodput_ms: dict[str, float] | None = None, num_kv_blocks: int | None = None,
               stall_threshold_s: float | None = None, extra_percentiles=(), *,

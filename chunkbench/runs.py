@@ -19,6 +19,7 @@ from chunkbench.backends import Backend, EngineBackend, Serve
 from chunkbench.engine.config import EngineConfig, default_budget, parse_chunk_schedule
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.errors import UserError
+from chunkbench.gc_pause import gc_paused
 from chunkbench.harness import RunResult
 from chunkbench.metrics import StepRecord, summarize
 from chunkbench.outputs import write_json, write_parquet
@@ -154,6 +155,7 @@ def environment() -> dict:
             "machine": platform.machine(), "threads": torch.get_num_threads()}
 
 
+@gc_paused  # a frame row, a dict and a list per request of a trace
 def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = None, **extra) -> dict:
     """requests.parquet, steps.parquet, then summary.json (metrics, config, workload, environment, `extra`),
     each written atomically and the summary last: a complete summary.json means complete outputs."""
@@ -177,20 +179,20 @@ def steps_frame(result: RunResult) -> pd.DataFrame:
     return pd.DataFrame(np.fromiter(rows, dtype=dtype, count=len(result.steps)))
 
 
+REQUEST_COLUMNS = ["prompt_len", "output_len", "arrival_time", "first_scheduled_time", "ttft", "tpot", "e2el",
+                   "num_output_tokens", "num_preemptions", "num_cached_tokens", "num_paused_decodes", "error",
+                   "token_times", "send_time", "client_queue_time", "first_token_time", "end_time",
+                   "output_token_source", "response_id"]
+
+
 def requests_frame(result: RunResult) -> pd.DataFrame:
     """One row per request, times in s from the run's start. Engine runs fill the scheduler's columns
     (first_scheduled_time, preemptions, cached tokens, paused decodes); endpoint runs the client's (send,
     client queue, end, where the token count came from, the server's response id). A failed request keeps
     the token times it got, without latencies."""
-    rows = []
-    for r in result.requests:
-        rows.append({"prompt_len": r.prompt_len, "output_len": r.output_len, "arrival_time": r.arrival_time,
-                     "first_scheduled_time": r.first_scheduled_time, "ttft": r.ttft if r.ok else None,
-                     "tpot": r.tpot if r.ok else None, "e2el": r.e2el if r.ok else None,
-                     "num_output_tokens": r.output_tokens, "num_preemptions": r.num_preemptions,
-                     "num_cached_tokens": r.num_cached_tokens, "num_paused_decodes": r.num_paused_decodes,
-                     "error": r.error, "token_times": r.token_times, "send_time": r.send_time,
-                     "client_queue_time": r.client_queue_time,
-                     "first_token_time": r.token_times[0] if r.token_times else None, "end_time": r.end_time,
-                     "output_token_source": r.output_token_source, "response_id": r.response_id})
-    return pd.DataFrame(rows)
+    rows = [(r.prompt_len, r.output_len, r.arrival_time, r.first_scheduled_time, r.ttft if r.ok else None,
+             r.tpot if r.ok else None, r.e2el if r.ok else None, r.output_tokens, r.num_preemptions,
+             r.num_cached_tokens, r.num_paused_decodes, r.error, r.token_times, r.send_time, r.client_queue_time,
+             r.token_times[0] if r.token_times else None, r.end_time, r.output_token_source, r.response_id)
+            for r in result.requests]  # tuples, not a dict per row: a trace has tens of thousands of rows
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS) if rows else pd.DataFrame([])

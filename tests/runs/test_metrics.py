@@ -117,3 +117,20 @@ def test_peaks_of_requests_far_apart_need_no_dense_array():
     # --rate 1e-12 put arrivals 1e12 s apart: one bucket per second of the run asked for 24.8 TiB
     far = [RequestRecord(prompt_len=1, output_len=2, arrival_time=t, token_times=[t + 0.1, t + 0.2]) for t in (0.0, 1e12, 3e20)]
     assert peak_per_second(far) == (2, 1)
+
+
+def test_peak_tokens_per_second_dense_and_sparse_counts_agree():
+    """Dense bucket counts (most runs) and the occupied-buckets count (sparse runs) give what counting each
+    bucket by hand gives."""
+    rng = np.random.default_rng(0)
+    for span in (5.0, 500.0, 5e6):  # dense, dense, sparse (far more seconds than tokens)
+        done = []
+        for _ in range(40):
+            arrival = float(rng.uniform(0, span))
+            done.append(RequestRecord(1, 8, arrival, sorted((arrival + rng.uniform(0, 3, size=8)).tolist())))
+        origin = min(r.arrival_time for r in done)
+        counts: dict[int, int] = {}
+        for r in done:
+            for t in r.token_times:
+                counts[int(t - origin)] = counts.get(int(t - origin), 0) + 1
+        assert peak_per_second(done)[0] == max(counts.values())

@@ -111,34 +111,33 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                     continue
                 # The simulator runs decode-only stretches up to the next event in one go (0: not now).
                 next_arrival = workload[order[next_index]].arrival_time if next_index < len(order) else math.inf
-                skipped, done = fast_forward(engine, start, next_arrival, steps)
+                skipped = fast_forward(engine, start, next_arrival, steps)
                 if skipped:
                     output_tokens += skipped * steps[-1].decode_tokens  # a stretch's steps all decode as many
-                    finished += done
-                    continue
-                step_start = engine.clock.now()
-                updated = engine.step()
-                if engine.last_step is None and not updated:  # work left, none schedulable: a scheduler bug
-                    raise RuntimeError(f"the engine has unfinished requests but scheduled nothing "
-                                       f"({len(engine.scheduler.waiting)} waiting, "
-                                       f"{len(engine.scheduler.running)} running)")
-                if engine.last_step is not None:
-                    output, result = engine.last_step
-                    steps.append(StepRecord(
-                        start=step_start - start, seconds=result.seconds,
-                        prefill_tokens=output.num_prefill_tokens, decode_tokens=output.num_decode_tokens,
-                        num_running=output.num_running, num_waiting=output.num_waiting,
-                        kv_blocks_used=output.num_used_blocks, num_preempted=len(output.preempted),
-                        cached_tokens=output.num_cached_tokens, num_paused_decodes=len(output.paused_decodes),
-                        peak_activation_bytes=result.activation_bytes))
-                    for request_id in output.paused_decodes:  # it got no token: the pause is in its next gap
-                        i = int(request_id)
-                        paused_steps[i] = paused_steps.get(i, 0) + 1
-                        paused_gaps.setdefault(i, set()).add(len(requests[i].token_times))
-                    output_tokens += len(result.sampled)
-                newly_done = sum(r.is_finished for r in updated)
-                if newly_done:
-                    finished += newly_done
+                else:
+                    step_start = engine.clock.now()
+                    updated = engine.step()
+                    if engine.last_step is None and not updated:  # work left, none schedulable: a scheduler bug
+                        raise RuntimeError(f"the engine has unfinished requests but scheduled nothing "
+                                           f"({len(engine.scheduler.waiting)} waiting, "
+                                           f"{len(engine.scheduler.running)} running)")
+                    if engine.last_step is not None:
+                        output, result = engine.last_step
+                        decodes = output.num_decode_tokens
+                        # StepRecord's fields in order: start, seconds, prefill and decode tokens, running,
+                        # waiting, KV blocks used, preempted, cached tokens, paused decodes, activation peak
+                        steps.append(StepRecord(
+                            step_start - start, result.seconds, output.num_tokens - decodes, decodes,
+                            output.num_running, output.num_waiting, output.num_used_blocks, len(output.preempted),
+                            output.num_cached_tokens, len(output.paused_decodes), result.activation_bytes))
+                        for request_id in output.paused_decodes:  # it got no token: the pause is in its next gap
+                            i = int(request_id)
+                            paused_steps[i] = paused_steps.get(i, 0) + 1
+                            paused_gaps.setdefault(i, set()).add(len(requests[i].token_times))
+                        output_tokens += len(result.sampled)
+                done = next_index - len(engine.scheduler.requests)  # added and no longer the scheduler's
+                if done != finished:
+                    finished = done
                     elapsed = engine.clock.now() - start
                     bar.update(task, completed=finished,
                                rate=f"{output_tokens / max(elapsed, 1e-9):,.0f} out tok/s")

@@ -123,7 +123,8 @@ class Scheduler:
                 continue
             if self._reserve(request, 1, scheduled, preempted):
                 budget -= 1
-                self._timed(timer, request, 1)
+                if timer is not None:  # (_timed's test, here: this loop runs for every decode of every step)
+                    timer.add(1, request.num_computed_tokens, True, True)
         for request in prefills:
             if budget == 0:
                 break
@@ -274,18 +275,15 @@ class Scheduler:
         for request, n in scheduled.items():
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            start = request.num_computed_tokens
+            start, outputs = request.num_computed_tokens, len(request.output_token_ids)
+            end = len(request.prompt_token_ids) + outputs  # request.num_tokens (inlined, as below: a chunk per
+            # request per step, the simulator's hottest loop after its fast path)
+            # ScheduledChunk's fields in order: request id, tokens, start, the live block table (read during
+            # this step only), sample, is_decode (Request.is_decoding), sampling, sample index, sample seed
             chunks.append(ScheduledChunk(
-                request_id=request.request_id,
-                token_ids=request.token_ids_between(start, start + n),
-                start_pos=start,
-                block_table=tables.get(request.request_id, []),  # the live table: read during this step only
-                sample=start + n == request.num_tokens,
-                is_decode=request.is_decoding,
-                sampling=request.sampling,
-                sample_index=request.num_output_tokens,
-                sample_seed=request.sample_seed,
-            ))
+                request.request_id, request.token_ids_between(start, start + n), start,
+                tables.get(request.request_id, []), start + n == end, outputs > 0 and start == end - 1,
+                request.sampling, outputs, request.sample_seed))
         # Decided here, before update() moves computed counts on: is_decoding is still this step's view.
         paused = [r.request_id for r in self.running if r not in scheduled and r.is_decoding]
         return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],

@@ -36,17 +36,16 @@ def enabled_by_default() -> bool:
     return os.environ.get("CHUNKBENCH_FAST_FORWARD", "1") != "0"
 
 
-def fast_forward(engine, start: float, next_arrival: float, steps: list[StepRecord]) -> tuple[int, int]:
-    """Run the decode-only steps ahead, appending their records to `steps`; return how many steps ran and how
-    many requests finished. `start` is the run's clock origin and `next_arrival` the next request's arrival
+def fast_forward(engine, start: float, next_arrival: float, steps: list[StepRecord]) -> int:
+    """Run the decode-only steps ahead, appending their records to `steps`; return how many ran. `start` is the run's clock origin and `next_arrival` the next request's arrival
     (relative to it), as in harness.run_workload."""
     executor, scheduler = engine.executor, engine.scheduler
     if not getattr(executor, "fast_forward", False) or executor.cold or not engine.clock.virtual:
         # a cold step is scaled: ordinary path; the loop below moves a VirtualClock's time itself
-        return 0, 0
+        return 0
     running = scheduler.decode_only_batch()
     if running is None:
-        return 0, 0
+        return 0
     batch = list(running)  # requests that finish leave scheduler.running; indices into `batch` stay valid
     sampled = executor.SAMPLED_TOKEN
     max_len = scheduler.config.max_model_len
@@ -65,7 +64,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
         # step j computes token computed + j: from `gap` steps ahead it is past the table's end, needs a block
         gap = len(tables.get(r.request_id, ())) * bs - computed
         if gap < 0:
-            return 0, 0  # never happens: a table always covers the computed tokens
+            return 0  # never happens: a table always covers the computed tokens
         contexts.append(computed + 1)
         first_take.append(gap)
         takes[gap % bs].append(i)
@@ -132,5 +131,4 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
             break  # the harness adds the request before the next step
     for i in range(n):
         catch_up(i, len(times))
-    # Only a finisher can finish, and only in the stretch's last step
-    return len(times), sum(batch[i].is_finished for i in finishers) if len(times) == horizon else 0
+    return len(times)

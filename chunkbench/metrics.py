@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,8 +80,10 @@ class RequestRecord:
         return list(np.diff(self.token_times))
 
 
-@dataclass(slots=True)
-class StepRecord:
+class StepRecord(NamedTuple):
+    """One engine step. A tuple: hundreds of thousands per simulated trace, turned into one numpy table
+    (step_table) by a single C-level pass."""
+
     start: float
     seconds: float
     prefill_tokens: int
@@ -92,6 +95,14 @@ class StepRecord:
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied to requests admitted in this step
     num_paused_decodes: int = 0  # running requests in decode this step left out
     peak_activation_bytes: int = 0  # the step's activation peak (engine/activation.py; measured on CUDA)
+
+
+STEP_DTYPE = np.dtype([(name, "f8" if name in ("start", "seconds") else "i8") for name in StepRecord._fields])
+
+
+def step_table(steps: list[StepRecord]) -> np.ndarray:
+    """The steps as one structured array: a float64 or int64 column per StepRecord field."""
+    return np.fromiter(steps, dtype=STEP_DTYPE, count=len(steps))
 
 
 def pct_key(p: float) -> str:
@@ -120,19 +131,20 @@ SLOW_STEP_FACTOR = 5.0  # a slow step: longer than 5x the run's median decode-on
 ENDPOINT_STALL_FACTOR = 5.0  # over HTTP, a stall: an ITL gap longer than 5x the run's median ITL
 
 
-def engine_stall_stats(done: list[RequestRecord], steps: list[StepRecord],
+def engine_stall_stats(done: list[RequestRecord], steps: np.ndarray,
                        slow_step_threshold_s: float | None = None) -> dict[str, float]:
     """Generation stalls as the scheduler decided them: a paused decode is a running request in decode that a
     step left out; a stall is a token gap of a completed request during which it was paused at least once.
-    Slow steps (a long step delays every request in it, paused or not) are counted on their own."""
+    Slow steps (a long step delays every request in it, paused or not) are counted on their own.
+    `steps`: step_table()."""
     stalled = [r.token_times[i] - r.token_times[i - 1] for r in done for i in r.paused_gaps
                if i < len(r.token_times)]
-    out = {"num_paused_decodes": sum(s.num_paused_decodes for s in steps), "num_stalls": len(stalled),
+    out = {"num_paused_decodes": int(steps["num_paused_decodes"].sum()), "num_stalls": len(stalled),
            "longest_stall_ms": max(stalled, default=0.0) * 1000.0}
     if slow_step_threshold_s is None:
-        decode_only = [s.seconds for s in steps if s.prefill_tokens == 0 and s.decode_tokens > 0]
-        slow_step_threshold_s = SLOW_STEP_FACTOR * float(np.median(decode_only)) if decode_only else None
-    out["num_slow_steps"] = sum(s.seconds > slow_step_threshold_s for s in steps) if slow_step_threshold_s else 0
+        decode_only = steps["seconds"][(steps["prefill_tokens"] == 0) & (steps["decode_tokens"] > 0)]
+        slow_step_threshold_s = SLOW_STEP_FACTOR * float(np.median(decode_only)) if decode_only.size else None
+    out["num_slow_steps"] = int((steps["seconds"] > slow_step_threshold_s).sum()) if slow_step_threshold_s else 0
     if slow_step_threshold_s:  # no decode-only step: no threshold, and no key rather than Infinity
         out["slow_step_threshold_ms"] = slow_step_threshold_s * 1000.0
     return out
@@ -204,6 +216,7 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     endpoint = any(r.send_time is not None for r in records) if endpoint is None else endpoint
     pcts = sorted(set(PERCENTILES) | set(extra_percentiles))
     done = [r for r in records if r.ok]
+    table = step_table(steps)
 
     def per_s(amount: float) -> float:
         return amount / duration_s if duration_s > 0 else 0.0
@@ -249,9 +262,9 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
             summary["output_token_source"] = sources.pop() if len(sources) == 1 else "mixed"
         summary |= endpoint_stall_stats(done, stall_threshold_s)
     else:
-        summary |= engine_stall_stats(done, steps, slow_step_threshold_s)
-    summary["num_preemptions"] = sum(s.num_preempted for s in steps)
-    peak = max((s.kv_blocks_used for s in steps), default=0)
+        summary |= engine_stall_stats(done, table, slow_step_threshold_s)
+    summary["num_preemptions"] = int(table["num_preempted"].sum())
+    peak = int(table["kv_blocks_used"].max()) if steps else 0
     summary["peak_kv_blocks"] = peak
     if num_kv_blocks:
         summary["peak_kv_usage_pct"] = 100.0 * peak / num_kv_blocks
@@ -263,9 +276,9 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
                                                     if done else 0.0)
     summary["num_steps"] = len(steps)
     if not endpoint:  # a server's activations are its own business
-        summary["peak_activation_bytes"] = max((s.peak_activation_bytes for s in steps), default=0)
+        summary["peak_activation_bytes"] = int(table["peak_activation_bytes"].max()) if steps else 0
     if steps:  # what a --step-time-target is held to
-        step_ms = np.array([s.seconds for s in steps]) * 1000.0
+        step_ms = table["seconds"] * 1000.0
         summary |= {"median_step_ms": float(np.median(step_ms)), "p99_step_ms": float(np.percentile(step_ms, 99)),
                     "max_step_ms": float(step_ms.max())}
     return summary

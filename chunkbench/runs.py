@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import operator
 import os
 import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from chunkbench.backends import Backend, EngineBackend, Serve
@@ -21,7 +19,7 @@ from chunkbench.engine.knobs import KNOBS
 from chunkbench.errors import UserError
 from chunkbench.gc_pause import gc_paused
 from chunkbench.harness import RunResult
-from chunkbench.metrics import StepRecord, summarize
+from chunkbench.metrics import step_table, summarize
 from chunkbench.outputs import write_json, write_parquet
 from chunkbench.workload import WorkloadRequest, WorkloadSpec
 
@@ -169,14 +167,10 @@ def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = 
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
-    """One row per step (StepRecord's fields: float64 and int64 columns), filled by numpy straight from one
-    C-level attrgetter per step (dataclasses.asdict per step took longer than simulating the steps)."""
+    """One row per step (StepRecord's fields: float64 and int64 columns)."""
     if not result.steps:
         return pd.DataFrame([])  # endpoint runs: as before, a frame without columns
-    fields = dataclasses.fields(StepRecord)
-    dtype = [(f.name, {"float": "f8", "int": "i8"}[getattr(f.type, "__name__", f.type)]) for f in fields]
-    rows = map(operator.attrgetter(*(f.name for f in fields)), result.steps)
-    return pd.DataFrame(np.fromiter(rows, dtype=dtype, count=len(result.steps)))
+    return pd.DataFrame(step_table(result.steps))
 
 
 REQUEST_COLUMNS = ["prompt_len", "output_len", "arrival_time", "first_scheduled_time", "ttft", "tpot", "e2el",

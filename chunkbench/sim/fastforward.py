@@ -5,7 +5,7 @@ finishes, no prompt is mid-prefill. `fast_forward` runs such a stretch without t
 bookkeeping, and leaves every object exactly as the step-by-step path (`LLMEngine.step`) would:
 
 - each step's seconds come from the same `cost_model.predict(StepShape)` call on the same shape (or, for the
-  roofline, `predict_decodes(batch, keys)`, the same arithmetic without building the shape), and the
+  roofline, `decode_step_cost(batch)(keys)`, the same arithmetic without building the shape), and the
   virtual clock adds them one by one in step order, so the floating-point sums are the same;
 - KV blocks are taken (`BlockManager.append_block`, the one-block case of `append`) and full blocks cached
   (`BlockManager.computed`) by the real methods in the scheduler's order: step by step, in running order,
@@ -93,13 +93,14 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     num_blocks = bm.num_blocks
     n, num_waiting = len(batch), len(scheduler.waiting)
     # A cost model whose decode-only step depends on the batch and the keys read only (the roofline) says so
-    # with predict_decodes, bit for bit equal to predict(): then no shape is built per step.
-    predict_decodes = getattr(executor.cost_model, "predict_decodes", None)
-    if predict_decodes is not None and activation == getattr(executor.cost_model, "activation_bytes", None):
+    # with decode_step_cost, bit for bit equal to predict(): then no shape is built per step.
+    decode_step_cost = getattr(executor.cost_model, "decode_step_cost", None)
+    if decode_step_cost is not None and activation == getattr(executor.cost_model, "activation_bytes", None):
+        decode_step_cost = decode_step_cost(n)
         step_activation = executor.cost_model.rows_activation_bytes(n, n)
         keys = sum(contexts)  # the first step's; every decode reads one key more each step
     else:
-        predict_decodes = None
+        decode_step_cost = None
     ids = [r.request_id for r in batch]
     for j in range(horizon):
         phase = j % bs
@@ -109,8 +110,8 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
                 break  # the scheduler would preempt in this step: let it
             for i in need:  # Scheduler._reserve (BlockManager.append of one token), in running order
                 bm.append_block(ids[i])
-        if predict_decodes is not None:
-            seconds = predict_decodes(n, keys + n * j)
+        if decode_step_cost is not None:
+            seconds = decode_step_cost(keys + n * j)
         else:
             shape = StepShape((), tuple([c + j for c in contexts]), n)
             seconds, step_activation = predict(shape), activation(shape)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
@@ -90,10 +91,17 @@ class RooflineCostModel:
             if step.prefills or step.decodes else 0.0
         return self._step_seconds(step.num_tokens, step.num_sampled, attention)
 
-    def predict_decodes(self, batch: int, keys: int) -> float:
-        """predict() of a decode-only step of `batch` decodes reading `keys` keys in all, bit for bit, without
-        building its shape (the fast path, sim/fastforward.py): such a step's cost depends on nothing else."""
-        return self._step_seconds(batch, batch, self._attention_per_layer(0, 0, keys))
+    def decode_step_cost(self, batch: int) -> Callable[[int], float]:
+        """predict() of decode-only steps of `batch` decodes, as a function of the keys they read in all, bit
+        for bit, without building shapes (the fast path, sim/fastforward.py, asks it every step of a stretch):
+        such a step's cost depends on nothing else, and the terms of the batch are looked up once."""
+        per_layer, t_head, t_comm = self._row_terms(batch, batch)
+        overhead, layers, floor, decode_attention = (self.step_overhead_s, self.model.num_layers,
+                                                     self.calibration.constants.gemm_floor_s, self._decode_attention)
+
+        def seconds(keys: int) -> float:  # _step_seconds over _attention_per_layer(0, 0, keys), in its order
+            return overhead + layers * (per_layer + (floor + decode_attention(keys))) + t_head + t_comm
+        return seconds
 
     def _step_seconds(self, rows: int, sampled: int, attention_per_layer: float) -> float:
         per_layer, t_head, t_comm = self._row_terms(rows, sampled)
@@ -125,9 +133,13 @@ class RooflineCostModel:
         per_key_bytes, per_pair_flops, compute_rate, memory_rate = self._attention_rates
         prefill = soft_max(prefill_pairs * per_pair_flops / compute_rate,
                            prefill_keys * per_key_bytes / memory_rate, c.smoothness) if prefill_keys else 0.0
-        decode = soft_max(decode_keys * per_pair_flops / compute_rate,
-                          decode_keys * per_key_bytes / memory_rate, c.smoothness)
-        return c.gemm_floor_s + prefill + decode
+        return c.gemm_floor_s + prefill + self._decode_attention(decode_keys)
+
+    def _decode_attention(self, keys: int) -> float:
+        """Decodes reading `keys` keys in all: one query each, so FLOPs and bytes both scale with the keys."""
+        per_key_bytes, per_pair_flops, compute_rate, memory_rate = self._attention_rates
+        return soft_max(keys * per_pair_flops / compute_rate, keys * per_key_bytes / memory_rate,
+                        self.calibration.constants.smoothness)
 
     def activation_bytes(self, step: StepShape) -> int:
         """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16 (engine/activation.py)."""

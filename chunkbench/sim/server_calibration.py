@@ -136,8 +136,9 @@ class PerSequenceOverhead:
     def predict(self, step) -> float:
         return self.base.predict(step) + self.seq_overhead_s * (len(step.prefills) + len(step.decodes))
 
-    def predict_decodes(self, batch: int, keys: int) -> float:  # the fast path's (sim/roofline.py), bit for bit
-        return self.base.predict_decodes(batch, keys) + self.seq_overhead_s * batch
+    def decode_step_cost(self, batch: int):  # the fast path's (sim/roofline.py), bit for bit
+        base, per_batch = self.base.decode_step_cost(batch), self.seq_overhead_s * batch
+        return lambda keys: base(keys) + per_batch
 
     def rows_activation_bytes(self, rows: int, sampled: int) -> int:
         return self.base.rows_activation_bytes(rows, sampled)

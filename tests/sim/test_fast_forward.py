@@ -99,7 +99,7 @@ def test_switch_from_the_environment(monkeypatch):
     assert dataclasses.replace(ON, fast_forward=False) == OFF
 
 
-def test_predict_decodes_is_predict_bit_for_bit():
+def test_decode_step_cost_is_predict_bit_for_bit():
     """The fast path's shortcut for the roofline: the same float as predict() on the decode-only shape, for
     TP, fp8 KV and the server-calibrated model with its per-sequence overhead."""
     import random
@@ -118,7 +118,7 @@ def test_predict_decodes_is_predict_bit_for_bit():
         for _ in range(300):
             contexts = tuple(rng.randint(1, 8192) for _ in range(rng.choice([1, 2, 7, 64, 255])))
             shape = StepShape((), contexts, len(contexts))
-            assert cost.predict_decodes(len(contexts), sum(contexts)) == cost.predict(shape)
+            assert cost.decode_step_cost(len(contexts))(sum(contexts)) == cost.predict(shape)
             assert cost.rows_activation_bytes(len(contexts), len(contexts)) == cost.activation_bytes(shape)
     for cost in models[:2]:  # memoized by rows: the formula's value for any chunks and contexts
         base = getattr(cost, "base", cost)

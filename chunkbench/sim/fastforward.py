@@ -102,6 +102,8 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     else:
         decode_step_cost = None
     ids = [r.request_id for r in batch]
+    used = num_blocks - bm.num_free  # BlockManager.num_used_blocks, kept up to date below
+    now = clock.time  # VirtualClock.now() and advance(), inlined (the clock is set after the loop)
     for j in range(horizon):
         phase = j % bs
         if takes[phase]:
@@ -110,19 +112,18 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
                 break  # the scheduler would preempt in this step: let it
             for i in need:  # Scheduler._reserve (BlockManager.append of one token), in running order
                 bm.append_block(ids[i])
+            used = num_blocks - bm.num_free
         if decode_step_cost is not None:
             seconds = decode_step_cost(keys + n * j)
         else:
             shape = StepShape((), tuple([c + j for c in contexts]), n)
             seconds, step_activation = predict(shape), activation(shape)
-        step_start = clock.time  # VirtualClock.now() and advance(), inlined: this loop runs every step
-        clock.time += seconds
-        now = clock.time
+        step_start = now
+        now += seconds
         times.append(now)
         # StepRecord's fields in order: start, seconds, prefill and decode tokens, running, waiting, KV blocks
         # used, preempted, cached tokens, paused decodes, activation peak (positional: this runs every step)
-        steps.append(StepRecord(step_start - start, seconds, 0, n, n, num_waiting,
-                                num_blocks - bm.num_free, 0, 0, 0, step_activation))
+        steps.append(StepRecord(step_start - start, seconds, 0, n, n, num_waiting, used, 0, 0, 0, step_activation))
         last = j == horizon - 1
         for i in sorted(finishers.union(fills[phase])) if last else fills[phase]:
             catch_up(i, j)  # Scheduler.update for a request whose token fills a block or finishes it
@@ -130,6 +131,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
             done[i] = j + 1
         if next_arrival <= now - start:
             break  # the harness adds the request before the next step
+    clock.time = now
     for i in range(n):
         catch_up(i, len(times))
     return len(times)

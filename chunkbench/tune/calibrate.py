@@ -6,9 +6,16 @@ distributions.
 The designs separate the cost terms: a *prefill* run (long prompts, a few tokens out, arriving together: TTFT
 is a queue of compute-bound prefills -> the compute scale), a *decode* run (short prompts, answers of many
 lengths: a batch that drains from a dozen to one, ITL at every batch size -> bandwidth and step overhead) and
-a *mixed* run (prompts short to long at the space's smallest budget, so chunks share steps with decodes), and
-a *workload* run: the tune's own workload (its first WORKLOAD_REQUESTS requests, at their own arrivals) at the
-space's middle budget, so the constants also fit the load the trials will run at.
+a *mixed* run (prompts longer than the space's smallest budget, at that budget, so chunks share steps with
+decodes), and a *workload* run: the tune's own workload (its first WORKLOAD_REQUESTS requests, at their own
+arrivals) at the space's middle budget, so the constants also fit the load the trials will run at.
+
+A burst is built so that what the client cannot see does not matter. Its prompts are all one length, so the
+order in which the server took them (measured on `chunkbench serve`: a mixed burst sent in order 0..9 was
+served 3..9 first, then 0..2) cannot change its figures. And a *primer* goes first, a prompt of a whole
+step or more with one token out, PRIMER_LEAD_S ahead of the burst: the burst arrives while the server is busy
+with it and joins the queue behind it together (without it, the server's first step caught however many
+requests had arrived by then: three of a decode burst of twelve in one measured run, all twelve in another).
 
 The fit: least squares over log(flops_scale, bandwidth_scale, step_overhead_s, seq_overhead_s) of relative
 errors (as log ratios), per run, of the mean, median, p90 and p99 of TTFT and of ITL; where the server exposes vLLM's metrics,
@@ -31,13 +38,14 @@ import numpy as np
 from chunkbench.backends import Backend, SimBackend
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.workload import WorkloadRequest, WorkloadSpec, build_workload
 
 STAT_PCTS = (50, 90, 99)
 BOX = 6.0  # the fit stays within e^6 (x400) of its first guess: beyond, no real server
 SERVER_WEIGHT = 0.5  # the server's own figures back the client's up; they are coarser (histogram buckets)
 QUEUE_FLOOR_MS = 50.0  # relative error of a near-zero queue time means nothing: below this, absolute
 WORKLOAD_REQUESTS = 32  # the fourth calibration run: at most this many of the tune's own requests
+PRIMER_LEAD_S = 0.02  # a burst follows its primer by this much: longer than the client's spread of sends (~8 ms)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,16 @@ class Design:
     # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted on TTFT alone.
     fitted: tuple[str, ...] = ("ttft_ms", "itl_ms")
     take: int | None = None  # run the workload's first `take` requests (None: all it builds)
+    primer: int = 0  # a burst's primer: a request of this many prompt tokens, one out, PRIMER_LEAD_S ahead
+
+
+def design_requests(workload: dict, take: int | None, primer: int, max_model_len: int) -> list[WorkloadRequest]:
+    """A design's requests (its fields as recorded in a run): the workload, cut, behind its primer."""
+    requests = build_workload(WorkloadSpec(**workload), max_model_len)[:take]
+    if not primer:
+        return requests
+    return [WorkloadRequest(primer, 1, 0.0)] + [dataclasses.replace(w, arrival_time=w.arrival_time + PRIMER_LEAD_S)
+                                                 for w in requests]
 
 
 def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
@@ -69,11 +87,15 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
     # the trials will see. Bursts alone fitted a per-step overhead that was too high at light load (measured:
     # simulated p99 TTFT 3.3 s against 2.0 s on the verified configuration).
     # Built whole, then cut: a synthetic workload of fewer requests would draw other lengths and arrivals.
-    return [Design("prefill", {"max_num_batched_tokens": big},
-                   burst(num_requests, f"uniform:{long_prompt // 4}:{long_prompt}", "fixed:4"), ("ttft_ms",)),
-            Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "uniform:16:64", "uniform:16:96")),
-            Design("mixed", {"max_num_batched_tokens": budgets[0]},
-                   burst(num_requests + 2, f"uniform:16:{long_prompt}", "uniform:8:64")),
+    # Mixed: each prompt takes a few of the smallest budget's steps, its chunks sharing steps with the decodes of
+    # the prompts before it; one output length, so the order of the burst cannot matter.
+    mixed_prompt = max(16, min(long_prompt, 3 * budgets[0]))
+    return [Design("prefill", {"max_num_batched_tokens": big}, burst(num_requests, f"fixed:{long_prompt}", "fixed:4"),
+                   ("ttft_ms",), primer=long_prompt),
+            Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "fixed:32", "uniform:16:96"),
+                   primer=long_prompt),
+            Design("mixed", {"max_num_batched_tokens": budgets[0]}, burst(num_requests + 2, f"fixed:{mixed_prompt}",
+                                                                          "fixed:32"), primer=long_prompt),
             Design("workload", {"max_num_batched_tokens": budgets[len(budgets) // 2]}, spec.workload,
                    take=WORKLOAD_REQUESTS)]
 
@@ -89,23 +111,21 @@ def run_figures(result) -> dict:
 def measure_design(backend: Backend, spec: TuneSpec, design: Design) -> dict:
     """Run one design on the (launched) server: its figures, with the design to simulate it again."""
     config = spec.base_config(**design.knobs)
-    workload = build_workload(design.workload, config.scheduler.max_model_len)[:design.take]
+    workload = design_requests(asdict(design.workload), design.take, design.primer, config.scheduler.max_model_len)
     with backend.session(config) as serve:
         result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=design.name)
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
-            "fitted": list(design.fitted)} | run_figures(result)
+            "primer": design.primer, "fitted": list(design.fitted)} | run_figures(result)
 
 
 def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -> dict:
     """The same run in the simulator under `calibration`, with the server-style figures it can give."""
     config = spec.base_config(**run["knobs"])
-    workload = build_workload(WorkloadSpec(**run["workload"]), config.scheduler.max_model_len)[:run.get("take")]
+    workload = design_requests(run["workload"], run.get("take"), run.get("primer", 0), config.scheduler.max_model_len)
     if len(run.get("send_s", ())) == len(workload) and run["workload"].get("arrival") != "all-at-once":
         # Simulate the arrivals the server saw (the client's send times), not the ones the workload planned.
-        # Not for a burst: its sends spread over a few milliseconds, first the one that opens the connection,
-        # and measured on `chunkbench serve` the server's first step already held the first several requests
-        # (a decode burst of 12: every TTFT 672 ms), where sends replayed as arrivals gave the first request a
-        # step of its own (140 ms). A burst is simulated as designed: every request at once, in order.
+        # Not for a burst: its sends spread over a few milliseconds, and which of them the server's steps
+        # caught the client cannot see; a burst is simulated as designed (its primer, then the burst at once).
         first = min(run["send_s"])
         workload = sorted((dataclasses.replace(w, arrival_time=t - first) for w, t in zip(workload, run["send_s"])),
                           key=lambda w: w.arrival_time)

@@ -54,7 +54,7 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
     runs = []
     for design in designs(spec):
         run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload),
-               "take": design.take}
+               "take": design.take, "primer": design.primer}
         runs.append(run | simulate_design(TRUTH, spec, run))
     fitted = fit(runs, spec, "cpu", num_blocks=1024)
     for name in ("flops_scale", "bandwidth_scale", "step_overhead_s", "seq_overhead_s"):

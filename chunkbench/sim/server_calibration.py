@@ -69,8 +69,7 @@ class ServerCalibration:
     def judged_error_pct(self) -> float | None:
         """What decides whether the simulator may stand in for the server: its error on the tune's own workload
         (the load every trial runs at), when that run was made; else over every run. The bursts identify the
-        constants but their percentiles also hinge on which requests the server's first step caught, which the
-        client cannot see (tune/calibrate.py: simulate_design)."""
+        constants; the workload run is the load the recommendation is for."""
         return self.workload_error_pct if self.workload_error_pct is not None else self.fit_error_pct
 
     @property

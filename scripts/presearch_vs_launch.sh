@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 18's measurement: `tune --presearch sim` against `--backend launch` on launched `chunkbench serve --model
-# small` servers (CPU), 20 trials of the default space on a 24-request workload (scripts/presearch_space.toml).
+# small` servers (CPU), the default space on a 24-request workload (scripts/presearch_space.toml).
 #   bash scripts/presearch_vs_launch.sh PORT OUT [tune flags...]
-#   e.g. ... 18743 /tmp/pre --presearch sim --verify-top 2 --n-trials 20 --sla-ttft 3s
-#        ... 18744 /tmp/base --n-trials 20 --sla-ttft 3s
+#   e.g. ... 18803 /tmp/pre --presearch sim --verify-top 3 --n-trials 60 --sla-ttft 3s --objective goodput
+#        ... 18802 /tmp/base --n-trials 60 --sla-ttft 3s --objective goodput
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=$1; OUT=$2; shift 2

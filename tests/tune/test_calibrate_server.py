@@ -140,3 +140,21 @@ def test_presearch_flags_are_checked(tmp_path, capsys):
     code, _, err = run_cli(["tune", "--model", "tiny", "--calibration", str(tmp_path / "c.json"),
                             "--out", str(tmp_path)], capsys)
     assert code == 2 and "--presearch sim" in err
+
+
+def test_bursts_are_one_prompt_length_behind_a_primer():
+    """What the client cannot see must not move a burst's figures: the order the server took its requests in
+    (one prompt length) and how many of them its first step caught (a primer keeps the server busy while the
+    burst arrives, so all of it queues together)."""
+    from chunkbench.tune.calibrate import PRIMER_LEAD_S, design_requests
+
+    spec = make_spec()
+    for design in designs(spec):
+        requests = design_requests(dataclasses.asdict(design.workload), design.take, design.primer, 2048)
+        if design.workload.arrival != "all-at-once":
+            assert design.primer == 0 and len(requests) == min(design.take, spec.workload.num_requests)
+            continue
+        primer, burst = requests[0], requests[1:]
+        assert (primer.prompt_len, primer.output_len, primer.arrival_time) == (design.primer, 1, 0.0)
+        assert primer.prompt_len >= min(design.knobs["max_num_batched_tokens"], 512)  # a long step
+        assert len({w.prompt_len for w in burst}) == 1 and {w.arrival_time for w in burst} == {PRIMER_LEAD_S}

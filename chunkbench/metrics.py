@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, get_type_hints
 
 import numpy as np
 
@@ -97,7 +97,7 @@ class StepRecord(NamedTuple):
     peak_activation_bytes: int = 0  # the step's activation peak (engine/activation.py; measured on CUDA)
 
 
-STEP_DTYPE = np.dtype([(name, "f8" if name in ("start", "seconds") else "i8") for name in StepRecord._fields])
+STEP_DTYPE = np.dtype([(name, "f8" if kind is float else "i8") for name, kind in get_type_hints(StepRecord).items()])
 
 
 def step_table(steps: list[StepRecord]) -> np.ndarray:

@@ -173,6 +173,7 @@ def steps_frame(result: RunResult) -> pd.DataFrame:
     return pd.DataFrame(step_table(result.steps))
 
 
+# In the order of requests_frame's row tuple.
 REQUEST_COLUMNS = ["prompt_len", "output_len", "arrival_time", "first_scheduled_time", "ttft", "tpot", "e2el",
                    "num_output_tokens", "num_preemptions", "num_cached_tokens", "num_paused_decodes", "error",
                    "token_times", "send_time", "client_queue_time", "first_token_time", "end_time",
@@ -189,4 +190,7 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
              r.num_cached_tokens, r.num_paused_decodes, r.error, r.token_times, r.send_time, r.client_queue_time,
              r.token_times[0] if r.token_times else None, r.end_time, r.output_token_source, r.response_id)
             for r in result.requests]  # tuples, not a dict per row: a trace has tens of thousands of rows
-    return pd.DataFrame(rows, columns=REQUEST_COLUMNS) if rows else pd.DataFrame([])
+    if not rows:
+        return pd.DataFrame([])
+    assert len(rows[0]) == len(REQUEST_COLUMNS), "requests_frame: a row and REQUEST_COLUMNS differ"
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)

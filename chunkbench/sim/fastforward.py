@@ -37,8 +37,9 @@ def enabled_by_default() -> bool:
 
 
 def fast_forward(engine, start: float, next_arrival: float, steps: list[StepRecord]) -> int:
-    """Run the decode-only steps ahead, appending their records to `steps`; return how many ran. `start` is the run's clock origin and `next_arrival` the next request's arrival
-    (relative to it), as in harness.run_workload."""
+    """Run the decode-only steps ahead, appending their records to `steps`; return how many ran. `start` is
+    the run's clock origin and `next_arrival` the next request's arrival (relative to it), as in
+    harness.run_workload."""
     executor, scheduler = engine.executor, engine.scheduler
     if not getattr(executor, "fast_forward", False) or executor.cold or not engine.clock.virtual:
         # a cold step is scaled: ordinary path; the loop below moves a VirtualClock's time itself
@@ -95,12 +96,11 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     # A cost model whose decode-only step depends on the batch and the keys read only (the roofline) says so
     # with decode_step_cost, bit for bit equal to predict(): then no shape is built per step.
     decode_step_cost = getattr(executor.cost_model, "decode_step_cost", None)
+    step_cost = None  # seconds of a step of this batch as a function of its keys, when the cost model has one
     if decode_step_cost is not None and activation == getattr(executor.cost_model, "activation_bytes", None):
-        decode_step_cost = decode_step_cost(n)
+        step_cost = decode_step_cost(n)
         step_activation = executor.cost_model.rows_activation_bytes(n, n)
         keys = sum(contexts)  # the first step's; every decode reads one key more each step
-    else:
-        decode_step_cost = None
     ids = [r.request_id for r in batch]
     used = num_blocks - bm.num_free  # BlockManager.num_used_blocks, kept up to date below
     now = clock.time  # VirtualClock.now() and advance(), inlined (the clock is set after the loop)
@@ -113,8 +113,8 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
             for i in need:  # Scheduler._reserve (BlockManager.append of one token), in running order
                 bm.append_block(ids[i])
             used = num_blocks - bm.num_free
-        if decode_step_cost is not None:
-            seconds = decode_step_cost(keys + n * j)
+        if step_cost is not None:
+            seconds = step_cost(keys + n * j)
         else:
             shape = StepShape((), tuple([c + j for c in contexts]), n)
             seconds, step_activation = predict(shape), activation(shape)

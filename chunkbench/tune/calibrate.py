@@ -12,10 +12,12 @@ arrivals) at the space's middle budget, so the constants also fit the load the t
 
 A burst is built so that what the client cannot see does not matter. Its prompts are all one length, so the
 order in which the server took them (measured on `chunkbench serve`: a mixed burst sent in order 0..9 was
-served 3..9 first, then 0..2) cannot change its figures. And a *primer* goes first, a prompt of a whole
-step or more with one token out, PRIMER_LEAD_S ahead of the burst: the burst arrives while the server is busy
-with it and joins the queue behind it together (without it, the server's first step caught however many
-requests had arrived by then: three of a decode burst of twelve in one measured run, all twelve in another).
+served 3..9 first, then 0..2) cannot change its figures. And a *primer* goes first, a long prompt (up to a
+step of the design's budget) with one token out, PRIMER_LEAD_S ahead of the burst: the burst arrives while the
+server is busy with it and joins the queue behind it together (without it, the server's first step caught
+however many requests had arrived by then: three of a decode burst of twelve in one measured run, all twelve
+in another). A server fast enough to finish the primer before the burst is sent is told so
+(`primer_outran_burst`).
 
 The fit: least squares over log(flops_scale, bandwidth_scale, step_overhead_s, seq_overhead_s) of relative
 errors (as log ratios), per run, of the mean, median, p90 and p99 of TTFT and of ITL; where the server exposes vLLM's metrics,
@@ -87,8 +89,8 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
     # the trials will see. Bursts alone fitted a per-step overhead that was too high at light load (measured:
     # simulated p99 TTFT 3.3 s against 2.0 s on the verified configuration).
     # Built whole, then cut: a synthetic workload of fewer requests would draw other lengths and arrivals.
-    # Mixed: each prompt takes a few of the smallest budget's steps, its chunks sharing steps with the decodes of
-    # the prompts before it; one output length, so the order of the burst cannot matter.
+    # Mixed: prompts of up to three of the smallest budget's chunks, sharing steps with the decodes of the prompts
+    # before them; one output length, so the order of the burst cannot matter.
     mixed_prompt = max(16, min(long_prompt, 3 * budgets[0]))
     return [Design("prefill", {"max_num_batched_tokens": big}, burst(num_requests, f"fixed:{long_prompt}", "fixed:4"),
                    ("ttft_ms",), primer=long_prompt),
@@ -98,6 +100,13 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
                                                                           "fixed:32"), primer=long_prompt),
             Design("workload", {"max_num_batched_tokens": budgets[len(budgets) // 2]}, spec.workload,
                    take=WORKLOAD_REQUESTS)]
+
+
+def primer_outran_burst(run: dict) -> bool:
+    """The run's primer got its token before its burst's last request was sent: the server was idle when
+    the burst came, and its first step may have caught only part of it (the client cannot see which)."""
+    sends, ttfts = run.get("send_s") or [], run["ttft_ms"]
+    return bool(run.get("primer")) and bool(sends) and bool(ttfts) and ttfts[0] < 1e3 * (max(sends) - sends[0])
 
 
 def run_figures(result) -> dict:

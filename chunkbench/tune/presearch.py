@@ -68,6 +68,10 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
         run = cal.measure_design(launch, spec, design)
         if not run["ttft_ms"]:
             raise UserError(f"calibration: the {design.name} run completed no request on the launched server")
+        if cal.primer_outran_burst(run):
+            console.print(f"[yellow]warning:[/] the {design.name} run's primer got its token before the burst was "
+                          "sent: the server's first step may have caught only part of the burst; this run may "
+                          "fit worse", soft_wrap=True)
         state.data["calibration_runs"].append(run)
         state.save()
         runs[design.name] = run

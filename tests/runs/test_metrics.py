@@ -134,3 +134,33 @@ def test_peak_tokens_per_second_dense_and_sparse_counts_agree():
             for t in r.token_times:
                 counts[int(t - origin)] = counts.get(int(t - origin), 0) + 1
         assert peak_per_second(done)[0] == max(counts.values())
+
+
+def test_the_collector_is_restored_after_a_paused_block():
+    """gc_pause: off inside, back to its state after, on an error or a Ctrl-C too, and nested."""
+    import gc
+
+    from chunkbench.gc_pause import gc_paused, paused_gc
+
+    assert gc.isenabled()
+    for error in (RuntimeError, KeyboardInterrupt):
+        with pytest.raises(error):
+            with paused_gc():
+                assert not gc.isenabled()
+                raise error
+        assert gc.isenabled()
+    with paused_gc():
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # the inner block leaves the outer one's pause in place
+    assert gc.isenabled()
+    with paused_gc(False):
+        assert gc.isenabled()
+    assert gc_paused(gc.isenabled)() is False
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()

@@ -158,3 +158,12 @@ def test_bursts_are_one_prompt_length_behind_a_primer():
         assert (primer.prompt_len, primer.output_len, primer.arrival_time) == (design.primer, 1, 0.0)
         assert primer.prompt_len >= min(design.knobs["max_num_batched_tokens"], 512)  # a long step
         assert len({w.prompt_len for w in burst}) == 1 and {w.arrival_time for w in burst} == {PRIMER_LEAD_S}
+
+
+def test_a_primer_that_finished_before_its_burst_is_noticed():
+    from chunkbench.tune.calibrate import primer_outran_burst
+
+    run = {"primer": 1024, "send_s": [0.0, 0.020, 0.022, 0.027], "ttft_ms": [900.0, 1500.0, 1500.0, 1500.0]}
+    assert not primer_outran_burst(run)  # the burst was sent 27 ms in, while the primer's 900 ms step ran
+    assert primer_outran_burst(run | {"ttft_ms": [12.0, 30.0, 30.0, 31.0]})  # a fast server: done at 12 ms
+    assert not primer_outran_burst(run | {"primer": 0, "ttft_ms": [12.0, 30.0, 30.0, 31.0]})  # no primer

@@ -123,8 +123,7 @@ class Scheduler:
                 continue
             if self._reserve(request, 1, scheduled, preempted):
                 budget -= 1
-                if timer is not None:  # (_timed's test, here: this loop runs for every decode of every step)
-                    timer.add(1, request.num_computed_tokens, True, True)
+                self._timed(timer, request, 1)
         for request in prefills:
             if budget == 0:
                 break
@@ -275,15 +274,14 @@ class Scheduler:
         for request, n in scheduled.items():
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            start, outputs = request.num_computed_tokens, len(request.output_token_ids)
-            end = len(request.prompt_token_ids) + outputs  # request.num_tokens (inlined, as below: a chunk per
-            # request per step, the simulator's hottest loop after its fast path)
-            # ScheduledChunk's fields in order: request id, tokens, start, the live block table (read during
-            # this step only), sample, is_decode (Request.is_decoding), sampling, sample index, sample seed
+            start = request.num_computed_tokens
+            # ScheduledChunk's fields in order (positional: a chunk per request per step, the simulator's hottest
+            # loop after its fast path): request id, tokens, start, the live block table (read during this step
+            # only), sample, is_decode, sampling, sample index, sample seed
             chunks.append(ScheduledChunk(
                 request.request_id, request.token_ids_between(start, start + n), start,
-                tables.get(request.request_id, []), start + n == end, outputs > 0 and start == end - 1,
-                request.sampling, outputs, request.sample_seed))
+                tables.get(request.request_id, []), start + n == request.num_tokens, request.is_decoding,
+                request.sampling, request.num_output_tokens, request.sample_seed))
         # Decided here, before update() moves computed counts on: is_decoding is still this step's view.
         paused = [r.request_id for r in self.running if r not in scheduled and r.is_decoding]
         return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],

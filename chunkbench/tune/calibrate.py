@@ -6,7 +6,7 @@ distributions.
 The designs separate the cost terms: a *prefill* run (long prompts, a few tokens out, arriving together: TTFT
 is a queue of compute-bound prefills -> the compute scale), a *decode* run (short prompts, answers of many
 lengths: a batch that drains from a dozen to one, ITL at every batch size -> bandwidth and step overhead) and
-a *mixed* run (prompts longer than the space's smallest budget, at that budget, so chunks share steps with
+a *mixed* run (prompts of up to three chunks at the space's smallest budget, so chunks share steps with
 decodes), and a *workload* run: the tune's own workload (its first WORKLOAD_REQUESTS requests, at their own
 arrivals) at the space's middle budget, so the constants also fit the load the trials will run at.
 
@@ -72,10 +72,10 @@ def design_requests(workload: dict, take: int | None, primer: int, max_model_len
 
 
 def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
-    """The four calibration runs for this tune. In the three designed ones every request arrives at once: the
-    schedule then does not hinge on where an arrival falls against a step boundary, so the figures move
-    smoothly with the constants (Poisson arrivals make the fit's objective jagged; the workload run adds them
-    back, anchored by the three). Budgets come from the search space so the server
+    """The four calibration runs for this tune. In the three designed ones every request arrives at once,
+    behind its primer: the schedule then does not hinge on where an arrival falls against a step boundary, so
+    the figures move smoothly with the constants (Poisson arrivals make the fit's objective jagged; the workload
+    run adds them back, anchored by the three). Budgets come from the search space so the server
     accepts them; only the token budget varies (a --launch template may not pass other knobs through)."""
     budgets = sorted(spec.space.values.get("max_num_batched_tokens", [512]))
     max_len = spec.base_config().scheduler.max_model_len
@@ -226,14 +226,16 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
     x = descend(_start(box, lambda x: vector(x, only=bursts), grid), bursts)
     if bursts is not None and len(bursts) < len(runs):
         x = descend(x)
+    def rms_pct(errors) -> float:
+        return float(100 * math.sqrt(np.mean(errors ** 2))) if len(errors) else float("inf")
+
     best = calibration(x)
     errors = np.expm1(vector(x, with_server=False))  # back to (simulated - measured) / measured
-    best.fit_error_pct = float(100 * math.sqrt(np.mean(errors ** 2))) if len(errors) else float("inf")
+    best.fit_error_pct = rms_pct(errors)
     best.max_error_pct = float(100 * np.max(np.abs(errors))) if len(errors) else float("inf")
     own = [run for run in runs if run["name"] == "workload"]
     if own:
-        errors = np.expm1(vector(x, with_server=False, only=own))
-        best.workload_error_pct = float(100 * math.sqrt(np.mean(errors ** 2))) if len(errors) else float("inf")
+        best.workload_error_pct = rms_pct(np.expm1(vector(x, with_server=False, only=own)))
     for run in runs:  # what the report plots: measured against fitted, per run
         simulated = simulate_design(best, spec, run)
         run["simulated"] = {k: simulated[k] for k in ("ttft_ms", "itl_ms", "server")}

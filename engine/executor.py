@@ -17,12 +17,15 @@ from .model import build_model
 from .outputs import ScheduledChunk, SchedulerOutput, StepResult
 from .sharding import single_device_limitation
 
+
 @contextlib.contextmanager
 def one_torch_thread(enabled: bool = True):
-    """torch on one thread while inside, as steps timed in this thread's CPU time need (engine.CpuClock,
-    `profile --cpu-time`): work on torch's helper threads would be missed. Restores the count after."""
+    """torch on one thread while inside (when `enabled`), as steps timed in this thread's CPU time need
+    (engine.CpuClock, `profile --cpu-time`): work on torch's helper threads would be missed. Restores the
+    count after."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1 if enabled else threads)
+    if enabled:
+        torch.set_num_threads(1)
     try:
         yield
     finally:

@@ -20,12 +20,12 @@ in another). A server fast enough to finish the primer before the burst is sent 
 (`primer_outran_burst`).
 
 The fit: least squares over log(flops_scale, bandwidth_scale, step_overhead_s, seq_overhead_s) of relative
-errors (as log ratios), per run, of the mean, median, p90 and p99 of TTFT and of ITL; where the server exposes vLLM's metrics,
-also of its median queue time (vllm:request_queue_time_seconds) and its mean tokens per step
-(vllm:iteration_tokens_total), at half weight. The best point of a coarse log grid starts a Nelder-Mead
+errors (as log ratios), per run, of the mean, median, p90 and p99 of TTFT, ITL and E2EL; where the server
+exposes vLLM's metrics, also of its median queue time (vllm:request_queue_time_seconds) and its mean tokens
+per step (vllm:iteration_tokens_total), at half weight. The best point of a coarse log grid starts a Nelder-Mead
 search (percentiles of a discrete-event run are piecewise flat, so finite-difference gradients often see no
 slope). Each run is simulated with the arrivals the server saw (the client's send times). The reported fit
-error is the RMS relative error of the TTFT and ITL figures alone.
+error is the RMS relative error of the TTFT, ITL and E2EL figures alone.
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ class Design:
     knobs: dict  # engine keyword arguments on top of the tune's fixed flags
     workload: WorkloadSpec
     # The prefill run's ITLs are bimodal (a gap behind a 2k-token prefill step, or a plain decode step) with a
-    # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted on TTFT alone.
-    fitted: tuple[str, ...] = ("ttft_ms", "itl_ms")
+    # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted without them.
+    # E2EL (first send to last token) is what a run's duration, and so goodput, hangs on: pooled ITL
+    # percentiles are mostly the big batches' gaps, a request's end also counts its last, small-batch steps.
+    fitted: tuple[str, ...] = ("ttft_ms", "itl_ms", "e2el_ms")
     take: int | None = None  # run the workload's first `take` requests (None: all it builds)
     primer: int = 0  # a burst's primer: a request of this many prompt tokens, one out, PRIMER_LEAD_S ahead
 
@@ -93,7 +95,7 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
     # before them; one output length, so the order of the burst cannot matter.
     mixed_prompt = max(16, min(long_prompt, 3 * budgets[0]))
     return [Design("prefill", {"max_num_batched_tokens": big}, burst(num_requests, f"fixed:{long_prompt}", "fixed:4"),
-                   ("ttft_ms",), primer=long_prompt),
+                   ("ttft_ms", "e2el_ms"), primer=long_prompt),
             Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "fixed:32", "uniform:16:96"),
                    primer=long_prompt),
             Design("mixed", {"max_num_batched_tokens": budgets[0]}, burst(num_requests + 2, f"fixed:{mixed_prompt}",
@@ -110,9 +112,10 @@ def primer_outran_burst(run: dict) -> bool:
 
 
 def run_figures(result) -> dict:
-    """Per-request TTFTs and pooled ITLs (ms) of one run, and the server's figures when it had any."""
+    """Per-request TTFTs and E2ELs and pooled ITLs (ms) of one run, and the server's figures when it had any."""
     done = [r for r in result.requests if r.error is None and r.token_times]
     return {"ttft_ms": [1e3 * r.ttft for r in done], "itl_ms": [1e3 * g for r in done for g in r.itls],
+            "e2el_ms": [1e3 * r.e2el for r in done],
             "server": dict(result.server or {}),
             "send_s": [r.arrival_time if r.send_time is None else r.send_time for r in result.requests]}
 
@@ -238,7 +241,7 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         best.workload_error_pct = rms_pct(np.expm1(vector(x, with_server=False, only=own)))
     for run in runs:  # what the report plots: measured against fitted, per run
         simulated = simulate_design(best, spec, run)
-        run["simulated"] = {k: simulated[k] for k in ("ttft_ms", "itl_ms", "server")}
+        run["simulated"] = {k: simulated[k] for k in ("ttft_ms", "itl_ms", "e2el_ms", "server")}
     best.runs = runs
     return best
 

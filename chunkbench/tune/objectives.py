@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from chunkbench.backends import Backend
 from chunkbench.runs import measure
 from chunkbench.slo import goodput_slos, violations
@@ -21,14 +23,16 @@ METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p
 
 
 def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
-             progress: bool = False, capacity_hint: float | None = None) -> TrialOutcome:
+             progress: bool = False, capacity_hint: float | None = None, repeats: int = 1) -> TrialOutcome:
     """Run one configuration (engine keyword arguments) against the SLAs. `capacity_hint`: a capacity found
-    for another configuration, where the capacity search starts (see _capacity)."""
+    for another configuration, where the capacity search starts (see _capacity). `repeats` > 1 runs it that
+    many times in one session (one launched server) and scores the medians (median_outcome)."""
     config = spec.base_config(**knobs)
     backend = backend or spec.backend
     options = dict(goodput_ms=goodput_slos(spec.slos), seed=spec.seed, percentiles=[s.percentile for s in spec.slos],
                    backend=str(backend))
-    with backend.session(config) as serve:
+
+    def once(serve) -> TrialOutcome:
         if spec.objective == "capacity":
             early = backend.kind in ("sim", "engine") and spec.early_stop  # runs the harness can stop
 
@@ -36,7 +40,31 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
                 stop = certain_miss(spec.slos, spec.max_sched_delay_ms, len(w)) if early and may_stop else None
                 return measure(serve, config, w, progress=False, stop=stop, **options).summary or None
             return _capacity(spec, run, workload, knobs, capacity_hint)
-        summary = measure(serve, config, workload, progress=progress, **options).summary
+        return _score(spec, knobs, measure(serve, config, workload, progress=progress, **options).summary)
+
+    with backend.session(config) as serve:
+        outcomes = [once(serve) for _ in range(repeats)]
+    return outcomes[0] if repeats == 1 else median_outcome(outcomes)
+
+
+def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:
+    """Repeated measurements of one configuration as one: the median of each value, constraint and numeric
+    metric (each figure's own median: a noisy server's p99 TTFT and goodput need not peak in the same run),
+    every run's metrics kept in `repeats`."""
+    first = outcomes[0]
+
+    def median(values: list) -> float:
+        return float(np.median(values))
+
+    metrics = {k: median([o.metrics[k] for o in outcomes if k in o.metrics])
+               if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in first.metrics.items()}
+    return TrialOutcome([median(list(v)) for v in zip(*(o.values for o in outcomes))],
+                        {k: median([o.constraints[k] for o in outcomes]) for k in first.constraints}, metrics,
+                        first.knobs, repeats=[o.metrics for o in outcomes])
+
+
+def _score(spec: TuneSpec, knobs: dict, summary: dict) -> TrialOutcome:
+    """One run's summary as a trial outcome: its objective values, SLA margins and the metrics kept."""
     # Over HTTP some keys do not exist (paused decodes need the scheduler's decisions): those are left out.
     metrics = {k: summary[k] for k in METRIC_ATTRS if k in summary} | \
         {s.summary_key: summary[s.summary_key] for s in spec.slos}

@@ -31,7 +31,7 @@ from chunkbench.outputs import write_json
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.objectives import evaluate
-from chunkbench.tune.presearch_report import write_presearch_outputs
+from chunkbench.tune.presearch_report import COMPARED, run_to_run_spread, write_presearch_outputs
 from chunkbench.tune.report import knobs_text, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, create_study, feasible_trials, open_storage, run_study
@@ -84,8 +84,10 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
     return calibration
 
 
-def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int) -> list[dict]:
-    """Launch the k best distinct simulated configurations (the closest one when none met the SLAs)."""
+def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
+               repeats: int = 1) -> list[dict]:
+    """Launch the k best distinct simulated configurations (the closest one when none met the SLAs), each
+    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome)."""
     candidates, seen = [], set()
     for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
         key = knobs_text(trial)
@@ -98,9 +100,10 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
         key = knobs_text(trial)
         if key not in state.data["verified"]:
             console.print(f"verifying trial {trial.number} ({key}) on a launched server ...")
-            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch)
+            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
             state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
-                                           "constraints": outcome.constraints, "feasible": outcome.feasible}
+                                           "constraints": outcome.constraints, "feasible": outcome.feasible,
+                                           "repeats": outcome.repeats}
             state.save()
         results.append({"trial": trial.number, "knobs": key, "engine_knobs": trial.user_attrs["knobs"],
                         "simulated": trial.user_attrs["metrics"],
@@ -113,7 +116,7 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
 
 def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path, verify: int, launch: Backend,
                    calibration_path: Path | None = None, device: str = "cpu", progress: bool = True,
-                   command: str = "chunkbench tune") -> Path:
+                   command: str = "chunkbench tune", repeats: int = 1) -> Path:
     """Calibrate, search in simulation, verify by launching (module docstring)."""
     from chunkbench.tune.run import tune_and_report
 
@@ -148,15 +151,20 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     search_started = time.monotonic()
     run_study(sim_spec, study, storage, storage_url)
     console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
-    verified = verify_top(spec, study, launch, state, verify)
+    verified = verify_top(spec, study, launch, state, verify, repeats)
     winner = verified[0] if verified else None
     write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command)
     write_presearch_outputs(spec, out, calibration, verified, winner, command)
     console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))
     console.print(verification_table(spec, verified))
     worst = max((abs(s - m) / m for r in verified for s, m in ((r["simulated"].get(k), r["metrics"].get(k))
-                                                               for k in ("request_goodput", "p99_ttft_ms", "p99_itl_ms"))
-                 if s is not None and m), default=0.0)
+                                                               for k, _ in COMPARED) if s is not None and m),
+                default=0.0)
+    noise = run_to_run_spread(verified)
+    if noise is not None:
+        console.print(f"measured: the median of {repeats} runs per configuration; between runs of one "
+                      f"configuration a figure moved by up to {100 * noise:.0f}% (the server's own noise)",
+                      soft_wrap=True)
     if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them
         console.print(f"warning: on the verified configurations simulated and measured figures differ by up to "
                       f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
@@ -169,13 +177,14 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
 
 
 def verification_table(spec: TuneSpec, verified: list[dict]) -> Table:
-    table = Table(title="verified by launching: simulated -> measured")
-    keys = [("request_goodput", "goodput req/s"), ("p99_ttft_ms", "p99 TTFT ms"), ("p99_itl_ms", "p99 ITL ms")]
-    for column in ["trial", "knobs", *(label for _, label in keys), "SLAs met"]:
+    runs = max((len(row.get("repeats") or []) for row in verified), default=0)
+    title = "verified by launching: simulated -> measured" + (f" (median of {runs} runs)" if runs > 1 else "")
+    table = Table(title=title)
+    for column in ["trial", "knobs", *(label for _, label in COMPARED), "SLAs met"]:
         table.add_column(column, justify="left" if column == "knobs" else "right")
     for row in verified:
         cells = []
-        for key, _ in keys:
+        for key, _ in COMPARED:
             s, m = row["simulated"].get(key), row["metrics"].get(key)
             cells.append("-" if s is None or m is None else
                          f"{s:,.2f} -> {m:,.2f} ({100 * (s - m) / m:+.0f}%)" if m else f"{s:,.2f} -> {m:,.2f}")

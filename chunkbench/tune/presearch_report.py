@@ -16,18 +16,20 @@ from chunkbench.tune import emit
 from chunkbench.tune.calibrate import stats
 from chunkbench.tune.spec import TuneSpec
 
+FIGURES = [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)")]  # per calibration run
 COMPARED = [("request_goodput", "goodput (req/s)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_itl_ms", "p99 ITL (ms)")]
 
 
 def plot_calibration(calibration: ServerCalibration, path: Path) -> None:
-    """Empirical CDFs, one column per calibration run: TTFT on top, ITL below; solid measured, dashed fitted."""
+    """Empirical CDFs, one column per calibration run: TTFT, ITL and E2EL in rows; solid measured, dashed fitted."""
     plt = pyplot()
     runs = [r for r in calibration.runs if "simulated" in r]
     if not runs:
         return
-    fig, axes = plt.subplots(2, len(runs), figsize=(4 * len(runs), 6), squeeze=False)
+    figures = [(key, label) for key, label in FIGURES if all(key in r and key in r["simulated"] for r in runs)]
+    fig, axes = plt.subplots(len(figures), len(runs), figsize=(4 * len(runs), 3 * len(figures)), squeeze=False)
     for column, run in enumerate(runs):
-        for row, (key, label) in enumerate((("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"))):
+        for row, (key, label) in enumerate(figures):
             ax = axes[row][column]
             for values, style, name in ((run[key], "-", "measured"), (run["simulated"][key], "--", "simulated")):
                 if values:
@@ -43,6 +45,19 @@ def plot_calibration(calibration: ServerCalibration, path: Path) -> None:
     plt.close(fig)
 
 
+def measured_range(row: dict, key: str) -> tuple[float, float] | None:
+    """The lowest and highest of a verified configuration's repeated runs for one figure (None: one run)."""
+    values = [run[key] for run in row.get("repeats") or [] if run.get(key) is not None]
+    return (min(values), max(values)) if len(values) > 1 else None
+
+
+def run_to_run_spread(verified: list[dict]) -> float | None:
+    """The largest (highest - lowest) / median of a compared figure over one configuration's repeated runs."""
+    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in COMPARED
+               if (span := measured_range(row, key)) and row["metrics"].get(key)]
+    return max(spreads, default=None)
+
+
 def _pct(s: float | None, m: float | None) -> str:
     return "-" if s is None or not m else f"{100 * (s - m) / m:+.1f}%"
 
@@ -54,7 +69,7 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path) -> 
                "all runs): every trial was launched instead")
     rows = ""
     for run in (r for r in calibration.runs if "simulated" in r):
-        for key in ("ttft_ms", "itl_ms"):
+        for key in (key for key, _ in FIGURES if key in run and key in run["simulated"]):
             m, s = stats(run[key]), stats(run["simulated"][key])
             cells = "".join(f"<td>{m[k]:,.1f} / {s.get(k, 0):,.1f} ({_pct(s.get(k), m[k])})</td>" for k in m)
             rows += f"<tr><td>{esc(run['name'])}</td><td>{key[:-3].upper()}</td>{cells}</tr>"
@@ -69,10 +84,14 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path) -> 
         lines = ""
         for i, row in enumerate(verified):
             cells = "".join(f"<td>{row['simulated'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
-                            f"({_pct(row['simulated'].get(k), row['metrics'].get(k))})</td>" for k, _ in COMPARED)
+                            f"({_pct(row['simulated'].get(k), row['metrics'].get(k))})"
+                            + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
+                            + "</td>" for k, _ in COMPARED)
             lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{esc(row['knobs'])}</td>"
                       f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
-        body += ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures.</p><table>"
+        body += ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated "
+                 "runs (--verify-repeats), each figure's median over them, and the lowest and highest run below it."
+                 "</p><table>"
                  f"<tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th></tr>{lines}</table>")
     return body
 

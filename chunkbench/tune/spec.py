@@ -40,6 +40,7 @@ class TrialOutcome:
     constraints: dict[str, float]  # per SLO: measured minus limit (ms); <= 0 is met
     metrics: dict
     knobs: dict
+    repeats: list[dict] = field(default_factory=list)  # a repeated measurement (median_outcome): each run's metrics
 
     @property
     def feasible(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 
 import optuna
@@ -101,6 +102,41 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     assert second.launches == 1  # the verification only
 
 
+@dataclasses.dataclass
+class DriftingServer(FakeServer):
+    """A noisy host: the runs of one launch get these multiples of the true step overhead, in turn."""
+
+    drift: tuple[float, ...] = (1.0, 3.0, 2.0)
+
+    @contextlib.contextmanager
+    def session(self, config):
+        self.launches += 1
+        with contextlib.ExitStack() as stack:
+            serves = [stack.enter_context(SimBackend(server_calibration=dataclasses.replace(
+                self.server_calibration, step_overhead_s=f * self.server_calibration.step_overhead_s)).session(config))
+                for f in self.drift]
+            runs = itertools.count()
+            yield lambda *args, **kwargs: serves[next(runs) % len(serves)](*args, **kwargs)
+
+
+def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
+    """--verify-repeats 3: three runs on one launched server, each figure scored by its median (the 2x run's
+    here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown."""
+    spec = make_spec(n_trials=3)
+    server = DriftingServer(server_calibration=TRUTH)
+    presearch_tune(spec, "repeats", None, tmp_path, 1, server, progress=False, repeats=3)
+    assert server.launches == len(designs(spec)) + 1  # calibration runs are one run per launch: the 1x ones
+    (row,) = json.loads((tmp_path / "presearch.json").read_text())["verified"].values()
+    assert len(row["repeats"]) == 3
+    ttfts = [run["p99_ttft_ms"] for run in row["repeats"]]
+    assert ttfts[0] < ttfts[2] < ttfts[1]  # the drift reached the figures
+    assert row["metrics"]["p99_ttft_ms"] == ttfts[2]
+    assert row["values"][0] == sorted(run["request_goodput"] for run in row["repeats"])[1]
+    out = capsys.readouterr().out
+    assert "median of 3 runs" in out and "between runs of one configuration a figure moved by up to" in out
+    assert "runs " in (tmp_path / "report.html").read_text()  # the lowest and highest run, per figure
+
+
 class NotARoofline:
     """A server whose step time has nothing to do with its shapes' FLOPs or bytes: 300 ms per waiting-free
     step with one sequence, 5 ms with more (what no choice of the three constants can produce)."""
@@ -140,6 +176,8 @@ def test_presearch_flags_are_checked(tmp_path, capsys):
     code, _, err = run_cli(["tune", "--model", "tiny", "--calibration", str(tmp_path / "c.json"),
                             "--out", str(tmp_path)], capsys)
     assert code == 2 and "--presearch sim" in err
+    code, _, err = run_cli(["tune", "--model", "tiny", "--verify-repeats", "0", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--verify-repeats" in err
 
 
 def test_bursts_are_one_prompt_length_behind_a_primer():

@@ -15,6 +15,7 @@ import statistics
 
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.shape import StepShape
+from chunkbench.errors import UserError
 from chunkbench.sim.fitted import FittedCostModel
 
 # A CPU step-time target of this many times the predicted step of DECODE_BATCH decodes: long enough for a
@@ -30,12 +31,14 @@ WALL_S, MIN_REQUESTS = 120.0, 8  # the CPU default request count: this much pred
 QUICK_MIXED = [(q, b) for q in (32, 128) for b in (4, 16)]  # a chunk at 0 beside b decodes at 512
 
 
-def quick_grid(max_model_len: int, kv_tokens: int) -> list[StepShape]:
+def quick_grid(max_model_len: int, num_blocks: int, block_size: int) -> list[StepShape]:
+    """The quick calibration's shapes that fit the model's context and the KV cache (sim/profile.step_blocks)."""
+    from chunkbench.sim.profile import step_blocks
+
     grid = [StepShape(((q, c),), (), 1) for q, c in QUICK_PREFILLS if q + c <= max_model_len]
-    grid += [StepShape((), (c,) * b, b) for b, c in QUICK_DECODES if c < max_model_len and b * (c + 16) <= kv_tokens]
-    grid += [StepShape(((q, 0),), (512,) * b, b + 1) for q, b in QUICK_MIXED
-             if b * 528 + q + 16 <= kv_tokens and 512 < max_model_len]
-    return grid
+    grid += [StepShape((), (c,) * b, b) for b, c in QUICK_DECODES if c < max_model_len]
+    grid += [StepShape(((q, 0),), (512,) * b, b + 1) for q, b in QUICK_MIXED if 512 < max_model_len]
+    return [step for step in grid if step_blocks(step, block_size) <= num_blocks]
 
 
 def quick_profile(config: EngineConfig, executor, passes: int = 1) -> FittedCostModel:
@@ -44,7 +47,13 @@ def quick_profile(config: EngineConfig, executor, passes: int = 1) -> FittedCost
     then absorbs what it gets wrong in scale."""
     from chunkbench.sim.profile import step_output
 
-    grid = quick_grid(config.scheduler.max_model_len, executor.num_blocks * config.cache.block_size)
+    grid = quick_grid(config.scheduler.max_model_len, executor.num_blocks, config.cache.block_size)
+    if not any(step.decodes for step in grid) or not any(step.prefills for step in grid):
+        raise UserError(f"the KV cache ({executor.num_blocks} blocks of {config.cache.block_size} tokens) is too small "
+                        "for the quick calibration that sizes CPU defaults (a decode at 256 tokens of context needs "
+                        f"{-(-256 // config.cache.block_size)} blocks): give a larger --num-blocks, or "
+                        "--max-num-batched-tokens and --num-requests (and no --step-time-target), or run "
+                        "`chunkbench profile` first")
     outputs = [step_output(step, config.cache.block_size) for step in grid]
     times = [[] for _ in grid]
     for timed in [False] + [True] * passes:
@@ -112,15 +121,16 @@ def fit_to_device(backend, config: EngineConfig, options: dict, num_runs: int, c
     """Defaults for what the user left unset, fitted to where the runs execute: on the CPU the first requests
     that fit a few minutes of work (unless --num-requests), and for `chunked` without a token budget or a
     time target a step-time target. Returns the requests, the chunked knobs to add and lines that say why."""
-    if not on_cpu(backend, config):
-        return requests, {}, []
+    sized_by_user = options.get("max_num_batched_tokens") or options.get("step_time_target_ms")
+    if not on_cpu(backend, config) or (options.get("num_requests") is not None and (sized_by_user or not chunked)):
+        return requests, {}, []  # nothing left to choose: no cost model needed (the quick one takes seconds)
     notes, knobs = [], {}
     cost, source = backend.step_cost_model(config)
     if options.get("num_requests") is None:
         n, note = default_num_requests(requests, cost, num_runs)
         requests = requests[:n]
         notes.append(note)
-    if chunked and not (options.get("max_num_batched_tokens") or options.get("step_time_target_ms")):
+    if chunked and not sized_by_user:
         knobs["step_time_target_ms"], note = default_step_target(cost, source)
         notes.append(note)
     return requests, knobs, notes

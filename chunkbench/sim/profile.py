@@ -32,19 +32,24 @@ MIXED_DECODES = ((4096, 256), (2048, 256, 256), (4096, 1024, 256, 128), (3000, 1
                  (4096,) + (256,) * 15, (2048,) * 4 + (128,) * 28)  # several length buckets in one step
 
 
-def profile_grid(max_model_len: int, max_chunk: int, kv_tokens: int) -> list[StepShape]:
+def profile_grid(max_model_len: int, max_chunk: int, num_blocks: int, block_size: int) -> list[StepShape]:
+    """The profiled shapes that fit the model's context, the chunk cap and the KV cache (step_blocks)."""
     def shape(prefills=(), decodes=()):
         return StepShape(tuple(prefills), tuple(decodes), len(prefills) + len(decodes))
 
     grid = [shape([(q, ctx)]) for q in CHUNKS for ctx in CONTEXTS if q <= max_chunk and q + ctx <= max_model_len]
-    grid += [shape(decodes=[ctx] * b) for b in DECODE_BATCHES for ctx in DECODE_CONTEXTS
-             if ctx < max_model_len and b * (ctx + 16) <= kv_tokens]
+    grid += [shape(decodes=[ctx] * b) for b in DECODE_BATCHES for ctx in DECODE_CONTEXTS if ctx < max_model_len]
     grid += [shape([(q, ctx)], [512] * b) for b in (4, 16) for q in (64, 256, 1024) for ctx in (0, 1024)
-             if q <= max_chunk and q + ctx <= max_model_len and b * 528 + q + ctx + 16 <= kv_tokens]
-    grid += [shape(decodes=d) for d in MIXED_DECODES
-             if max(d) < max_model_len and sum(d) + 16 * len(d) <= kv_tokens]
+             if q <= max_chunk and q + ctx <= max_model_len]
+    grid += [shape(decodes=d) for d in MIXED_DECODES if max(d) < max_model_len]
     grid += [shape([(q, 0)] * k) for q, k in ((128, 2), (128, 4), (64, 8), (256, 4)) if q * k <= max_chunk]
-    return grid
+    return [step for step in grid if step_blocks(step, block_size) <= num_blocks]
+
+
+def step_blocks(step: StepShape, block_size: int) -> int:
+    """The KV blocks step_output gives a step of this shape: each request its own, for its whole context."""
+    return sum(cdiv(q + ctx, block_size) for q, ctx in step.prefills) + sum(cdiv(ctx, block_size)
+                                                                            for ctx in step.decodes)
 
 
 def step_output(step: StepShape, block_size: int) -> SchedulerOutput:
@@ -86,7 +91,12 @@ def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
     if cpu_time:
         executor.timer = CpuClock.timer  # as the engine times steps on its CPU clock
     block_size = config.cache.block_size
-    grid = profile_grid(config.scheduler.max_model_len, max_chunk, executor.num_blocks * block_size)
+    grid = profile_grid(config.scheduler.max_model_len, max_chunk, executor.num_blocks, block_size)
+    wanted = profile_grid(config.scheduler.max_model_len, max_chunk, 1 << 62, block_size)
+    if 2 * len(grid) < len(wanted):  # a fit on the few smallest shapes would say little of the rest
+        raise UserError(f"the KV cache ({executor.num_blocks} blocks of {block_size} tokens) holds only {len(grid)} "
+                        f"of the {len(wanted)} step shapes the profile times: give --num-blocks "
+                        f"{sorted(step_blocks(step, block_size) for step in wanted)[(len(wanted) - 1) // 2]} or more")
     outputs = [step_output(step, block_size) for step in grid]
     times: list[list[float]] = [[] for _ in grid]
     rng = random.Random(config.seed)
@@ -116,6 +126,7 @@ def idle_factor(executor, block_size: int, max_chunk: int, repeats: int = 5) -> 
     project's CPU): the median over a few shapes of (step after an idle pause) / (the same step hot)."""
     shapes = [StepShape(((min(256, max_chunk), 0),), (), 1), StepShape(((min(64, max_chunk), 0),), (), 1),
               StepShape((), (256,) * 3, 3)]
+    shapes = [step for step in shapes if step_blocks(step, block_size) <= executor.num_blocks]
     ratios = []
     for step in shapes:
         output = step_output(step, block_size)
@@ -125,7 +136,7 @@ def idle_factor(executor, block_size: int, max_chunk: int, repeats: int = 5) -> 
             time.sleep(2 * COLD_AFTER_S)
             cold.append(executor.execute(output).seconds)
         ratios.append(statistics.median(cold) / hot)
-    return max(1.0, statistics.median(ratios))
+    return max(1.0, statistics.median(ratios)) if ratios else 1.0
 
 
 def _cuda_name() -> str:

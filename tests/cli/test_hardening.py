@@ -225,3 +225,30 @@ def test_the_cpu_clock_counts_work_not_waiting():
     worked = clock.now() - start - slept
     clock.wait(5.0)  # idle until the next arrival: skipped, not slept
     assert slept < 0.05 and worked > 0.005 and clock.now() - start >= 5.0
+
+
+def test_profiled_shapes_fit_the_kv_cache():
+    """The profile's and the quick calibration's step shapes hold blocks of their own (step_output): every
+    block they name must exist, or the step writes past the cache (found: --num-blocks 8 gave an IndexError)."""
+    from chunkbench.device_defaults import quick_grid
+    from chunkbench.sim.profile import profile_grid, step_output
+
+    for num_blocks in (8, 16, 40, 64, 1024):
+        for step in profile_grid(4096, 2048, num_blocks, 16) + quick_grid(4096, num_blocks, 16):
+            used = [b for chunk in step_output(step, 16).chunks for b in chunk.block_table]
+            assert max(used) < num_blocks, (num_blocks, step)
+    assert len(quick_grid(4096, 1024, 16)) == 22 and len(profile_grid(4096, 2048, 10**6, 16)) == 59  # all of them
+
+
+def test_a_kv_cache_too_small_to_calibrate_on_is_a_user_error(capsys, tmp_path):
+    common = ["--model", "tiny", "--backend", "engine", "--num-blocks", "8", "--workload", "synthetic",
+              "--prompt-len", "fixed:40", "--output-len", "fixed:4", "--no-progress"]
+    code, _, err = run_cli(["run", *common, "--num-requests", "3", "--out", str(tmp_path / "a")], capsys)
+    assert code == 2 and "too small for the quick calibration" in err  # chunked's CPU step target needs it
+    # Nothing to size: no cost model, the run goes ahead on 8 blocks
+    code, _, _ = run_cli(["run", *common, "--num-requests", "3", "--max-num-batched-tokens", "64",
+                          "--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and json.loads((tmp_path / "b" / "summary.json").read_text())["completed"] == 3
+    code, _, err = run_cli(["profile", "--model", "tiny", "--num-blocks", "8", "--out", str(tmp_path / "p.json")],
+                           capsys)
+    assert code == 2 and "holds only 5 of the 55 step shapes the profile times: give --num-blocks" in err

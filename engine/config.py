@@ -14,6 +14,9 @@ from .knobs import KNOBS, default
 
 POLICIES = ("static", "continuous", "orca", "chunked")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+# Far above any real deployment (vLLM's budgets reach ~10^5 tokens, its seats ~10^3); they keep the memory
+# model's per-step shapes (a tuple per sequence of vLLM's profiling step) a size Python can build.
+MAX_BUDGET, MAX_SEQS = 2**24, 2**20
 MAX_NUM_BLOCKS = 2**21  # 33M tokens at 16 per block: more than any workload here needs, small enough to index
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -224,7 +227,11 @@ class SchedulerConfig:
         _require(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got '{self.policy}'")
         _positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         _positive("--max-num-seqs", self.max_num_seqs)
-        _positive("--max-model-len", self.max_model_len)
+        _require(self.max_num_batched_tokens <= MAX_BUDGET,
+                 f"--max-num-batched-tokens must be at most {MAX_BUDGET:,}, got {self.max_num_batched_tokens:,}")
+        _require(self.max_num_seqs <= MAX_SEQS, f"--max-num-seqs must be at most {MAX_SEQS:,}, got {self.max_num_seqs:,}")
+        _require(self.max_model_len >= 2, f"--max-model-len must be at least 2 (a prompt token and an output token), "
+                 f"got {self.max_model_len}")
         _require(self.max_num_batched_tokens >= min_budget(self.policy, self.max_model_len),
                  f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                  f"({self.max_model_len}) for policy '{self.policy}', which never splits a prompt; "

@@ -150,8 +150,10 @@ class RooflineCostModel:
         no per-chunk buffers and read the pages in place, so neither the chunks nor the contexts matter."""
         peak = self._activation.get((rows, sampled))
         if peak is None:
+            # As one chunk of `rows` tokens: with flash kernels only the row count matters, and no tuple of
+            # `rows` entries is built (a budget of 10**22 tokens must be refused, not exhaust memory).
             peak = self._activation[(rows, sampled)] = step_activation_bytes(
-                self.model, (), (1,) * rows, sampled, self.dtype_bytes, self.tensor_parallel_size, "flash")
+                self.model, ((rows, 0),), (), sampled, self.dtype_bytes, self.tensor_parallel_size, "flash")
         return peak
 
     def profile_activation_bytes(self, config: EngineConfig) -> int:
@@ -184,9 +186,11 @@ class RooflineCostModel:
     def _does_not_fit(self, config: EngineConfig, per_block: int) -> str:
         m, tp = self.model, self.tensor_parallel_size
         weight_gb = m.num_params * self.dtype_bytes / 1e9
+        activation_gb = self.profile_activation_bytes(config) / 1e9
         where = f"one {self.gpu.name}" if tp == 1 else f"{tp} x {self.gpu.name}"
-        message = (f"{m.name} ({weight_gb:.0f} GB of bf16 weights) does not fit on {where} "
-                   f"({self.gpu.mem_bytes / 1e9:.0f} GB{' each' if tp > 1 else ''}) with room for a KV cache")
+        message = (f"{m.name} ({weight_gb:.0f} GB of bf16 weights, {activation_gb:,.1f} GB of activations for a "
+                   f"step of --max-num-batched-tokens {config.scheduler.max_num_batched_tokens:,}) does not fit on "
+                   f"{where} ({self.gpu.mem_bytes / 1e9:.0f} GB{' each' if tp > 1 else ''}) with room for a KV cache")
         for n in range(tp + 1, MAX_TP + 1):
             try:
                 candidate = _with_tp(self, n)

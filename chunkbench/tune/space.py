@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkbench.engine.config import POLICIES, min_budget
+from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, POLICIES, min_budget
 from chunkbench.engine.knobs import CHUNKED_ONLY, KNOBS as ENGINE_KNOBS, SEARCHABLE as KNOBS
 from chunkbench.errors import UserError, read_toml
 from chunkbench import sweeps
@@ -73,6 +73,10 @@ class SearchSpace:
             for v in self.values.get(key, []):
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
                     raise UserError(f"{where}: '{key}' values must be numbers >= 0 (0 = off), got {v!r}")
+        for key, most in (("max_num_batched_tokens", MAX_BUDGET), ("max_num_seqs", MAX_SEQS)):
+            for v in self.values.get(key, []):
+                if v > most:
+                    raise UserError(f"{where}: '{key}' values must be at most {most:,}, got {v:,}")
         budgets = self.values.get("max_num_batched_tokens", [2048])
         tiles = [t for t in self.values.get("tile", [0]) if t]
         if tiles and min(tiles) > max(budgets):

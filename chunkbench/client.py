@@ -28,7 +28,7 @@ import httpx
 
 from chunkbench.harness import prompt_ids
 from chunkbench.metrics import RequestRecord
-from chunkbench.workload import WorkloadRequest
+from chunkbench.workload import WorkloadRequest, check_real_time
 
 APIS = {"completions": "/completions", "chat": "/chat/completions"}
 # Words that are one token (with their leading space) in the common BPE vocabularies.
@@ -143,6 +143,7 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
     `disconnect` maps request index -> chunks after which that client hangs up (for robustness tests)."""
     if api not in APIS:
         raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
+    check_real_time(workload, "the server")
     url = endpoint.rstrip("/") + APIS[api]
     all_headers = request_headers(api_key, headers)
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()

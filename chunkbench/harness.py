@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chunkbench.engine.engine import LLMEngine
+from chunkbench.engine.engine import LLMEngine, RealClock
 from chunkbench.engine.request import Request, SamplingParams
 from chunkbench.gc_pause import paused_gc
 from chunkbench.metrics import RequestRecord, StepRecord
 from chunkbench.sim.fastforward import fast_forward
-from chunkbench.workload import WorkloadRequest
+from chunkbench.workload import WorkloadRequest, check_real_time
 
 
 @dataclass
@@ -65,6 +65,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
     """Serve `workload` on `engine` and record per-request token times and per-step composition.
     `stop(requests, start, now)`, asked every STOP_CHECK_STEPS steps with the requests added so far, may end
     the run early (a capacity probe that has certainly missed its SLA: tune/early_stop.py)."""
+    if isinstance(engine.clock, RealClock):  # it sleeps until each arrival
+        check_real_time(workload, "the engine")
     if not engine.clock.virtual:
         warm_up(engine, warmup_steps)
     vocab = engine.config.model.vocab_size

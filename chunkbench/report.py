@@ -41,6 +41,7 @@ def pyplot():
 # (summary key, label, lower is better?) rows of the tables.
 HEADLINE = [
     ("completed", "completed requests", None),
+    ("failed", "failed or rejected requests", True),
     ("request_throughput", "request throughput (req/s)", False),
     ("request_goodput", "request goodput (req/s)", False),
     ("output_throughput", "output throughput (tok/s)", False),
@@ -104,6 +105,18 @@ def comparison_table(runs: list[BenchRun], title: str = "") -> Table:
     for row in comparison_rows(runs):
         table.add_row(*row)
     return table
+
+
+def failure_notes(runs: list[BenchRun]) -> list[str]:
+    """A line per run that lost requests: how many, and the first one's error (each is in requests.parquet)."""
+    notes = []
+    for r in runs:
+        failed = [(i, q) for i, q in enumerate(r.result.requests) if not q.ok]
+        if failed:
+            i, first = failed[0]
+            notes.append(f"{r.label}: {len(failed)} of {len(r.result.requests)} requests failed, e.g. request {i}: "
+                         f"{first.error or 'no token'}; each one's error is in requests.parquet")
+    return notes
 
 
 def markdown_table(runs: list[BenchRun]) -> str:

@@ -7,7 +7,7 @@ shipped in chunkbench/data; user files are CSV/JSONL with token counts, or Share
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
@@ -84,6 +84,17 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator, flag: str = "--p
 
 
 ARRIVALS = ("poisson", "gamma", "constant", "all-at-once")
+MAX_SPAN_S = 1e9  # arrivals within ~30 years: float64 seconds keep microseconds
+MAX_REAL_WAIT_S = 7 * 86400  # on a real clock (the engine, a server) the arrivals are waited for: a week at most
+
+
+def check_real_time(requests: list["WorkloadRequest"], where: str) -> None:
+    """Refuse a workload whose arrivals would keep a real-clock run waiting for more than MAX_REAL_WAIT_S."""
+    span = max((r.arrival_time for r in requests), default=0.0)
+    if span > MAX_REAL_WAIT_S:
+        raise UserError(f"the workload's arrivals span {span:,.0f} s ({span / 86400:,.1f} days) of waiting on {where}; "
+                        f"at most {MAX_REAL_WAIT_S // 86400} days: raise --rate, lower --time-scale, or simulate it "
+                        "(--backend sim)")
 
 
 def sample_arrivals(kind: str, n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
@@ -197,6 +208,12 @@ class WorkloadSpec:
         check_number("--prefix-len", self.prefix_len, low=0, high=MAX_TOKENS, integer=True)
         check_number("--num-prefixes", self.num_prefixes, low=1, integer=True)
         check_number("--seed", self.seed, low=0, high=2**32 - 1, integer=True)
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in ("prompt_len", "output_len"):
+            if self.name != "synthetic" and getattr(self, name) != defaults[name]:
+                flag = "--" + name.replace("_", "-")
+                raise UserError(f"{flag} shapes synthetic workloads; workload '{self.name}' has its own lengths: "
+                                f"add --workload synthetic, or leave {flag} out")
 
 
 def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list[WorkloadRequest]:
@@ -254,6 +271,10 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
                     for i, r in enumerate(requests)]
     if spec.duration is not None:
         requests = [r for r in requests if r.arrival_time <= spec.duration]
+    span = max((r.arrival_time for r in requests), default=0.0)
+    if span > MAX_SPAN_S:
+        raise UserError(f"the workload's arrivals span {span:.3g} s; at most {MAX_SPAN_S:.0e} s (times are seconds in "
+                        "floating point: far beyond, latencies are lost in rounding): raise --rate or lower --time-scale")
     if max_model_len is not None:
         requests = clip_to_model(requests, max_model_len)
     return requests

@@ -60,12 +60,28 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a KV cache: the GPU's free memory, or the host's MemAvailable (None: not known here)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
 def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> int:
     """KV blocks to allocate: the configured count, else what memory allows (see CacheConfig)."""
     cache, model, sched = config.cache, config.model, config.scheduler
-    if cache.num_blocks is not None:
-        return cache.num_blocks
     per_block = cache.kv_bytes_per_block(model, dtype.itemsize)
+    if cache.num_blocks is not None:
+        free = available_bytes(device)
+        if free is not None and cache.num_blocks * per_block > free:
+            needed = cache.num_blocks * per_block / 2**30
+            raise ConfigError(f"--num-blocks {cache.num_blocks:,} needs {needed:,.1f} GiB of KV cache; "
+                              f"{free / 2**30:,.1f} GiB is free on {device.type}: lower --num-blocks")
+        return cache.num_blocks
     wanted = sched.max_num_seqs * cdiv(sched.max_model_len, cache.block_size)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)

@@ -25,7 +25,7 @@ def run(model: Model = "small", **options) -> None:
     requests.parquet and steps.parquet. Unset, the request count and (chunked on the CPU) the step size
     fit the device: the output says what was chosen."""
     from chunkbench.device_defaults import fit_to_device
-    from chunkbench.report import comparison_table
+    from chunkbench.report import comparison_table, failure_notes
     from chunkbench.runs import run_benchmark, save_run
 
     o = run_options(options)
@@ -45,6 +45,8 @@ def run(model: Model = "small", **options) -> None:
     out = o["out"] or default_out("run")
     payload = save_run(result, out, spec)
     console.print(comparison_table([result], title=f"{model}, {workload}, {len(requests)} requests"))
+    for note in failure_notes([result]):
+        console.print(f"[bold yellow]{note}[/]", soft_wrap=True)
     if backend.kind == "sim":
         steps, wall = result.summary["num_steps"], result.result.wall_seconds
         console.print(f"simulated {steps:,} steps ({result.summary['duration']:,.0f} s of virtual time) in "
@@ -70,7 +72,7 @@ def compare(
     budget of at least max-model-len. Unset, the request count and (chunked on the CPU) the step size fit
     the device: the output says what was chosen."""
     from chunkbench.device_defaults import fit_to_device
-    from chunkbench.report import comparison_table, write_comparison
+    from chunkbench.report import comparison_table, failure_notes, write_comparison
     from chunkbench.runs import compare as compare_policies
 
     o = run_options(options)
@@ -96,6 +98,8 @@ def compare(
     title = f"{model}, {workload}, {len(requests)} requests"
     summaries = write_comparison(runs, out, spec, title, "chunkbench compare " + " ".join(sys.argv[2:]))
     console.print(comparison_table(runs, title=title))
+    for note in failure_notes(runs):
+        console.print(f"[bold yellow]{note}[/]", soft_wrap=True)
     for r in runs:
         target = r.config.scheduler.step_time_target_ms if r.config else None
         if target and "p99_step_ms" in r.summary:

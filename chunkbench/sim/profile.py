@@ -93,6 +93,10 @@ def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
     block_size = config.cache.block_size
     grid = profile_grid(config.scheduler.max_model_len, max_chunk, executor.num_blocks, block_size)
     wanted = profile_grid(config.scheduler.max_model_len, max_chunk, 1 << 62, block_size)
+    if not wanted:
+        raise UserError(f"no step shape of the profile fits --max-model-len {config.scheduler.max_model_len} and "
+                        f"--max-chunk {max_chunk} (the smallest is a 16-token chunk, or a decode at 128 tokens of "
+                        "context): raise them")
     if 2 * len(grid) < len(wanted):  # a fit on the few smallest shapes would say little of the rest
         raise UserError(f"the KV cache ({executor.num_blocks} blocks of {block_size} tokens) holds only {len(grid)} "
                         f"of the {len(wanted)} step shapes the profile times: give --num-blocks "

@@ -32,7 +32,12 @@ def fails_cleanly(args, capsys, message):
     (["--workload", "synthetic", "--prompt-len", "fixed:inf"], "finite number"),
     (["--workload", "synthetic", "--prompt-len", "fixed:1e30"], "must be <="),
     (["--workload", "synthetic", "--output-len", "normal:10:-1"], "must be >= 0"),
-    (["--max-model-len", "0"], "--max-model-len must be > 0"),
+    (["--max-model-len", "0"], "--max-model-len must be at least 2"),
+    (["--max-model-len", "1"], "--max-model-len must be at least 2"),  # no room for a prompt and a token
+    (["--max-num-batched-tokens", "9999999999999999999999"], "--max-num-batched-tokens must be at most"),
+    (["--max-num-seqs", "9999999999999999999999"], "--max-num-seqs must be at most"),
+    (["--rate", "1e-15", "--arrival", "constant"], "s; at most 1e+09 s (times are seconds in floating point"),
+    (["--prompt-len", "fixed:40"], "--prompt-len shapes synthetic workloads"),  # not silently ignored
     (["--goodput", "ttft:nan"], "--goodput"),
     (["--seed", "-1"], "--seed"),
     (["--num-requests", "0"], "--num-requests"),
@@ -252,3 +257,44 @@ def test_a_kv_cache_too_small_to_calibrate_on_is_a_user_error(capsys, tmp_path):
     code, _, err = run_cli(["profile", "--model", "tiny", "--num-blocks", "8", "--out", str(tmp_path / "p.json")],
                            capsys)
     assert code == 2 and "holds only 5 of the 55 step shapes the profile times: give --num-blocks" in err
+
+
+def test_a_real_clock_run_does_not_wait_weeks_for_its_arrivals(capsys, tmp_path):
+    fails_cleanly(["run", "--model", "tiny", "--backend", "engine", "--no-progress", "--workload", "synthetic",
+                   "--num-requests", "3", "--rate", "1e-6", "--arrival", "constant", "--max-num-batched-tokens", "64",
+                   "--prompt-len", "fixed:40", "--output-len", "fixed:4", "--out", str(tmp_path / "o")],
+                  capsys, "of waiting on the engine; at most 7 days")
+
+
+def test_a_kv_cache_larger_than_free_memory_is_refused(monkeypatch):
+    import torch
+
+    from chunkbench.engine import executor
+    from chunkbench.engine.config import ConfigError, EngineConfig
+
+    config = EngineConfig.create("tiny", num_blocks=1000)  # 1000 x 16 tokens x 4 layers x K and V x 512 B
+    per_block = config.cache.kv_bytes_per_block(config.model, 4)
+    monkeypatch.setattr(executor, "available_bytes", lambda device: 999 * per_block)
+    with pytest.raises(ConfigError, match="--num-blocks 1,000 needs .* GiB of KV cache"):
+        executor.kv_cache_blocks(config, torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(executor, "available_bytes", lambda device: 1000 * per_block)
+    assert executor.kv_cache_blocks(config, torch.device("cpu"), torch.float32) == 1000
+
+
+def test_lost_requests_are_said_on_the_terminal(capsys, tmp_path):
+    code, out, _ = run_cli(["run", "--model", "tiny", "--backend", "engine", "--no-progress", "--workload",
+                            "synthetic", "--num-requests", "5", "--prompt-len", "uniform:10:100", "--output-len",
+                            "fixed:4", "--max-num-batched-tokens", "64", "--num-blocks", "3",
+                            "--out", str(tmp_path / "o")], capsys)
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert code == 0 and summary["failed"] > 0
+    assert f"{summary['failed']} of 5 requests failed, e.g. request" in out and "the cache has 3" in out
+
+
+def test_odd_profile_and_kernel_sizes_are_user_errors(capsys, tmp_path):
+    fails_cleanly(["profile", "--model", "tiny", "--max-model-len", "8", "--max-chunk", "64", "--no-progress",
+                   "--out", str(tmp_path / "p.json")], capsys, "no step shape of the profile fits --max-model-len 8")
+    fails_cleanly(["kernels", "check", "--device", "tpu"], capsys, "--device must be auto, cpu or cuda[:N]")
+    space = write(tmp_path, "space.toml", "[space]\nmax_num_batched_tokens = [9999999999999999999999]\n")
+    fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--space", space, "--out", str(tmp_path / "t")], capsys,
+                  "'max_num_batched_tokens' values must be at most")

@@ -47,6 +47,7 @@ BOX = 6.0  # the fit stays within e^6 (x400) of its first guess: beyond, no real
 SERVER_WEIGHT = 0.5  # the server's own figures back the client's up; they are coarser (histogram buckets)
 QUEUE_FLOOR_MS = 50.0  # relative error of a near-zero queue time means nothing: below this, absolute
 WORKLOAD_REQUESTS = 32  # the fourth calibration run: at most this many of the tune's own requests
+DRIFT_TOLERANCE = 0.15  # drift_check: a server this much slower or faster than when calibrated is warned about
 PRIMER_LEAD_S = 0.02  # a burst follows its primer by this much: longer than the client's spread of sends (~8 ms)
 
 
@@ -123,11 +124,32 @@ def run_figures(result) -> dict:
 def measure_design(backend: Backend, spec: TuneSpec, design: Design) -> dict:
     """Run one design on the (launched) server: its figures, with the design to simulate it again."""
     config = spec.base_config(**design.knobs)
-    workload = design_requests(asdict(design.workload), design.take, design.primer, config.scheduler.max_model_len)
     with backend.session(config) as serve:
-        result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=design.name)
+        return run_design(serve, spec, design, config.scheduler.max_model_len)
+
+
+def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dict:
+    """Run one design on a session's server (measure_design; drift_check runs one on another config's)."""
+    workload = design_requests(asdict(design.workload), design.take, design.primer, max_model_len)
+    result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=design.name)
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "primer": design.primer, "fitted": list(design.fitted)} | run_figures(result)
+
+
+def drift_check(spec: TuneSpec, calibrated: dict, serve, config) -> dict | None:
+    """Is the server as fast as when it was calibrated? The decode burst again, on a verified configuration's
+    launch: past its primer its steps only decode, so the token budget does not change them, and its median
+    ITL now over its median ITL then is the server's change of speed (a host or GPU that slowed down, a
+    neighbour), measured, with no model in between. None when this configuration cannot run the burst as it
+    ran (fewer seats or budget than its requests)."""
+    design = next(d for d in designs(spec) if d.name == "decode")
+    if min(config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) <= design.workload.num_requests:
+        return None
+    now = run_design(serve, spec, design, config.scheduler.max_model_len)
+    if not now["itl_ms"] or not calibrated.get("itl_ms"):
+        return None
+    then_ms, now_ms = float(np.median(calibrated["itl_ms"])), float(np.median(now["itl_ms"]))
+    return {"median_itl_ms_calibrated": then_ms, "median_itl_ms_now": now_ms, "ratio": now_ms / then_ms}
 
 
 def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -> dict:

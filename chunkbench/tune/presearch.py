@@ -85,9 +85,10 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
 
 
 def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
-               repeats: int = 1) -> list[dict]:
+               repeats: int = 1, calibration: ServerCalibration | None = None) -> list[dict]:
     """Launch the k best distinct simulated configurations (the closest one when none met the SLAs), each
-    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome)."""
+    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome).
+    The first launch that can also runs calibrate.drift_check against the calibration's decode run."""
     candidates, seen = [], set()
     for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
         key = knobs_text(trial)
@@ -95,12 +96,20 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             seen.add(key)
             candidates.append(trial)
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
+    calibrated = next((r for r in (calibration.runs if calibration else []) if r.get("name") == "decode"), None)
+
+    def check_drift(serve, config) -> None:
+        if calibrated is not None and "drift" not in state.data:
+            drift = cal.drift_check(spec, calibrated, serve, config)
+            if drift is not None:
+                state.data["drift"] = drift  # saved with this configuration's figures
     results = []
     for trial in candidates:
         key = knobs_text(trial)
         if key not in state.data["verified"]:
             console.print(f"verifying trial {trial.number} ({key}) on a launched server ...")
-            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
+            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats,
+                               before=check_drift)
             state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
                                            "constraints": outcome.constraints, "feasible": outcome.feasible,
                                            "repeats": outcome.repeats}
@@ -151,15 +160,23 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     search_started = time.monotonic()
     run_study(sim_spec, study, storage, storage_url)
     console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
-    verified = verify_top(spec, study, launch, state, verify, repeats)
+    verified = verify_top(spec, study, launch, state, verify, repeats, calibration)
     winner = verified[0] if verified else None
+    drift = state.data.get("drift")
     write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command)
-    write_presearch_outputs(spec, out, calibration, verified, winner, command)
+    write_presearch_outputs(spec, out, calibration, verified, winner, command, drift)
     console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))
     console.print(verification_table(spec, verified))
     worst = max((abs(s - m) / m for r in verified for s, m in ((r["simulated"].get(k), r["metrics"].get(k))
                                                                for k, _ in COMPARED) if s is not None and m),
                 default=0.0)
+    if drift:
+        off = abs(drift["ratio"] - 1) > cal.DRIFT_TOLERANCE
+        console.print(("[yellow]warning:[/] " if off else "") + f"server speed against the calibration: the decode "
+                      f"burst's median ITL {drift['median_itl_ms_now']:,.1f} ms now, "
+                      f"{drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})"
+                      + ("; the host or device changed speed since: simulated and measured figures cannot agree "
+                         "closer than that; calibrate again when it is steady" if off else ""), soft_wrap=True)
     noise = run_to_run_spread(verified)
     if noise is not None:
         console.print(f"measured: the median of {repeats} runs per configuration; between runs of one "

@@ -62,7 +62,7 @@ def _pct(s: float | None, m: float | None) -> str:
     return "-" if s is None or not m else f"{100 * (s - m) / m:+.1f}%"
 
 
-def section(calibration: ServerCalibration, verified: list[dict], out: Path) -> str:
+def section(calibration: ServerCalibration, verified: list[dict], out: Path, drift: dict | None = None) -> str:
     esc = html.escape
     verdict = ("fits: searching in simulation" if calibration.fits else
                f"fits BADLY (limits: {FIT_TOLERANCE_PCT:g}% on the tune's workload, {2 * FIT_TOLERANCE_PCT:g}% over "
@@ -89,18 +89,22 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path) -> 
                             + "</td>" for k, _ in COMPARED)
             lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{esc(row['knobs'])}</td>"
                       f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
+        speed = ("" if not drift else
+                 f" Server speed against the calibration (the decode burst again, on the first verified launch): "
+                 f"median ITL {drift['median_itl_ms_now']:,.1f} ms now, {drift['median_itl_ms_calibrated']:,.1f} ms "
+                 f"when calibrated (x{drift['ratio']:.2f}).")
         body += ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated "
                  "runs (--verify-repeats), each figure's median over them, and the lowest and highest run below it."
-                 "</p><table>"
+                 f"{esc(speed)}</p><table>"
                  f"<tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th></tr>{lines}</table>")
     return body
 
 
 def write_presearch_outputs(spec: TuneSpec, out: Path, calibration: ServerCalibration, verified: list[dict],
-                            winner: dict | None, command: str = "") -> None:
+                            winner: dict | None, command: str = "", drift: dict | None = None) -> None:
     plot_calibration(calibration, out / "calibration.png")
     report = out / "report.html"
-    body = section(calibration, verified, out)
+    body = section(calibration, verified, out, drift)
     if report.exists():
         text = report.read_text()
         write_text(text.replace("\n</body>", "\n" + body + "\n</body>", 1), report)

@@ -83,6 +83,7 @@ def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
     assert again.launches == 1  # only the verification that had not finished
     state = json.loads((tmp_path / "presearch.json").read_text())
     assert len(state["verified"]) == 2 and state["mode"] == "presearch sim"
+    assert state["drift"]["ratio"] == pytest.approx(1.0, abs=0.02)  # the same server: the same decode steps
     study = optuna.load_study(study_name="resume", storage=f"sqlite:///{tmp_path / 'study.db'}")
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == spec.n_trials
     for name in ("recommended.toml", "calibration.png", "report.html"):
@@ -104,12 +105,19 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
 
 @dataclasses.dataclass
 class DriftingServer(FakeServer):
-    """A noisy host: the runs of one launch get these multiples of the true step overhead, in turn."""
+    """A host that changes speed after the calibration's launches (`steady`): the runs of a later launch get
+    these multiples of the true step overhead, in turn (the first verified launch runs the drift check's decode
+    burst first)."""
 
-    drift: tuple[float, ...] = (1.0, 3.0, 2.0)
+    steady: int = 0
+    drift: tuple[float, ...] = (5.0, 1.0, 3.0, 2.0)
 
     @contextlib.contextmanager
     def session(self, config):
+        if self.launches < self.steady:
+            with super().session(config) as serve:
+                yield serve
+            return
         self.launches += 1
         with contextlib.ExitStack() as stack:
             serves = [stack.enter_context(SimBackend(server_calibration=dataclasses.replace(
@@ -121,12 +129,15 @@ class DriftingServer(FakeServer):
 
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
     """--verify-repeats 3: three runs on one launched server, each figure scored by its median (the 2x run's
-    here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown."""
+    here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown; the
+    drift check before them ran slow (5x the step overhead): said, in a warning."""
     spec = make_spec(n_trials=3)
-    server = DriftingServer(server_calibration=TRUTH)
+    server = DriftingServer(server_calibration=TRUTH, steady=len(designs(spec)))
     presearch_tune(spec, "repeats", None, tmp_path, 1, server, progress=False, repeats=3)
     assert server.launches == len(designs(spec)) + 1  # calibration runs are one run per launch: the 1x ones
-    (row,) = json.loads((tmp_path / "presearch.json").read_text())["verified"].values()
+    state = json.loads((tmp_path / "presearch.json").read_text())
+    assert state["drift"]["ratio"] > 1.3  # 5x the step overhead, about a seventh of a decode step of TRUTH
+    (row,) = state["verified"].values()
     assert len(row["repeats"]) == 3
     ttfts = [run["p99_ttft_ms"] for run in row["repeats"]]
     assert ttfts[0] < ttfts[2] < ttfts[1]  # the drift reached the figures
@@ -134,6 +145,7 @@ def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, cap
     assert row["values"][0] == sorted(run["request_goodput"] for run in row["repeats"])[1]
     out = capsys.readouterr().out
     assert "median of 3 runs" in out and "between runs of one configuration a figure moved by up to" in out
+    assert "warning: server speed against the calibration" in out and "changed speed" in out
     assert "runs " in (tmp_path / "report.html").read_text()  # the lowest and highest run, per figure
 
 

@@ -48,7 +48,12 @@ def quick_profile(config: EngineConfig, executor, passes: int = 1) -> FittedCost
     from chunkbench.sim.profile import step_output
 
     grid = quick_grid(config.scheduler.max_model_len, executor.num_blocks, config.cache.block_size)
-    if not any(step.decodes for step in grid) or not any(step.prefills for step in grid):
+    wanted = quick_grid(config.scheduler.max_model_len, 1 << 62, config.cache.block_size)
+    if not wanted:
+        raise UserError(f"--max-model-len {config.scheduler.max_model_len} is shorter than every step the quick "
+                        "calibration that sizes CPU defaults times: give --max-num-batched-tokens and --num-requests")
+    if any(any(getattr(s, kind) for s in wanted) and not any(getattr(s, kind) for s in grid)
+           for kind in ("prefills", "decodes")):  # the cache, not the context, left out a kind of step
         raise UserError(f"the KV cache ({executor.num_blocks} blocks of {config.cache.block_size} tokens) is too small "
                         "for the quick calibration that sizes CPU defaults (a decode at 256 tokens of context needs "
                         f"{-(-256 // config.cache.block_size)} blocks): give a larger --num-blocks, or "

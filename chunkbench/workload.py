@@ -274,7 +274,8 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
     span = max((r.arrival_time for r in requests), default=0.0)
     if span > MAX_SPAN_S:
         raise UserError(f"the workload's arrivals span {span:.3g} s; at most {MAX_SPAN_S:.0e} s (times are seconds in "
-                        "floating point: far beyond, latencies are lost in rounding): raise --rate or lower --time-scale")
+                        "floating point: far beyond, latencies are lost in rounding): raise --rate or lower "
+                        "--time-scale")
     if max_model_len is not None:
         requests = clip_to_model(requests, max_model_len)
     return requests

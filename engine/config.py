@@ -229,7 +229,8 @@ class SchedulerConfig:
         _positive("--max-num-seqs", self.max_num_seqs)
         _require(self.max_num_batched_tokens <= MAX_BUDGET,
                  f"--max-num-batched-tokens must be at most {MAX_BUDGET:,}, got {self.max_num_batched_tokens:,}")
-        _require(self.max_num_seqs <= MAX_SEQS, f"--max-num-seqs must be at most {MAX_SEQS:,}, got {self.max_num_seqs:,}")
+        _require(self.max_num_seqs <= MAX_SEQS,
+                 f"--max-num-seqs must be at most {MAX_SEQS:,}, got {self.max_num_seqs:,}")
         _require(self.max_model_len >= 2, f"--max-model-len must be at least 2 (a prompt token and an output token), "
                  f"got {self.max_model_len}")
         _require(self.max_num_batched_tokens >= min_budget(self.policy, self.max_model_len),

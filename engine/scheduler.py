@@ -101,15 +101,12 @@ class Scheduler:
         preempted: list[Request] = []
         self._step_cached_tokens = 0
         policy = self.config.policy
-        schedule = (self._schedule_chunked if policy == "chunked" else self._schedule_orca if policy == "orca"
-                    else self._schedule_prefill_first)
-        # A pass that only preempted has freed blocks: pass again. Each request fits the cache alone (add_request
-        # rejects the rest), so a pass with the seats emptied schedules something; the bound is a guard only.
-        for _ in range(1 + len(self.running) + len(self.waiting)):
-            before = len(preempted)
-            schedule(scheduled, preempted)
-            if scheduled or len(preempted) == before:
-                break
+        if policy == "chunked":
+            self._schedule_chunked(scheduled, preempted)
+        elif policy == "orca":
+            self._schedule_orca(scheduled, preempted)
+        else:
+            self._schedule_prefill_first(scheduled, preempted)
         return self._make_output(scheduled, preempted, now)
 
     def _schedule_chunked(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:

@@ -50,10 +50,10 @@ def tune(
     presearch: Annotated[str, typer.Option(help="--backend launch: 'sim' calibrates the simulator on a few "
                                            "launches of the server, searches in simulation and launches only "
                                            "the --verify-top best; 'none' launches every trial.")] = "none",
-    verify_repeats: Annotated[int, typer.Option(help="--presearch sim: run the workload this many times on each "
-                                                "verified configuration's launched server and judge it by the "
-                                                "medians (a p99 of a short run moves between runs of one "
-                                                "server; one launch per configuration all the same).")] = 3,
+    verify_repeats: Annotated[Optional[int], typer.Option(
+        help="--presearch sim: run the workload this many times on each verified configuration's launched server "
+             "and judge it by the medians (a p99 of a short run moves between runs of one server; one launch per "
+             "configuration all the same). Default 3.")] = None,
     calibration: Annotated[Optional[Path], typer.Option(help="--presearch sim: a server calibration (JSON) to "
                                                         "reuse for the same deployment; written there after "
                                                         "calibrating when the file does not exist.")] = None,
@@ -99,7 +99,10 @@ def tune(
     check_number("--n-trials", n_trials, low=1)
     check_number("--jobs", jobs, low=1)
     check_number("--verify-top", verify_top, low=0)
-    check_number("--verify-repeats", verify_repeats, low=1)
+    if verify_repeats is not None:
+        check_number("--verify-repeats", verify_repeats, low=1, integer=True)
+        if presearch != "sim":
+            raise UserError("--verify-repeats counts the verification runs of --presearch sim")
     check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
     check_number("--launch-timeout", launch_timeout, low=0, low_open=True)
     if presearch not in ("none", "sim"):
@@ -129,12 +132,12 @@ def tune(
     build_workload(spec_workload)  # a bad workload fails here, before anything is written
     name = study or default_study_name(spec)
     if presearch == "sim":
-        from chunkbench.tune.presearch import presearch_tune
+        from chunkbench.tune.presearch import VERIFY_REPEATS, presearch_tune
 
         check_number("--verify-top", verify_top, low=1)
         presearch_tune(spec, name, storage, out or study_folder(name), verify_top, resolved.backend, calibration,
                        device=gpu or "cpu", progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]),
-                       repeats=verify_repeats)
+                       repeats=verify_repeats or VERIFY_REPEATS)
         return
     tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify else 0,
                     progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]), jobs=jobs,

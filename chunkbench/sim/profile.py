@@ -24,7 +24,7 @@ from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
 from chunkbench.engine.request import SamplingParams
 from chunkbench.sim.shape import COLD_AFTER_S, StepShape
 
-CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # each point below must fit in the KV cache
+CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # shapes the KV cache cannot hold are left out
 CONTEXTS = (0, 1024, 4096)
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
 DECODE_CONTEXTS = (128, 1024, 4096)

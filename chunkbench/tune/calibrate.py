@@ -1,5 +1,5 @@
 """Calibrate the simulator on the user's own server (`tune --presearch sim`, issue 18): launch it with a few
-designed configurations and short workloads, measure per-request TTFT and ITL over HTTP, and fit the
+designed configurations and short workloads, measure per-request TTFT, ITL and E2EL over HTTP, and fit the
 roofline's free constants (sim/server_calibration.py) so that simulating those same runs gives the same
 distributions.
 
@@ -57,7 +57,8 @@ class Design:
     knobs: dict  # engine keyword arguments on top of the tune's fixed flags
     workload: WorkloadSpec
     # The prefill run's ITLs are bimodal (a gap behind a 2k-token prefill step, or a plain decode step) with a
-    # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted without them.
+    # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted without them (its E2EL,
+    # the TTFT plus three such gaps, is mostly the TTFT, and is fitted).
     # E2EL (first send to last token) is what a run's duration, and so goodput, hangs on: pooled ITL
     # percentiles are mostly the big batches' gaps, a request's end also counts its last, small-batch steps.
     fitted: tuple[str, ...] = ("ttft_ms", "itl_ms", "e2el_ms")
@@ -137,12 +138,15 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
 
 
 def drift_check(spec: TuneSpec, calibrated: dict, serve, config) -> dict | None:
-    """Is the server as fast as when it was calibrated? The decode burst again, on a verified configuration's
-    launch: past its primer its steps only decode, so the token budget does not change them, and its median
-    ITL now over its median ITL then is the server's change of speed (a host or GPU that slowed down, a
-    neighbour), measured, with no model in between. None when this configuration cannot run the burst as it
-    ran (fewer seats or budget than its requests)."""
-    design = next(d for d in designs(spec) if d.name == "decode")
+    """Is the server as fast as when it was calibrated? The calibration's decode burst again (as recorded), on a
+    verified configuration's launch, after its measured runs: past its prompts (the primer and a dozen short
+    ones, which that configuration's budget and chunk caps may pace differently) the burst only decodes, its
+    batch draining from a dozen to one, and most of its ITLs are those decode steps, which no knob here
+    changes. Its median ITL now over then is the server's change of speed (a host or GPU that slowed down, a
+    neighbour), measured, with no model in between. None when this configuration cannot decode the burst
+    together (fewer seats or budget than its requests)."""
+    design = Design("decode", calibrated["knobs"], WorkloadSpec(**calibrated["workload"]),
+                    tuple(calibrated.get("fitted", ())), calibrated.get("take"), calibrated.get("primer", 0))
     if min(config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) <= design.workload.num_requests:
         return None
     now = run_design(serve, spec, design, config.scheduler.max_model_len)
@@ -193,7 +197,7 @@ def relative(simulated: float, measured: float) -> float:
 
 
 def residuals(measured: dict, simulated: dict) -> tuple[list[float], list[float]]:
-    """(TTFT/ITL relative errors, server-figure errors) of one run."""
+    """(TTFT/ITL/E2EL relative errors, server-figure errors) of one run."""
     main = []
     for key in measured.get("fitted", ("ttft_ms", "itl_ms")):
         m, s = stats(measured[key]), stats(simulated[key])

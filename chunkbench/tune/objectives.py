@@ -24,11 +24,11 @@ METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p
 
 def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
              progress: bool = False, capacity_hint: float | None = None, repeats: int = 1,
-             before=None) -> TrialOutcome:
+             after=None) -> TrialOutcome:
     """Run one configuration (engine keyword arguments) against the SLAs. `capacity_hint`: a capacity found
     for another configuration, where the capacity search starts (see _capacity). `repeats` > 1 runs it that
-    many times in one session (one launched server) and scores the medians (median_outcome). `before(serve,
-    config)` runs first in the same session (presearch's drift check)."""
+    many times in one session (one launched server) and scores the medians (median_outcome). `after(serve,
+    config)` runs last in the same session (presearch's drift check)."""
     config = spec.base_config(**knobs)
     backend = backend or spec.backend
     options = dict(goodput_ms=goodput_slos(spec.slos), seed=spec.seed, percentiles=[s.percentile for s in spec.slos],
@@ -45,16 +45,16 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
         return _score(spec, knobs, measure(serve, config, workload, progress=progress, **options).summary)
 
     with backend.session(config) as serve:
-        if before is not None:
-            before(serve, config)
         outcomes = [once(serve) for _ in range(repeats)]
+        if after is not None:
+            after(serve, config)
     return outcomes[0] if repeats == 1 else median_outcome(outcomes)
 
 
 def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:
     """Repeated measurements of one configuration as one: the median of each value, constraint and numeric
-    metric (each figure's own median: a noisy server's p99 TTFT and goodput need not peak in the same run),
-    every run's metrics kept in `repeats`."""
+    metric (each figure's own median: a noisy server's p99 TTFT and goodput need not peak in the same run; of
+    an even count, the mean of the middle two), every run's metrics kept in `repeats`."""
     first = outcomes[0]
 
     def median(values: list) -> float:

@@ -4,8 +4,10 @@ trial (issue 18). Three phases, each resumable:
 1. calibrate: launch the server for the designed runs of tune/calibrate.py and fit the simulator to them
    (or load `--calibration FILE`, fitted before on the same deployment);
 2. search: every trial of the study in simulation with that calibration (seconds each);
-3. verify: launch the `--verify-top K` best distinct configurations for real; the winner is the best on the
-   *measured* figures, and the report shows simulated against measured for each.
+3. verify: launch the `--verify-top K` best distinct configurations for real, each run `--verify-repeats`
+   times on its launch; the winner is the best on the *measured* medians, and the report shows simulated
+   against measured for each, the run-to-run spread, and whether the server still runs at the speed it was
+   calibrated at (calibrate.drift_check).
 
 A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
 tune launches every trial instead: recommending from a simulator that does not describe the server would be
@@ -39,6 +41,7 @@ from chunkbench.workload import build_workload
 
 console = Console()
 STATE_FILE = "presearch.json"
+VERIFY_REPEATS = 3  # --verify-repeats: an odd count, so each median is a figure one run measured
 
 
 class State:
@@ -85,10 +88,11 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
 
 
 def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
-               repeats: int = 1, calibration: ServerCalibration | None = None) -> list[dict]:
+               repeats: int = VERIFY_REPEATS, calibration: ServerCalibration | None = None) -> list[dict]:
     """Launch the k best distinct simulated configurations (the closest one when none met the SLAs), each
     measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome).
-    The first launch that can also runs calibrate.drift_check against the calibration's decode run."""
+    The first launch that can also runs calibrate.drift_check against the calibration's decode run, after its
+    measured runs (so no verified configuration gets an extra warm-up)."""
     candidates, seen = [], set()
     for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
         key = knobs_text(trial)
@@ -109,7 +113,7 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
         if key not in state.data["verified"]:
             console.print(f"verifying trial {trial.number} ({key}) on a launched server ...")
             outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats,
-                               before=check_drift)
+                               after=check_drift)
             state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
                                            "constraints": outcome.constraints, "feasible": outcome.feasible,
                                            "repeats": outcome.repeats}
@@ -125,7 +129,7 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
 
 def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path, verify: int, launch: Backend,
                    calibration_path: Path | None = None, device: str = "cpu", progress: bool = True,
-                   command: str = "chunkbench tune", repeats: int = 1) -> Path:
+                   command: str = "chunkbench tune", repeats: int = VERIFY_REPEATS) -> Path:
     """Calibrate, search in simulation, verify by launching (module docstring)."""
     from chunkbench.tune.run import tune_and_report
 
@@ -179,7 +183,8 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
                          "closer than that; calibrate again when it is steady" if off else ""), soft_wrap=True)
     noise = run_to_run_spread(verified)
     if noise is not None:
-        console.print(f"measured: the median of {repeats} runs per configuration; between runs of one "
+        runs = max(len(row.get("repeats") or []) for row in verified)
+        console.print(f"measured: the median of {runs} runs per configuration; between runs of one "
                       f"configuration a figure moved by up to {100 * noise:.0f}% (the server's own noise)",
                       soft_wrap=True)
     if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them

@@ -1,5 +1,5 @@
-"""What `tune --presearch sim` adds to the study folder: calibration.png (measured against fitted CDFs of TTFT
-and ITL, per calibration run), a "Calibration and verification" section in report.html, and the config files
+"""What `tune --presearch sim` adds to the study folder: calibration.png (measured against fitted CDFs of TTFT,
+ITL and E2EL, per calibration run), a "Calibration and verification" section in report.html, and the config files
 rewritten for the winner on *measured* figures (tune/report.py writes them for the simulated best first)."""
 
 from __future__ import annotations

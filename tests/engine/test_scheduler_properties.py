@@ -89,6 +89,22 @@ def test_static_admits_only_when_the_batch_is_done():
     assert batches == [["0", "1"], ["0", "1"], ["1"], ["1"], ["1"], ["2"]]
 
 
+def test_a_static_prompt_that_preempts_itself_lets_the_batch_decode():
+    """Static admits its batch holding no blocks; here the second prompt's blocks are not free while the first
+    decodes, so it preempts itself: that step decodes the first (it used to come back empty, and the run
+    stopped with 'scheduled nothing')."""
+    config = EngineConfig.create("tiny", policy="static", max_model_len=64, max_num_batched_tokens=64, num_blocks=3)
+    engine = LLMEngine(config, executor=EchoExecutor(3), clock=VirtualClock())
+    for _ in range(2):
+        engine.add_request([2] * 40, SamplingParams(max_tokens=4))  # 44 tokens: all 3 blocks
+    batches = []
+    while engine.has_unfinished():
+        engine.step()
+        assert engine.last_step is not None, "an empty step with work left"
+        batches.append([ch.request_id for ch in engine.last_step[0].chunks])
+    assert batches == [["0"]] * 4 + [["1"]] * 4 and engine.scheduler.num_preemptions == 1
+
+
 def test_continuous_pauses_decodes_for_a_new_prompt_and_chunked_does_not():
     def steps(policy, budget):
         config = EngineConfig.create("tiny", policy=policy, max_num_batched_tokens=budget, num_blocks=128)

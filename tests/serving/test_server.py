@@ -106,8 +106,8 @@ def test_disconnecting_clients_free_their_blocks(server):
 
 def test_bench_command_against_the_server(server, tmp_path, capsys):
     url, _ = server
-    code, _, err = run_cli(["bench", "--endpoint", url, "--workload", "synthetic", "--num-requests", "10", "--rate", "20",
-                            "--output-len", "fixed:4", "--out", str(tmp_path)], capsys)
+    code, _, err = run_cli(["bench", "--endpoint", url, "--workload", "synthetic", "--num-requests", "10",
+                            "--rate", "20", "--output-len", "fixed:4", "--out", str(tmp_path)], capsys)
     assert code == 0, err
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["completed"] == 10 and summary["failed_requests"] == []

@@ -107,10 +107,10 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
 class DriftingServer(FakeServer):
     """A host that changes speed after the calibration's launches (`steady`): the runs of a later launch get
     these multiples of the true step overhead, in turn (the first verified launch runs the drift check's decode
-    burst first)."""
+    burst after its measured runs)."""
 
     steady: int = 0
-    drift: tuple[float, ...] = (5.0, 1.0, 3.0, 2.0)
+    drift: tuple[float, ...] = (1.0, 3.0, 2.0, 5.0)
 
     @contextlib.contextmanager
     def session(self, config):
@@ -130,7 +130,7 @@ class DriftingServer(FakeServer):
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
     """--verify-repeats 3: three runs on one launched server, each figure scored by its median (the 2x run's
     here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown; the
-    drift check before them ran slow (5x the step overhead): said, in a warning."""
+    drift check after them ran slow (5x the step overhead): said, in a warning."""
     spec = make_spec(n_trials=3)
     server = DriftingServer(server_calibration=TRUTH, steady=len(designs(spec)))
     presearch_tune(spec, "repeats", None, tmp_path, 1, server, progress=False, repeats=3)
@@ -146,7 +146,8 @@ def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, cap
     out = capsys.readouterr().out
     assert "median of 3 runs" in out and "between runs of one configuration a figure moved by up to" in out
     assert "warning: server speed against the calibration" in out and "changed speed" in out
-    assert "runs " in (tmp_path / "report.html").read_text()  # the lowest and highest run, per figure
+    low, high = min(ttfts), max(ttfts)  # the lowest and highest run, per figure
+    assert f"<br>runs {low:,.2f}-{high:,.2f}" in (tmp_path / "report.html").read_text()
 
 
 class NotARoofline:
@@ -190,6 +191,8 @@ def test_presearch_flags_are_checked(tmp_path, capsys):
     assert code == 2 and "--presearch sim" in err
     code, _, err = run_cli(["tune", "--model", "tiny", "--verify-repeats", "0", "--out", str(tmp_path)], capsys)
     assert code == 2 and "--verify-repeats" in err
+    code, _, err = run_cli(["tune", "--model", "tiny", "--verify-repeats", "3", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--verify-repeats counts the verification runs of --presearch sim" in err
 
 
 def test_bursts_are_one_prompt_length_behind_a_primer():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,6 +204,12 @@ def min_budget(policy: str, max_model_len: int) -> int:
     return 1 if policy == "chunked" else max_model_len
 
 
+def check_device(name: str) -> None:
+    """auto, cpu, cuda or cuda:N (the one rule for every --device)."""
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is not None,
+             f"--device must be auto, cpu or cuda[:N], got '{name}'")
+
+
 def default_budget(policy: str, max_model_len: int) -> int:
     """2048 tokens (vLLM's default with chunked prefill), raised to what the policy needs."""
     return max(2048, min_budget(policy, max_model_len))
@@ -281,8 +288,7 @@ class EngineConfig:
         from .sharding import check_tensor_parallel
 
         check_tensor_parallel(self.model, self.tensor_parallel_size)
-        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
-                 f"--device must be auto, cpu or cuda[:N], got '{self.device}'")
+        check_device(self.device)
         _require(self.dtype == "auto" or self.dtype in DTYPES,
                  f"--dtype must be auto or one of {', '.join(DTYPES)}, got '{self.dtype}'")
         _require(self.attention_backend in ATTENTION_BACKENDS,

@@ -19,14 +19,14 @@ def kernels_check(device: Device = "auto") -> None:
     """Run the kernel correctness cases against the torch reference on this device (CPU: the Triton
     interpreter, fp32/fp16 only; CUDA: also bf16)."""
     import os
-    import re
 
     import torch
 
+    from chunkbench.engine.config import check_device
+
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
-        raise UserError(f"--device must be auto, cpu or cuda[:N], got '{device}'")
+    check_device(device)
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():

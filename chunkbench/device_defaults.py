@@ -54,9 +54,10 @@ def quick_profile(config: EngineConfig, executor, passes: int = 1) -> FittedCost
                         "calibration that sizes CPU defaults times: give --max-num-batched-tokens and --num-requests")
     if any(any(getattr(s, kind) for s in wanted) and not any(getattr(s, kind) for s in grid)
            for kind in ("prefills", "decodes")):  # the cache, not the context, left out a kind of step
+        context = min(c for _, c in QUICK_DECODES)
         raise UserError(f"the KV cache ({executor.num_blocks} blocks of {config.cache.block_size} tokens) is too small "
-                        "for the quick calibration that sizes CPU defaults (a decode at 256 tokens of context needs "
-                        f"{-(-256 // config.cache.block_size)} blocks): give a larger --num-blocks, or "
+                        f"for the quick calibration that sizes CPU defaults (a decode at {context} tokens of context "
+                        f"needs {-(-context // config.cache.block_size)} blocks): give a larger --num-blocks, or "
                         "--max-num-batched-tokens and --num-requests (and no --step-time-target), or run "
                         "`chunkbench profile` first")
     outputs = [step_output(step, config.cache.block_size) for step in grid]

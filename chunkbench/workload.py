@@ -88,9 +88,14 @@ MAX_SPAN_S = 1e9  # arrivals within ~30 years: float64 seconds keep microseconds
 MAX_REAL_WAIT_S = 7 * 86400  # on a real clock (the engine, a server) the arrivals are waited for: a week at most
 
 
+def arrival_span(requests: list["WorkloadRequest"]) -> float:
+    """Seconds from the run's start to its last arrival."""
+    return max((r.arrival_time for r in requests), default=0.0)
+
+
 def check_real_time(requests: list["WorkloadRequest"], where: str) -> None:
     """Refuse a workload whose arrivals would keep a real-clock run waiting for more than MAX_REAL_WAIT_S."""
-    span = max((r.arrival_time for r in requests), default=0.0)
+    span = arrival_span(requests)
     if span > MAX_REAL_WAIT_S:
         raise UserError(f"the workload's arrivals span {span:,.0f} s ({span / 86400:,.1f} days) of waiting on {where}; "
                         f"at most {MAX_REAL_WAIT_S // 86400} days: raise --rate, lower --time-scale, or simulate it "
@@ -271,7 +276,7 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
                     for i, r in enumerate(requests)]
     if spec.duration is not None:
         requests = [r for r in requests if r.arrival_time <= spec.duration]
-    span = max((r.arrival_time for r in requests), default=0.0)
+    span = arrival_span(requests)
     if span > MAX_SPAN_S:
         raise UserError(f"the workload's arrivals span {span:.3g} s; at most {MAX_SPAN_S:.0e} s (times are seconds in "
                         "floating point: far beyond, latencies are lost in rounding): raise --rate or lower "

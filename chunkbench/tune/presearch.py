@@ -33,7 +33,8 @@ from chunkbench.outputs import write_json
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.objectives import evaluate
-from chunkbench.tune.presearch_report import COMPARED, run_to_run_spread, write_presearch_outputs
+from chunkbench.tune.presearch_report import (COMPARED, drift_text, repeat_count, run_to_run_spread,
+                                              write_presearch_outputs)
 from chunkbench.tune.report import knobs_text, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, create_study, feasible_trials, open_storage, run_study
@@ -176,15 +177,12 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
                 default=0.0)
     if drift:
         off = abs(drift["ratio"] - 1) > cal.DRIFT_TOLERANCE
-        console.print(("[yellow]warning:[/] " if off else "") + f"server speed against the calibration: the decode "
-                      f"burst's median ITL {drift['median_itl_ms_now']:,.1f} ms now, "
-                      f"{drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})"
+        console.print(("[yellow]warning:[/] " if off else "") + drift_text(drift)
                       + ("; the host or device changed speed since: simulated and measured figures cannot agree "
                          "closer than that; calibrate again when it is steady" if off else ""), soft_wrap=True)
     noise = run_to_run_spread(verified)
     if noise is not None:
-        runs = max(len(row.get("repeats") or []) for row in verified)
-        console.print(f"measured: the median of {runs} runs per configuration; between runs of one "
+        console.print(f"measured: the median of {repeat_count(verified)} runs per configuration; between runs of one "
                       f"configuration a figure moved by up to {100 * noise:.0f}% (the server's own noise)",
                       soft_wrap=True)
     if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them
@@ -199,7 +197,7 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
 
 
 def verification_table(spec: TuneSpec, verified: list[dict]) -> Table:
-    runs = max((len(row.get("repeats") or []) for row in verified), default=0)
+    runs = repeat_count(verified)
     title = "verified by launching: simulated -> measured" + (f" (median of {runs} runs)" if runs > 1 else "")
     table = Table(title=title)
     for column in ["trial", "knobs", *(label for _, label in COMPARED), "SLAs met"]:

@@ -58,6 +58,17 @@ def run_to_run_spread(verified: list[dict]) -> float | None:
     return max(spreads, default=None)
 
 
+def repeat_count(verified: list[dict]) -> int:
+    """Runs per verified configuration (--verify-repeats, as the rows recorded it; 0 before any)."""
+    return max((len(row.get("repeats") or []) for row in verified), default=0)
+
+
+def drift_text(drift: dict) -> str:
+    """calibrate.drift_check's figures, in words."""
+    return (f"server speed against the calibration: the decode burst's median ITL {drift['median_itl_ms_now']:,.1f} "
+            f"ms now, {drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})")
+
+
 def _pct(s: float | None, m: float | None) -> str:
     return "-" if s is None or not m else f"{100 * (s - m) / m:+.1f}%"
 
@@ -89,10 +100,7 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path, dri
                             + "</td>" for k, _ in COMPARED)
             lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{esc(row['knobs'])}</td>"
                       f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
-        speed = ("" if not drift else
-                 f" Server speed against the calibration (the decode burst again, on the first verified launch): "
-                 f"median ITL {drift['median_itl_ms_now']:,.1f} ms now, {drift['median_itl_ms_calibrated']:,.1f} ms "
-                 f"when calibrated (x{drift['ratio']:.2f}).")
+        speed = f" On the first verified launch, {drift_text(drift)}." if drift else ""
         body += ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated "
                  "runs (--verify-repeats), each figure's median over them, and the lowest and highest run below it."
                  f"{esc(speed)}</p><table>"

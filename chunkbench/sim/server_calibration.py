@@ -81,17 +81,6 @@ class ServerCalibration:
             return False
         return self.workload_error_pct is None or (self.fit_error_pct or 0.0) <= 2 * FIT_TOLERANCE_PCT
 
-    def slowed(self, factor: float) -> "ServerCalibration":
-        """The same server running `factor` times slower (> 1: slower; a measured drift, calibrate.drift_check):
-        both peaks divided by it, both overheads multiplied. It assumes the whole server slowed evenly (a host
-        with a busy neighbour, a throttled device): the drift check measures decode steps, and prefill's compute
-        is scaled alike. On the cpu reference (no kernel floors) every simulated step is then exactly `factor`
-        times longer; on a GPU reference the kernel floors and the tensor-parallel link stay as they are."""
-        return dataclasses.replace(self, flops_scale=self.flops_scale / factor,
-                                   bandwidth_scale=self.bandwidth_scale / factor,
-                                   step_overhead_s=self.step_overhead_s * factor,
-                                   seq_overhead_s=self.seq_overhead_s * factor)
-
     def spec(self) -> GPUSpec:
         base, _ = reference(self.device)
         return dataclasses.replace(base, name=f"{self.device} (fitted)", bf16_flops=base.bf16_flops * self.flops_scale,

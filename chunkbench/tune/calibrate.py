@@ -138,14 +138,13 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
 
 
 def drift_check(spec: TuneSpec, calibrated: dict, serve, config) -> dict | None:
-    """Is the server as fast as when it was calibrated? The calibration's decode burst again (as recorded), on
-    each verified configuration's launch, after its measured runs: past its prompts (the primer and a dozen
-    short ones, which that configuration's budget and chunk caps may pace differently) the burst only decodes,
-    its batch draining from a dozen to one, and most of its ITLs are those decode steps, which no knob here
+    """Is the server as fast as when it was calibrated? The calibration's decode burst again (as recorded), on a
+    verified configuration's launch, after its measured runs: past its prompts (the primer and a dozen short
+    ones, which that configuration's budget and chunk caps may pace differently) the burst only decodes, its
+    batch draining from a dozen to one, and most of its ITLs are those decode steps, which no knob here
     changes. Its median ITL now over then is the server's change of speed (a host or GPU that slowed down, a
-    neighbour), measured, with no model in between; presearch simulates the verified configuration again at
-    that speed (ServerCalibration.slowed). None when this configuration cannot decode the burst together
-    (fewer seats or budget than its requests)."""
+    neighbour), measured, with no model in between. None when this configuration cannot decode the burst
+    together (fewer seats or budget than its requests)."""
     design = Design("decode", calibrated["knobs"], WorkloadSpec(**calibrated["workload"]),
                     tuple(calibrated.get("fitted", ())), calibrated.get("take"), calibrated.get("primer", 0))
     if min(config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) <= design.workload.num_requests:

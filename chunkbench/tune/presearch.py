@@ -7,8 +7,7 @@ trial (issue 18). Three phases, each resumable:
 3. verify: launch the `--verify-top K` best distinct configurations for real, each run `--verify-repeats`
    times on its launch; the winner is the best on the *measured* medians, and the report shows simulated
    against measured for each, the run-to-run spread, and whether the server still runs at the speed it was
-   calibrated at (calibrate.drift_check, on each verified launch, after its runs; the configuration is then
-   simulated again at the speed its launch measured).
+   calibrated at (calibrate.drift_check).
 
 A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
 tune launches every trial instead: recommending from a simulator that does not describe the server would be
@@ -34,8 +33,8 @@ from chunkbench.outputs import write_json
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.objectives import evaluate
-from chunkbench.tune.presearch_report import (COMPARED, drift_text, repeat_count, run_to_run_spread, simulated_for,
-                                              slowdown_text, write_presearch_outputs)
+from chunkbench.tune.presearch_report import (COMPARED, drift_text, repeat_count, run_to_run_spread,
+                                              write_presearch_outputs)
 from chunkbench.tune.report import knobs_text, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, create_study, feasible_trials, open_storage, run_study
@@ -89,20 +88,12 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
     return calibration
 
 
-def simulating(spec: TuneSpec, calibration: ServerCalibration) -> TuneSpec:
-    """The tune in the simulator under a server calibration: the search's, and each verified configuration's
-    again at its launch's speed."""
-    return dataclasses.replace(spec, backend=SimBackend(server_calibration=calibration))
-
-
 def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
                repeats: int = VERIFY_REPEATS, calibration: ServerCalibration | None = None) -> list[dict]:
     """Launch the k best distinct simulated configurations (the closest one when none met the SLAs), each
     measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome).
-    Each launch then runs calibrate.drift_check against the calibration's decode run, after its measured runs
-    (so no verified configuration gets an extra warm-up), and the configuration is simulated again slowed by
-    the factor it measured (`simulated_at_launch_speed`): the simulator's figures for the server as it ran then,
-    not as it ran when calibrated."""
+    The first launch that can also runs calibrate.drift_check against the calibration's decode run, after its
+    measured runs (so no verified configuration gets an extra warm-up)."""
     candidates, seen = [], set()
     for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
         key = knobs_text(trial)
@@ -111,26 +102,27 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             candidates.append(trial)
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     calibrated = next((r for r in (calibration.runs if calibration else []) if r.get("name") == "decode"), None)
+
+    def check_drift(serve, config) -> None:
+        if calibrated is not None and "drift" not in state.data:
+            drift = cal.drift_check(spec, calibrated, serve, config)
+            if drift is not None:
+                state.data["drift"] = drift  # saved with this configuration's figures
     results = []
     for trial in candidates:
         key = knobs_text(trial)
         if key not in state.data["verified"]:
             console.print(f"verifying trial {trial.number} ({key}) on a launched server ...")
-            drifts = []
             outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats,
-                               after=lambda serve, config: drifts.append(
-                                   cal.drift_check(spec, calibrated, serve, config) if calibrated else None))
+                               after=check_drift)
             state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
                                            "constraints": outcome.constraints, "feasible": outcome.feasible,
-                                           "repeats": outcome.repeats, "drift": drifts[0] if drifts else None}
+                                           "repeats": outcome.repeats}
             state.save()
-        row = {"trial": trial.number, "knobs": key, "engine_knobs": trial.user_attrs["knobs"],
-               "simulated": trial.user_attrs["metrics"],
-               "sim_feasible": all(v <= 0 for v in trial.constraints.values())} | state.data["verified"][key]
-        if row.get("drift") and calibration is not None:
-            slowed = simulating(spec, calibration.slowed(row["drift"]["ratio"]))
-            row["simulated_at_launch_speed"] = evaluate(slowed, trial.user_attrs["knobs"], workload).metrics
-        results.append(row)
+        results.append({"trial": trial.number, "knobs": key, "engine_knobs": trial.user_attrs["knobs"],
+                        "simulated": trial.user_attrs["metrics"],
+                        "sim_feasible": all(v <= 0 for v in trial.constraints.values())}
+                       | state.data["verified"][key])
     # The winner is the best on the measured figures: SLAs met first, then the objective.
     results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
     return results
@@ -166,7 +158,7 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
         return result
     state.data["mode"] = "presearch sim"
     state.save()
-    sim_spec = simulating(spec, calibration)
+    sim_spec = dataclasses.replace(spec, backend=SimBackend(server_calibration=calibration))
     storage_url = storage_url or f"sqlite:///{out / 'study.db'}"
     storage = open_storage(storage_url)
     study = create_study(sim_spec, name, storage)
@@ -175,20 +167,19 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
     verified = verify_top(spec, study, launch, state, verify, repeats, calibration)
     winner = verified[0] if verified else None
+    drift = state.data.get("drift")
     write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command)
-    write_presearch_outputs(spec, out, calibration, verified, winner, command)
+    write_presearch_outputs(spec, out, calibration, verified, winner, command, drift)
     console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))
     console.print(verification_table(spec, verified))
-    worst = max((abs(s - m) / m for r in verified for s, m in ((simulated_for(r).get(k), r["metrics"].get(k))
+    worst = max((abs(s - m) / m for r in verified for s, m in ((r["simulated"].get(k), r["metrics"].get(k))
                                                                for k, _ in COMPARED) if s is not None and m),
                 default=0.0)
-    slowdowns = [r["drift"]["ratio"] for r in verified if r.get("drift")]
-    if slowdowns:
-        off = max(abs(factor - 1) for factor in slowdowns) > cal.DRIFT_TOLERANCE
-        console.print(("[yellow]warning:[/] " if off else "") + drift_text(verified)
-                      + ("; the host or device changed speed since it was calibrated: those configurations were "
-                         "simulated again at their launch's speed (the table's figures); calibrate again when it "
-                         "is steady" if off else ""), soft_wrap=True)
+    if drift:
+        off = abs(drift["ratio"] - 1) > cal.DRIFT_TOLERANCE
+        console.print(("[yellow]warning:[/] " if off else "") + drift_text(drift)
+                      + ("; the host or device changed speed since: simulated and measured figures cannot agree "
+                         "closer than that; calibrate again when it is steady" if off else ""), soft_wrap=True)
     noise = run_to_run_spread(verified)
     if noise is not None:
         console.print(f"measured: the median of {repeat_count(verified)} runs per configuration; between runs of one "
@@ -208,16 +199,14 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
 def verification_table(spec: TuneSpec, verified: list[dict]) -> Table:
     runs = repeat_count(verified)
     title = "verified by launching: simulated -> measured" + (f" (median of {runs} runs)" if runs > 1 else "")
-    if any("simulated_at_launch_speed" in row for row in verified):
-        title += "; simulated at the launch's speed where its slowdown was measured"
     table = Table(title=title)
-    for column in ["trial", "knobs", "slowdown", *(label for _, label in COMPARED), "SLAs met"]:
+    for column in ["trial", "knobs", *(label for _, label in COMPARED), "SLAs met"]:
         table.add_column(column, justify="left" if column == "knobs" else "right")
     for row in verified:
         cells = []
         for key, _ in COMPARED:
-            s, m = simulated_for(row).get(key), row["metrics"].get(key)
+            s, m = row["simulated"].get(key), row["metrics"].get(key)
             cells.append("-" if s is None or m is None else
                          f"{s:,.2f} -> {m:,.2f} ({100 * (s - m) / m:+.0f}%)" if m else f"{s:,.2f} -> {m:,.2f}")
-        table.add_row(str(row["trial"]), row["knobs"], slowdown_text(row), *cells, "yes" if row["feasible"] else "NO")
+        table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO")
     return table

@@ -63,34 +63,17 @@ def repeat_count(verified: list[dict]) -> int:
     return max((len(row.get("repeats") or []) for row in verified), default=0)
 
 
-def simulated_for(row: dict) -> dict:
-    """A verified configuration's simulated figures to hold against its measured ones: simulated again at the
-    speed its launch measured (calibrate.drift_check) where it was measured, else as the search simulated it."""
-    return row.get("simulated_at_launch_speed") or row["simulated"]
-
-
-def slowdown_text(row: dict) -> str:
-    """How much slower than when calibrated a verified configuration's launch ran ("-": not measured)."""
-    return f"x{row['drift']['ratio']:.2f}" if row.get("drift") else "-"
-
-
-def drift_text(verified: list[dict]) -> str:
-    """calibrate.drift_check's figures of the verified launches that made it, in words ('' when none did)."""
-    checked = [row for row in verified if row.get("drift")]
-    if not checked:
-        return ""
-    launches = ", ".join(f"trial {row['trial']} {row['drift']['median_itl_ms_now']:,.1f} ms ({slowdown_text(row)})"
-                         for row in checked)
-    return (f"server speed against the calibration: the decode burst's median ITL was "
-            f"{checked[0]['drift']['median_itl_ms_calibrated']:,.1f} ms when calibrated; after each verified "
-            f"configuration's runs, on its launch: {launches}")
+def drift_text(drift: dict) -> str:
+    """calibrate.drift_check's figures, in words."""
+    return (f"server speed against the calibration: the decode burst's median ITL {drift['median_itl_ms_now']:,.1f} "
+            f"ms now, {drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})")
 
 
 def _pct(s: float | None, m: float | None) -> str:
     return "-" if s is None or not m else f"{100 * (s - m) / m:+.1f}%"
 
 
-def section(calibration: ServerCalibration, verified: list[dict], out: Path) -> str:
+def section(calibration: ServerCalibration, verified: list[dict], out: Path, drift: dict | None = None) -> str:
     esc = html.escape
     verdict = ("fits: searching in simulation" if calibration.fits else
                f"fits BADLY (limits: {FIT_TOLERANCE_PCT:g}% on the tune's workload, {2 * FIT_TOLERANCE_PCT:g}% over "
@@ -111,33 +94,25 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path) -> 
         head = "".join(f"<th>{label}: simulated / measured</th>" for _, label in COMPARED)
         lines = ""
         for i, row in enumerate(verified):
-            cells = ""
-            for k, _ in COMPARED:
-                s, m = simulated_for(row).get(k), row["metrics"].get(k)
-                cells += ("<td>" + ("-" if s is None or m is None else f"{s:,.2f} / {m:,.2f} ({_pct(s, m)})")
-                          + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
-                          + (f"<br>at the calibration's speed {row['simulated'][k]:,.2f}"
-                             if "simulated_at_launch_speed" in row and k in row["simulated"] else "") + "</td>")
+            cells = "".join(f"<td>{row['simulated'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
+                            f"({_pct(row['simulated'].get(k), row['metrics'].get(k))})"
+                            + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
+                            + "</td>" for k, _ in COMPARED)
             lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{esc(row['knobs'])}</td>"
-                      f"<td>{slowdown_text(row)}</td>{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
-        drift = drift_text(verified)
+                      f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
+        speed = f" On the first verified launch, {drift_text(drift)}." if drift else ""
         body += ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated "
-                 "runs (--verify-repeats), each figure's median over them, and the lowest and highest run below it. "
-                 "After its runs, each launch reran the calibration's decode burst: its median ITL over the "
-                 "calibration's (slowdown) is how much the host or device changed speed since, and that "
-                 "configuration was simulated again at that speed (simulated; below it, as the search simulated it "
-                 "at the calibration's speed). The slowdown is measured once, after the runs: a host whose speed "
-                 f"moves within them moves the measured figures past it.{esc(' The ' + drift + '.' if drift else '')}"
-                 f"</p><table><tr><th>trial</th><th>knobs</th><th>slowdown</th>{head}"
-                 f"<th>SLAs met (measured)</th></tr>{lines}</table>")
+                 "runs (--verify-repeats), each figure's median over them, and the lowest and highest run below it."
+                 f"{esc(speed)}</p><table>"
+                 f"<tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th></tr>{lines}</table>")
     return body
 
 
 def write_presearch_outputs(spec: TuneSpec, out: Path, calibration: ServerCalibration, verified: list[dict],
-                            winner: dict | None, command: str = "") -> None:
+                            winner: dict | None, command: str = "", drift: dict | None = None) -> None:
     plot_calibration(calibration, out / "calibration.png")
     report = out / "report.html"
-    body = section(calibration, verified, out)
+    body = section(calibration, verified, out, drift)
     if report.exists():
         text = report.read_text()
         write_text(text.replace("\n</body>", "\n" + body + "\n</body>", 1), report)

@@ -130,26 +130,23 @@ def measure_design(backend: Backend, spec: TuneSpec, design: Design) -> dict:
 
 
 def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dict:
-    """Run one design on a session's server (measure_design; drift_check runs one on another config's)."""
+    """Run one design on a session's server."""
     workload = design_requests(asdict(design.workload), design.take, design.primer, max_model_len)
     result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=design.name)
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "primer": design.primer, "fitted": list(design.fitted)} | run_figures(result)
 
 
-def drift_check(spec: TuneSpec, calibrated: dict, serve, config) -> dict | None:
-    """Is the server as fast as when it was calibrated? The calibration's decode burst again (as recorded), on a
-    verified configuration's launch, after its measured runs: past its prompts (the primer and a dozen short
-    ones, which that configuration's budget and chunk caps may pace differently) the burst only decodes, its
-    batch draining from a dozen to one, and most of its ITLs are those decode steps, which no knob here
-    changes. Its median ITL now over then is the server's change of speed (a host or GPU that slowed down, a
-    neighbour), measured, with no model in between. None when this configuration cannot decode the burst
-    together (fewer seats or budget than its requests)."""
+def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | None:
+    """Is the server as fast as when it was calibrated? The calibration's decode run again, as recorded, on a
+    launch of its own (the same configuration, and like it the first run on a fresh server: on `chunkbench
+    serve` the first run of a launch is the slowest, so a check after other runs reads a warm server against
+    a cold one, x0.78-0.86 on a steady host). Its median ITL now over then is the server's change of speed (a
+    host or GPU that slowed down, a neighbour), measured, with no model in between. None when a run has no
+    ITLs."""
     design = Design("decode", calibrated["knobs"], WorkloadSpec(**calibrated["workload"]),
                     tuple(calibrated.get("fitted", ())), calibrated.get("take"), calibrated.get("primer", 0))
-    if min(config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) <= design.workload.num_requests:
-        return None
-    now = run_design(serve, spec, design, config.scheduler.max_model_len)
+    now = measure_design(backend, spec, design)
     if not now["itl_ms"] or not calibrated.get("itl_ms"):
         return None
     then_ms, now_ms = float(np.median(calibrated["itl_ms"])), float(np.median(now["itl_ms"]))

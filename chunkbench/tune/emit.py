@@ -81,7 +81,8 @@ def chunkbench_flags(config: EngineConfig) -> str:
         if value in (None, (), False) or value == knob.default:
             continue
         flag = knob.cli_flags[0].split("/")[0]
-        flags.append(flag if value is True else f"{flag} {','.join(map(str, value)) if isinstance(value, tuple) else value}")
+        text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        flags.append(flag if value is True else f"{flag} {text}")
     return " ".join(flags)
 
 

@@ -23,12 +23,10 @@ METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p
 
 
 def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
-             progress: bool = False, capacity_hint: float | None = None, repeats: int = 1,
-             after=None) -> TrialOutcome:
+             progress: bool = False, capacity_hint: float | None = None, repeats: int = 1) -> TrialOutcome:
     """Run one configuration (engine keyword arguments) against the SLAs. `capacity_hint`: a capacity found
     for another configuration, where the capacity search starts (see _capacity). `repeats` > 1 runs it that
-    many times in one session (one launched server) and scores the medians (median_outcome). `after(serve,
-    config)` runs last in the same session (presearch's drift check)."""
+    many times in one session (one launched server) and scores the medians (median_outcome)."""
     config = spec.base_config(**knobs)
     backend = backend or spec.backend
     options = dict(goodput_ms=goodput_slos(spec.slos), seed=spec.seed, percentiles=[s.percentile for s in spec.slos],
@@ -46,8 +44,6 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
 
     with backend.session(config) as serve:
         outcomes = [once(serve) for _ in range(repeats)]
-        if after is not None:
-            after(serve, config)
     return outcomes[0] if repeats == 1 else median_outcome(outcomes)
 
 

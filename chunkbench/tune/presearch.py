@@ -7,7 +7,7 @@ trial (issue 18). Three phases, each resumable:
 3. verify: launch the `--verify-top K` best distinct configurations for real, each run `--verify-repeats`
    times on its launch; the winner is the best on the *measured* medians, and the report shows simulated
    against measured for each, the run-to-run spread, and whether the server still runs at the speed it was
-   calibrated at (calibrate.drift_check).
+   calibrated at (calibrate.drift_check, the calibration's decode run on a launch of its own, last).
 
 A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
 tune launches every trial instead: recommending from a simulator that does not describe the server would be
@@ -92,8 +92,7 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
                repeats: int = VERIFY_REPEATS, calibration: ServerCalibration | None = None) -> list[dict]:
     """Launch the k best distinct simulated configurations (the closest one when none met the SLAs), each
     measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome).
-    The first launch that can also runs calibrate.drift_check against the calibration's decode run, after its
-    measured runs (so no verified configuration gets an extra warm-up)."""
+    Then calibrate.drift_check launches the calibration's decode run once more, on a launch of its own."""
     candidates, seen = [], set()
     for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
         key = knobs_text(trial)
@@ -101,20 +100,12 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             seen.add(key)
             candidates.append(trial)
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
-    calibrated = next((r for r in (calibration.runs if calibration else []) if r.get("name") == "decode"), None)
-
-    def check_drift(serve, config) -> None:
-        if calibrated is not None and "drift" not in state.data:
-            drift = cal.drift_check(spec, calibrated, serve, config)
-            if drift is not None:
-                state.data["drift"] = drift  # saved with this configuration's figures
     results = []
     for trial in candidates:
         key = knobs_text(trial)
         if key not in state.data["verified"]:
             console.print(f"verifying trial {trial.number} ({key}) on a launched server ...")
-            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats,
-                               after=check_drift)
+            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
             state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
                                            "constraints": outcome.constraints, "feasible": outcome.feasible,
                                            "repeats": outcome.repeats}
@@ -123,6 +114,11 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
                         "simulated": trial.user_attrs["metrics"],
                         "sim_feasible": all(v <= 0 for v in trial.constraints.values())}
                        | state.data["verified"][key])
+    calibrated = next((r for r in (calibration.runs if calibration else []) if r.get("name") == "decode"), None)
+    if calibrated is not None and "drift" not in state.data:
+        console.print("checking the server's speed against the calibration (its decode run again) ...")
+        state.data["drift"] = cal.drift_check(launch, spec, calibrated)
+        state.save()
     # The winner is the best on the measured figures: SLAs met first, then the objective.
     results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
     return results

@@ -100,7 +100,7 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path, dri
                             + "</td>" for k, _ in COMPARED)
             lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{esc(row['knobs'])}</td>"
                       f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
-        speed = f" On the first verified launch, {drift_text(drift)}." if drift else ""
+        speed = f" After the verifications, on a launch of its own, {drift_text(drift)}." if drift else ""
         body += ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated "
                  "runs (--verify-repeats), each figure's median over them, and the lowest and highest run below it."
                  f"{esc(speed)}</p><table>"

@@ -80,7 +80,7 @@ def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
 
     again = FakeServer(server_calibration=TRUTH)
     presearch_tune(spec, "resume", None, tmp_path, 2, again, progress=False)
-    assert again.launches == 1  # only the verification that had not finished
+    assert again.launches == 2  # only the verification that had not finished, then the drift check's launch
     state = json.loads((tmp_path / "presearch.json").read_text())
     assert len(state["verified"]) == 2 and state["mode"] == "presearch sim"
     assert state["drift"]["ratio"] == pytest.approx(1.0, abs=0.02)  # the same server: the same decode steps
@@ -97,20 +97,21 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     path = tmp_path / "server.json"
     first = FakeServer(server_calibration=TRUTH)
     presearch_tune(spec, "first", None, tmp_path / "a", 1, first, calibration_path=path, progress=False)
-    assert path.exists() and first.launches == len(designs(spec)) + 1
+    assert path.exists() and first.launches == len(designs(spec)) + 2  # + the verification and the drift check
     second = FakeServer(server_calibration=TRUTH)
     presearch_tune(spec, "second", None, tmp_path / "b", 1, second, calibration_path=path, progress=False)
-    assert second.launches == 1  # the verification only
+    assert second.launches == 2  # the verification and the drift check only
 
 
 @dataclasses.dataclass
 class DriftingServer(FakeServer):
-    """A host that changes speed after the calibration's launches (`steady`): the runs of a later launch get
-    these multiples of the true step overhead, in turn (the first verified launch runs the drift check's decode
-    burst after its measured runs)."""
+    """A host that changes speed after the calibration's launches (`steady` of them): the runs of the next
+    launch get these multiples of the true step overhead, in turn, and every launch after it `then` times (the
+    drift check's, last)."""
 
     steady: int = 0
-    drift: tuple[float, ...] = (1.0, 3.0, 2.0, 5.0)
+    drift: tuple[float, ...] = (1.0, 3.0, 2.0)
+    then: float = 5.0
 
     @contextlib.contextmanager
     def session(self, config):
@@ -118,11 +119,12 @@ class DriftingServer(FakeServer):
             with super().session(config) as serve:
                 yield serve
             return
+        factors = self.drift if self.launches == self.steady else (self.then,)
         self.launches += 1
         with contextlib.ExitStack() as stack:
             serves = [stack.enter_context(SimBackend(server_calibration=dataclasses.replace(
                 self.server_calibration, step_overhead_s=f * self.server_calibration.step_overhead_s)).session(config))
-                for f in self.drift]
+                for f in factors]
             runs = itertools.count()
             yield lambda *args, **kwargs: serves[next(runs) % len(serves)](*args, **kwargs)
 
@@ -130,11 +132,11 @@ class DriftingServer(FakeServer):
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
     """--verify-repeats 3: three runs on one launched server, each figure scored by its median (the 2x run's
     here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown; the
-    drift check after them ran slow (5x the step overhead): said, in a warning."""
+    drift check's launch after it ran slow (5x the step overhead): said, in a warning."""
     spec = make_spec(n_trials=3)
     server = DriftingServer(server_calibration=TRUTH, steady=len(designs(spec)))
     presearch_tune(spec, "repeats", None, tmp_path, 1, server, progress=False, repeats=3)
-    assert server.launches == len(designs(spec)) + 1  # calibration runs are one run per launch: the 1x ones
+    assert server.launches == len(designs(spec)) + 2  # calibration runs are one run per launch: the 1x ones
     state = json.loads((tmp_path / "presearch.json").read_text())
     assert state["drift"]["ratio"] > 1.3  # 5x the step overhead, about a seventh of a decode step of TRUTH
     (row,) = state["verified"].values()

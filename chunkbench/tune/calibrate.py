@@ -141,7 +141,7 @@ def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | No
     """Is the server as fast as when it was calibrated? The calibration's decode run again, as recorded, on a
     launch of its own (the same configuration, and like it the first run on a fresh server: on `chunkbench
     serve` the first run of a launch is the slowest, so a check after other runs reads a warm server against
-    a cold one, x0.78-0.86 on a steady host). Its median ITL now over then is the server's change of speed (a
+    a cold one: x0.75-0.89 in four tunes here). Its median ITL now over then is the server's change of speed (a
     host or GPU that slowed down, a neighbour), measured, with no model in between. None when a run has no
     ITLs."""
     design = Design("decode", calibrated["knobs"], WorkloadSpec(**calibrated["workload"]),

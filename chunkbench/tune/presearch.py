@@ -7,7 +7,7 @@ trial (issue 18). Three phases, each resumable:
 3. verify: launch the `--verify-top K` best distinct configurations for real, each run `--verify-repeats`
    times on its launch; the winner is the best on the *measured* medians, and the report shows simulated
    against measured for each, the run-to-run spread, and whether the server still runs at the speed it was
-   calibrated at (calibrate.drift_check, the calibration's decode run on a launch of its own, last).
+   calibrated at (check_drift: the calibration's decode run on a launch of its own, last).
 
 A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
 tune launches every trial instead: recommending from a simulator that does not describe the server would be
@@ -89,10 +89,9 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
 
 
 def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
-               repeats: int = VERIFY_REPEATS, calibration: ServerCalibration | None = None) -> list[dict]:
+               repeats: int = VERIFY_REPEATS) -> list[dict]:
     """Launch the k best distinct simulated configurations (the closest one when none met the SLAs), each
-    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome).
-    Then calibrate.drift_check launches the calibration's decode run once more, on a launch of its own."""
+    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome)."""
     candidates, seen = [], set()
     for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
         key = knobs_text(trial)
@@ -114,14 +113,20 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
                         "simulated": trial.user_attrs["metrics"],
                         "sim_feasible": all(v <= 0 for v in trial.constraints.values())}
                        | state.data["verified"][key])
-    calibrated = next((r for r in (calibration.runs if calibration else []) if r.get("name") == "decode"), None)
+    # The winner is the best on the measured figures: SLAs met first, then the objective.
+    results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
+    return results
+
+
+def check_drift(spec: TuneSpec, launch: Backend, state: State, calibration: ServerCalibration) -> dict | None:
+    """calibrate.drift_check, once per tune, after the verifications: the calibration's decode run launched once
+    more, recorded in presearch.json (a resumed tune does not repeat it)."""
+    calibrated = next((r for r in calibration.runs if r.get("name") == "decode"), None)
     if calibrated is not None and "drift" not in state.data:
         console.print("checking the server's speed against the calibration (its decode run again) ...")
         state.data["drift"] = cal.drift_check(launch, spec, calibrated)
         state.save()
-    # The winner is the best on the measured figures: SLAs met first, then the objective.
-    results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
-    return results
+    return state.data.get("drift")
 
 
 def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path, verify: int, launch: Backend,
@@ -161,9 +166,9 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     search_started = time.monotonic()
     run_study(sim_spec, study, storage, storage_url)
     console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
-    verified = verify_top(spec, study, launch, state, verify, repeats, calibration)
+    verified = verify_top(spec, study, launch, state, verify, repeats)
     winner = verified[0] if verified else None
-    drift = state.data.get("drift")
+    drift = check_drift(spec, launch, state, calibration)
     write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command)
     write_presearch_outputs(spec, out, calibration, verified, winner, command, drift)
     console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))

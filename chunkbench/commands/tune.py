@@ -44,16 +44,18 @@ def tune(
     cost_model: CostModelPath = None,
     engine_overhead: EngineOverhead = None,
     verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
-                                            "when the model runs on this device; --presearch sim: launch the best "
-                                            "N distinct configurations and pick the winner on those measurements."
-                                            )] = 3,
+                                            "when the model runs on this device. --backend launch: relaunch the "
+                                            "best N distinct configurations, run each --verify-repeats times, and "
+                                            "pick the winner on those medians (the best of many single runs is "
+                                            "partly the luckiest; 0: it wins).")] = 3,
     presearch: Annotated[str, typer.Option(help="--backend launch: 'sim' calibrates the simulator on a few "
                                            "launches of the server, searches in simulation and launches only "
                                            "the --verify-top best; 'none' launches every trial.")] = "none",
     verify_repeats: Annotated[Optional[int], typer.Option(
-        help="--presearch sim: run the workload this many times on each verified configuration's launched server "
-             "and judge it by the medians (a p99 of a short run moves between runs of one server; one launch per "
-             "configuration all the same). Default 3.")] = None,
+        help="--backend launch: run the workload this many times on each re-measured (--verify-top) "
+             "configuration's launched server and judge it by the medians (a p99 of a short run moves between runs "
+             "of one server; one launch per configuration all the same; with --objective capacity each run is a "
+             "whole bisection). Default 3.")] = None,
     calibration: Annotated[Optional[Path], typer.Option(help="--presearch sim: a server calibration (JSON) to "
                                                         "reuse for the same deployment; written there after "
                                                         "calibrating when the file does not exist.")] = None,
@@ -87,6 +89,7 @@ def tune(
     from chunkbench.tune.run import study_folder, tune_and_report
     from chunkbench.tune.space import SearchSpace
     from chunkbench.tune.spec import OBJECTIVES, TuneSpec, default_study_name
+    from chunkbench.tune.verify import VERIFY_REPEATS
     from chunkbench.workload import WorkloadSpec, build_workload
 
     slos = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el}, sla_percentile)
@@ -101,8 +104,8 @@ def tune(
     check_number("--verify-top", verify_top, low=0)
     if verify_repeats is not None:
         check_number("--verify-repeats", verify_repeats, low=1, integer=True)
-        if presearch != "sim":
-            raise UserError("--verify-repeats counts the verification runs of --presearch sim")
+        if backend != "launch":
+            raise UserError("--verify-repeats counts the re-measurement runs of --backend launch")
     check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
     check_number("--launch-timeout", launch_timeout, low=0, low_open=True)
     if presearch not in ("none", "sim"):
@@ -132,16 +135,17 @@ def tune(
     build_workload(spec_workload)  # a bad workload fails here, before anything is written
     name = study or default_study_name(spec)
     if presearch == "sim":
-        from chunkbench.tune.presearch import VERIFY_REPEATS, presearch_tune
+        from chunkbench.tune.presearch import presearch_tune
 
         check_number("--verify-top", verify_top, low=1)
         presearch_tune(spec, name, storage, out or study_folder(name), verify_top, resolved.backend, calibration,
                        device=gpu or "cpu", progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]),
                        repeats=verify_repeats or VERIFY_REPEATS)
         return
-    tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify else 0,
+    relaunch = resolved.backend.kind == "launch"
+    tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify or relaunch else 0,
                     progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]), jobs=jobs,
-                    backend_note=resolved.note)
+                    backend_note=resolved.note, repeats=verify_repeats or VERIFY_REPEATS)
 
 
 def register(app: typer.Typer) -> None:

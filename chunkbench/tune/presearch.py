@@ -4,56 +4,40 @@ trial (issue 18). Three phases, each resumable:
 1. calibrate: launch the server for the designed runs of tune/calibrate.py and fit the simulator to them
    (or load `--calibration FILE`, fitted before on the same deployment);
 2. search: every trial of the study in simulation with that calibration (seconds each);
-3. verify: launch the `--verify-top K` best distinct configurations for real, each run `--verify-repeats`
-   times on its launch; the winner is the best on the *measured* medians, and the report shows simulated
-   against measured for each, the run-to-run spread, and whether the server still runs at the speed it was
-   calibrated at (check_drift: the calibration's decode run on a launch of its own, last).
+3. verify (tune/verify.py): launch the `--verify-top K` best distinct configurations for real, each run
+   `--verify-repeats` times on its launch; the winner is the best on the *measured* medians, and the report
+   shows simulated against measured for each, the run-to-run spread, and whether the server still runs at the
+   speed it was calibrated at (check_drift: the calibration's decode run on a launch of its own, last).
 
 A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
-tune launches every trial instead: recommending from a simulator that does not describe the server would be
-worse than slow. Finished launches (calibration runs, verifications) are recorded in `presearch.json` in the
-study folder as they finish, so a killed tune resumes without repeating them; the simulated trials resume as
-any study does (Optuna keeps complete trials).
+tune launches every trial instead (then re-measures the best, as such a tune does): recommending from a
+simulator that does not describe the server would be worse than slow. Finished launches (calibration runs,
+verifications) are recorded in `presearch.json` in the study folder as they finish, so a killed tune resumes
+without repeating them; the simulated trials resume as any study does (Optuna keeps complete trials).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 import optuna
 from rich.console import Console
-from rich.table import Table
 
 from chunkbench.backends import Backend, SimBackend
 from chunkbench.errors import UserError
-from chunkbench.outputs import write_json
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
-from chunkbench.tune.objectives import evaluate
-from chunkbench.tune.presearch_report import (COMPARED, drift_text, repeat_count, run_to_run_spread,
-                                              write_presearch_outputs)
-from chunkbench.tune.report import knobs_text, results_table, write_outputs
+from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
+from chunkbench.tune.report import results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.tune.study import closest_trial, create_study, feasible_trials, open_storage, run_study
-from chunkbench.workload import build_workload
+from chunkbench.tune.study import create_study, open_storage, run_study
+from chunkbench.tune.verify import (COMPARED, VERIFY_REPEATS, State, spread_line, verification_table,
+                                     verify_top)
 
 console = Console()
 STATE_FILE = "presearch.json"
-VERIFY_REPEATS = 3  # --verify-repeats: an odd count, so each median is a figure one run measured
-
-
-class State:
-    """presearch.json: each finished launch, written the moment it finishes (atomically)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data = json.loads(path.read_text()) if path.exists() else {"calibration_runs": [], "verified": {}}
-
-    def save(self) -> None:
-        write_json(self.data, self.path)
 
 
 def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, path: Path | None,
@@ -64,7 +48,7 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
         return ServerCalibration.load(path)
     if (out / "calibration.json").exists():
         return ServerCalibration.load(out / "calibration.json")
-    runs = {r["name"]: r for r in state.data["calibration_runs"]}
+    runs = {r["name"]: r for r in state.data.setdefault("calibration_runs", [])}
     for design in cal.designs(spec):
         if design.name in runs:
             continue  # launched before this process: its figures are in presearch.json
@@ -86,36 +70,6 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
     if path is not None:
         calibration.save(path)
     return calibration
-
-
-def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
-               repeats: int = VERIFY_REPEATS) -> list[dict]:
-    """Launch the k best distinct simulated configurations (the closest one when none met the SLAs), each
-    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome)."""
-    candidates, seen = [], set()
-    for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
-        key = knobs_text(trial)
-        if key not in seen and len(candidates) < k:
-            seen.add(key)
-            candidates.append(trial)
-    workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
-    results = []
-    for trial in candidates:
-        key = knobs_text(trial)
-        if key not in state.data["verified"]:
-            console.print(f"verifying trial {trial.number} ({key}) on a launched server ...")
-            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
-            state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
-                                           "constraints": outcome.constraints, "feasible": outcome.feasible,
-                                           "repeats": outcome.repeats}
-            state.save()
-        results.append({"trial": trial.number, "knobs": key, "engine_knobs": trial.user_attrs["knobs"],
-                        "simulated": trial.user_attrs["metrics"],
-                        "sim_feasible": all(v <= 0 for v in trial.constraints.values())}
-                       | state.data["verified"][key])
-    # The winner is the best on the measured figures: SLAs met first, then the objective.
-    results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
-    return results
 
 
 def check_drift(spec: TuneSpec, launch: Backend, state: State, calibration: ServerCalibration) -> dict | None:
@@ -153,9 +107,9 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
                       "server; launching every trial instead", soft_wrap=True)
         state.data["mode"] = "launch every trial"
         state.save()
-        result = tune_and_report(dataclasses.replace(spec, backend=launch), name, storage_url, out, 0,
-                                 progress=progress, command=command)
-        write_presearch_outputs(spec, out, calibration, [], None)
+        result = tune_and_report(dataclasses.replace(spec, backend=launch), name, storage_url, out, verify,
+                                 progress=progress, command=command, repeats=repeats)
+        write_presearch_outputs(out, calibration, [])
         return result
     state.data["mode"] = "presearch sim"
     state.save()
@@ -169,11 +123,11 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     verified = verify_top(spec, study, launch, state, verify, repeats)
     winner = verified[0] if verified else None
     drift = check_drift(spec, launch, state, calibration)
-    write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command)
-    write_presearch_outputs(spec, out, calibration, verified, winner, command, drift)
+    write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command, measured=winner)
+    write_presearch_outputs(out, calibration, verified, drift)
     console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))
-    console.print(verification_table(spec, verified))
-    worst = max((abs(s - m) / m for r in verified for s, m in ((r["simulated"].get(k), r["metrics"].get(k))
+    console.print(verification_table(verified, "simulated"))
+    worst = max((abs(s - m) / m for r in verified for s, m in ((r["searched"].get(k), r["metrics"].get(k))
                                                                for k, _ in COMPARED) if s is not None and m),
                 default=0.0)
     if drift:
@@ -181,11 +135,8 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
         console.print(("[yellow]warning:[/] " if off else "") + drift_text(drift)
                       + ("; the host or device changed speed since: simulated and measured figures cannot agree "
                          "closer than that; calibrate again when it is steady" if off else ""), soft_wrap=True)
-    noise = run_to_run_spread(verified)
-    if noise is not None:
-        console.print(f"measured: the median of {repeat_count(verified)} runs per configuration; between runs of one "
-                      f"configuration a figure moved by up to {100 * noise:.0f}% (the server's own noise)",
-                      soft_wrap=True)
+    if spread_line(verified):
+        console.print(spread_line(verified), soft_wrap=True)
     if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them
         console.print(f"warning: on the verified configurations simulated and measured figures differ by up to "
                       f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
@@ -195,19 +146,3 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
                       + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
     console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
     return out
-
-
-def verification_table(spec: TuneSpec, verified: list[dict]) -> Table:
-    runs = repeat_count(verified)
-    title = "verified by launching: simulated -> measured" + (f" (median of {runs} runs)" if runs > 1 else "")
-    table = Table(title=title)
-    for column in ["trial", "knobs", *(label for _, label in COMPARED), "SLAs met"]:
-        table.add_column(column, justify="left" if column == "knobs" else "right")
-    for row in verified:
-        cells = []
-        for key, _ in COMPARED:
-            s, m = row["simulated"].get(key), row["metrics"].get(key)
-            cells.append("-" if s is None or m is None else
-                         f"{s:,.2f} -> {m:,.2f} ({100 * (s - m) / m:+.0f}%)" if m else f"{s:,.2f} -> {m:,.2f}")
-        table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO")
-    return table

@@ -1,6 +1,5 @@
 """What `tune --presearch sim` adds to the study folder: calibration.png (measured against fitted CDFs of TTFT,
-ITL and E2EL, per calibration run), a "Calibration and verification" section in report.html, and the config files
-rewritten for the winner on *measured* figures (tune/report.py writes them for the simulated best first)."""
+ITL and E2EL, per calibration run) and a "Calibration and verification" section in report.html."""
 
 from __future__ import annotations
 
@@ -9,15 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkbench.outputs import write_figure, write_text
-from chunkbench.report import embedded_png, html_page, pyplot
+from chunkbench.outputs import write_figure
+from chunkbench.report import embedded_png, pyplot
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
-from chunkbench.tune import emit
 from chunkbench.tune.calibrate import stats
-from chunkbench.tune.spec import TuneSpec
+from chunkbench.tune.verify import add_to_report, verified_section
 
 FIGURES = [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)")]  # per calibration run
-COMPARED = [("request_goodput", "goodput (req/s)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_itl_ms", "p99 ITL (ms)")]
 
 
 def plot_calibration(calibration: ServerCalibration, path: Path) -> None:
@@ -43,24 +40,6 @@ def plot_calibration(calibration: ServerCalibration, path: Path) -> None:
     fig.tight_layout()
     write_figure(fig, path)
     plt.close(fig)
-
-
-def measured_range(row: dict, key: str) -> tuple[float, float] | None:
-    """The lowest and highest of a verified configuration's repeated runs for one figure (None: one run)."""
-    values = [run[key] for run in row.get("repeats") or [] if run.get(key) is not None]
-    return (min(values), max(values)) if len(values) > 1 else None
-
-
-def run_to_run_spread(verified: list[dict]) -> float | None:
-    """The largest (highest - lowest) / median of a compared figure over one configuration's repeated runs."""
-    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in COMPARED
-               if (span := measured_range(row, key)) and row["metrics"].get(key)]
-    return max(spreads, default=None)
-
-
-def repeat_count(verified: list[dict]) -> int:
-    """Runs per verified configuration (--verify-repeats, as the rows recorded it; 0 before any)."""
-    return max((len(row.get("repeats") or []) for row in verified), default=0)
 
 
 def drift_text(drift: dict) -> str:
@@ -91,47 +70,13 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path, dri
             "<table><tr><th>run</th><th>figure</th><th>mean</th><th>median</th><th>p90</th><th>p99</th></tr>"
             f"{rows}</table><p>Cells: measured / simulated (ms).</p>")
     if verified:
-        head = "".join(f"<th>{label}: simulated / measured</th>" for _, label in COMPARED)
-        lines = ""
-        for i, row in enumerate(verified):
-            cells = "".join(f"<td>{row['simulated'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
-                            f"({_pct(row['simulated'].get(k), row['metrics'].get(k))})"
-                            + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
-                            + "</td>" for k, _ in COMPARED)
-            lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{esc(row['knobs'])}</td>"
-                      f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
         speed = f" After the verifications, on a launch of its own, {drift_text(drift)}." if drift else ""
-        body += ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated "
-                 "runs (--verify-repeats), each figure's median over them, and the lowest and highest run below it."
-                 f"{esc(speed)}</p><table>"
-                 f"<tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th></tr>{lines}</table>")
+        body += verified_section(verified, "simulated", speed)
     return body
 
 
-def write_presearch_outputs(spec: TuneSpec, out: Path, calibration: ServerCalibration, verified: list[dict],
-                            winner: dict | None, command: str = "", drift: dict | None = None) -> None:
+def write_presearch_outputs(out: Path, calibration: ServerCalibration, verified: list[dict],
+                            drift: dict | None = None) -> None:
+    """calibration.png and the report's section, after tune/report.py wrote the rest."""
     plot_calibration(calibration, out / "calibration.png")
-    report = out / "report.html"
-    body = section(calibration, verified, out, drift)
-    if report.exists():
-        text = report.read_text()
-        write_text(text.replace("\n</body>", "\n" + body + "\n</body>", 1), report)
-    else:
-        write_text(html_page("chunkbench tune calibration", body), report)
-    if winner is None:
-        return
-    config = spec.base_config(**_knobs(winner))
-    m = winner["metrics"]
-    header = [f"chunkbench tune --presearch sim: trial {winner['trial']}, the best of {len(verified)} verified "
-              "on a launched server", f"SLA: {', '.join(map(str, spec.slos)) or 'no SLA'}"
-              + ("" if winner["feasible"] else " (MISSED when measured)"),
-              f"measured: goodput {m.get('request_goodput', 0):.3f} req/s, p99 TTFT {m.get('p99_ttft_ms', 0):,.0f} ms, "
-              f"p99 ITL {m.get('p99_itl_ms', 0):,.0f} ms", f"command: {command}"]
-    write_text(emit.chunkbench_toml(config, header), out / "recommended.toml")
-    write_text(emit.vllm_yaml(config, header), out / "vllm.yaml")
-    write_text(emit.vllm_flags(config) + "\n", out / "vllm_flags.txt")
-    write_text(emit.sglang_flags(config) + "\n", out / "sglang.txt")
-
-
-def _knobs(row: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in row["engine_knobs"].items()}
+    add_to_report(out, section(calibration, verified, out, drift))

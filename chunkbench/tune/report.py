@@ -45,7 +45,7 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     keys = [s.summary_key for s in spec.slos]
     table = Table(title=f"{spec.model}: best of {len(study.trials)} trials ({spec.objective}, {spec.backend})")
     for column in ["trial", "knobs", "goodput req/s" if spec.objective != "capacity" else "capacity req/s",
-                   *keys, "output tok/s"] + (["engine " + k for k in keys] if verified else []):
+                   *keys, "output tok/s"] + (["verified " + k for k in keys] if verified else []):
         table.add_column(column, justify="left" if column == "knobs" else "right")
     shown: set[str] = set()
     for t in winners:  # distinct configurations only: TPE often samples the best point again
@@ -106,21 +106,24 @@ def margin(spec: TuneSpec, study: optuna.Study) -> str | None:
     return text
 
 
-def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: dict[int, dict],
-                  command: str, backend_note: str | None = None) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
-    """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal."""
+def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: dict[int, dict], command: str,
+                  backend_note: str | None = None,
+                  measured: dict | None = None) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
+    """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal.
+    `measured`: the winner picked on re-measured figures (tune/verify.py's first row), not the search's best."""
     out_dir.mkdir(parents=True, exist_ok=True)
     winners = feasible_trials(study)
-    winner = winners[0] if winners else None
-    lines = []
-    ahead = margin(spec, study)
-    if ahead:
-        lines.append(ahead)
-    chosen = winner or closest_trial(study, spec.slos)
+    if measured is None:
+        winner = winners[0] if winners else None
+        chosen, ahead = winner or closest_trial(study, spec.slos), margin(spec, study)
+    else:  # the re-measured table says how far ahead it is
+        chosen, ahead = study.trials[measured["trial"]], None
+        winner = chosen if measured["feasible"] else None
+    lines = [ahead] if ahead else []
     slo_text = ", ".join(map(str, spec.slos)) or "no SLA"
     if winner is None:
-        lines.append(f"No trial met {slo_text}.")
-        if chosen is not None:
+        lines.append(f"No {'re-measured configuration' if measured else 'trial'} met {slo_text}.")
+        if chosen is not None and measured is None:
             lines.append(f"Closest: trial {chosen.number} ({knobs_text(chosen)}): "
                          + "; ".join(sla_misses(chosen, spec.slos)))
     if chosen is not None:
@@ -128,6 +131,13 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
         header = [f"chunkbench tune: {'best feasible' if winner else 'CLOSEST (no trial met the SLA)'} trial "
                   f"{chosen.number} of study '{study.study_name}'", f"SLA: {slo_text}",
                   f"workload: {spec.workload.name} at {spec.workload.rate} req/s; figures {spec.backend}"]
+        if measured is not None:
+            m, runs = measured["metrics"], len(measured.get("repeats") or [])
+            header[0] = (f"chunkbench tune: trial {chosen.number} of study '{study.study_name}', the best re-measured "
+                         "on a launched server" + ("" if winner else " (it MISSED the SLA when measured)"))
+            header.append(f"measured{f' (median of {runs} runs)' if runs > 1 else ''}: goodput "
+                          f"{m.get('request_goodput', 0):.3f} req/s, p99 TTFT {m.get('p99_ttft_ms', 0):,.0f} ms, "
+                          f"p99 ITL {m.get('p99_itl_ms', 0):,.0f} ms")
         write_text(emit.chunkbench_toml(config, header), out_dir / "recommended.toml")
         served, note = server_trial(spec, study, chosen)
         if note:
@@ -175,7 +185,7 @@ def not_verified(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict],
     """What the report's figures do not establish, and why."""
     notes = []
     if not verified:
-        notes.append(f"No trial was re-measured on the real engine: every figure is {spec.backend}"
+        notes.append(f"No trial was re-measured: every figure is {spec.backend}"
                      + (f" ({backend_note})." if backend_note else "."))
     if spec.backend.kind == "sim" and not getattr(spec.backend, "cost_model", None):
         notes.append("The roofline's kernel constants are fitted to operator profiles of reference GPUs (or are "
@@ -259,7 +269,7 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, 
              "no trial met the SLA" + (f"; closest: trial {chosen.number}, {knobs_text(chosen)}" if chosen else ""))
     verified_note = ("" if verified else "<p>Not verified: these figures come from the backend named above "
                      "only (verification re-measures the best trials on the real engine when the model runs "
-                     "on this machine).</p>")
+                     "on this machine, or relaunched with --backend launch).</p>")
     body = f"""<h1>chunkbench tune: {esc(study.study_name)}</h1><p><code>{esc(command)}</code></p>
 <p>{esc(spec.model)}, workload {esc(spec.workload.name)} at {spec.workload.rate} req/s, objective
 {spec.objective}, {esc(str(spec.backend))}, {len(study.trials)} trials.</p>
@@ -270,7 +280,7 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, 
  if knob_plot else ""}
 <h2>What was not verified, and why</h2><ul>{"".join(f"<li>{esc(n)}</li>" for n in notes)}</ul>
 <h2>Feasible trials, best first</h2>{verified_note}<table><tr><th>trial</th><th>knobs</th><th>objective</th>
-{"<th>real engine (verified)</th>" if verified else ""}</tr>{runners}</table>
+{"<th>verified (re-measured)</th>" if verified else ""}</tr>{runners}</table>
 <h2>Why the others failed</h2><table><tr><th>trial</th><th>knobs</th><th>SLA misses</th></tr>{why}</table>"""
     if crashed:
         body += f"<h2>Crashed trials</h2><table><tr><th>trial</th><th>error</th></tr>{crashed}</table>"

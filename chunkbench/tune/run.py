@@ -15,9 +15,12 @@ from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import OUTPUTS, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
+from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, spread_line, verification_table,
+                                     verified_section, verify_top)
 from chunkbench.workload import build_workload
 
 console = Console()
+VERIFIED_FILE = "verified.json"  # --backend launch: the re-measured configurations (resume)
 
 
 def study_folder(name: str) -> Path:
@@ -35,7 +38,10 @@ def _worker(spec: TuneSpec, name: str, url: str, worker: int) -> None:
 
 def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Path | None, verify: int,
                     progress: bool = True, command: str = "chunkbench tune", jobs: int = 1,
-                    backend_note: str | None = None) -> Path:
+                    backend_note: str | None = None, repeats: int = VERIFY_REPEATS) -> Path:
+    """Run the study; then re-measure its best: on the real engine (`verify` trials, a simulated search), or
+    relaunched `repeats` times each (`verify` distinct configurations, --backend launch, where the winner is
+    then picked on those measurements)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out = out or study_folder(name)
     if storage_url is None:
@@ -71,14 +77,27 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
             if process.exitcode:
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     verified: dict[int, dict] = {}
-    if verify:
+    remeasured: list[dict] = []
+    if verify and spec.backend.kind == "launch":  # against the winner's curse: tune/verify.py
+        remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE), verify, repeats)
+        verified = {r["trial"]: r["metrics"] for r in remeasured}
+    elif verify:
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
         for trial in feasible_trials(study)[:verify]:
             console.print(f"verifying trial {trial.number} on the real engine ...")
             verified[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(),
                                               progress=progress).metrics
-    winner, lines = write_outputs(spec, study, out, verified, command, backend_note)
+    winner, lines = write_outputs(spec, study, out, verified, command, backend_note,
+                                  measured=remeasured[0] if remeasured else None)
+    if remeasured:
+        add_to_report(out, verified_section(remeasured, "one run"))
     console.print(results_table(spec, study, verified))
+    if remeasured:
+        console.print(verification_table(remeasured, "one run"))
+        if spread_line(remeasured):
+            console.print(spread_line(remeasured), soft_wrap=True)
+        console.print(f"winner on measured figures: trial {remeasured[0]['trial']} ({remeasured[0]['knobs']})"
+                      + ("" if remeasured[0]["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
     for line in lines:
         console.print(line, soft_wrap=True)
     written = [name for name in OUTPUTS if (out / name).exists()]

@@ -122,16 +122,21 @@ def test_tune_with_launched_chunkbench_servers(tmp_path, capsys):
               "--num-blocks 256 --max-num-batched-tokens {max_num_batched_tokens} --max-num-seqs {max_num_seqs}")
     code, stdout, err = run_cli(["tune", "--model", "tiny", "--backend", "launch", "--launch", launch,
                                  "--endpoint", f"http://127.0.0.1:{port}/v1", "--launch-timeout", "120",
-                                 "--sla-ttft", "10s", "--n-trials", "3", "--num-requests", "12", "--rate", "20",
-                                 "--workload", "chat", "--out", str(tmp_path), "--no-progress"], capsys)
+                                 "--sla-ttft", "10s", "--n-trials", "2", "--num-requests", "6", "--rate", "20",
+                                 "--workload", "chat", "--objective", "goodput", "--verify-top", "1",
+                                 "--verify-repeats", "2",
+                                 "--out", str(tmp_path), "--no-progress"], capsys)
     assert code == 0, err
-    for name in ("recommended.toml", "vllm.yaml", "sglang.txt", "trials.csv", "report.html"):
+    for name in ("recommended.toml", "vllm.yaml", "sglang.txt", "trials.csv", "report.html", "verified.json"):
         assert (tmp_path / name).exists()
     import optuna
 
     name = optuna.get_all_study_names(f"sqlite:///{tmp_path / 'study.db'}")[0]
     trials = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study.db'}").trials
-    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 3
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 2
+    (row,) = json.loads((tmp_path / "verified.json").read_text())["verified"].values()  # the best, relaunched
+    assert [run["completed"] for run in row["repeats"]] == [6, 6]
+    assert "the best re-measured on a launched server" in (tmp_path / "recommended.toml").read_text()
 
 
 @pytest.mark.slow
@@ -147,7 +152,7 @@ def test_capacity_over_a_launched_server_bisects_against_that_server(tmp_path, c
                                  "--endpoint", f"http://127.0.0.1:{port}/v1", "--launch-timeout", "120",
                                  "--objective", "capacity", "--sla-ttft", "p50:2s", "--n-trials", "1",
                                  "--num-requests", "8", "--rate", "4", "--workload", "chat", "--space", "latency",
-                                 "--out", str(tmp_path), "--no-progress"], capsys)
+                                 "--verify-top", "0", "--out", str(tmp_path), "--no-progress"], capsys)
     assert code == 0, err
     import optuna
 

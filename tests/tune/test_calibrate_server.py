@@ -178,7 +178,9 @@ def test_a_bad_fit_says_so_and_launches_every_trial(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if "launching every trial instead" in line)
     assert "calibration fit error" in line and "%" in line
-    assert server.launches == len(designs(spec)) + spec.n_trials  # calibration, then every trial on the server
+    remeasured = json.loads((tmp_path / "verified.json").read_text())["verified"]
+    assert 1 <= len(remeasured) <= 2  # the best, re-measured on launches of their own, as any launch tune does
+    assert server.launches == len(designs(spec)) + spec.n_trials + len(remeasured)  # calibration, every trial
     assert json.loads((tmp_path / "presearch.json").read_text())["mode"] == "launch every trial"
     assert "fits BADLY" in (tmp_path / "report.html").read_text()
 
@@ -194,7 +196,7 @@ def test_presearch_flags_are_checked(tmp_path, capsys):
     code, _, err = run_cli(["tune", "--model", "tiny", "--verify-repeats", "0", "--out", str(tmp_path)], capsys)
     assert code == 2 and "--verify-repeats" in err
     code, _, err = run_cli(["tune", "--model", "tiny", "--verify-repeats", "3", "--out", str(tmp_path)], capsys)
-    assert code == 2 and "--verify-repeats counts the verification runs of --presearch sim" in err
+    assert code == 2 and "--verify-repeats counts the re-measurement runs of --backend launch" in err
 
 
 def test_bursts_are_one_prompt_length_behind_a_primer():

@@ -1,0 +1,145 @@
+"""Re-measure a study's best configurations on launched servers (`--verify-top K`, `--verify-repeats N`): each of
+the K best distinct configurations launched once and run N times, judged by each figure's median, and the
+winner picked on those measurements.
+
+Two tunes use it. `--presearch sim` checks its simulated best this way. A tune that launches every trial
+(`--backend launch`) does too, against the winner's curse: on a noisy server the best of 60 single runs is
+partly the luckiest run (issue 18 measured a best trial of 0.87 req/s whose configuration, launched again,
+measured 0.72-0.80, median 0.78). Each finished re-measurement is recorded in a JSON file in the study folder
+the moment it finishes, so a killed tune resumes without repeating it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from chunkbench.backends import Backend
+from chunkbench.outputs import write_json, write_text
+from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.report import knobs_text
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.tune.study import closest_trial, feasible_trials
+from chunkbench.workload import build_workload
+
+console = Console()
+
+VERIFY_REPEATS = 3  # --verify-repeats: an odd count, so each median is a figure one run measured
+COMPARED = [("request_goodput", "goodput (req/s)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_itl_ms", "p99 ITL (ms)")]
+
+
+class State:
+    """A JSON file of finished launches, written the moment each finishes (atomically); `verified` maps a
+    configuration's knobs to its re-measured figures."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+        self.data.setdefault("verified", {})
+
+    def save(self) -> None:
+        write_json(self.data, self.path)
+
+
+def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
+               repeats: int = VERIFY_REPEATS) -> list[dict]:
+    """Launch the k best distinct configurations of the study (the closest one when none met the SLAs), each
+    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome).
+    Rows best first on the measured figures (SLAs met first, then the objective); `searched` holds the figures
+    the search saw (simulated, or the trial's one run)."""
+    candidates, seen = [], set()
+    for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
+        key = knobs_text(trial)
+        if key not in seen and len(candidates) < k:
+            seen.add(key)
+            candidates.append(trial)
+    workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
+    results = []
+    for trial in candidates:
+        key = knobs_text(trial)
+        if key not in state.data["verified"]:
+            console.print(f"re-measuring trial {trial.number} ({key}) on a launched server ...")
+            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
+            state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
+                                           "constraints": outcome.constraints, "feasible": outcome.feasible,
+                                           "repeats": outcome.repeats}
+            state.save()
+        results.append({"trial": trial.number, "knobs": key, "engine_knobs": trial.user_attrs["knobs"],
+                        "searched": trial.user_attrs["metrics"],
+                        "search_feasible": all(v <= 0 for v in trial.constraints.values())}
+                       | state.data["verified"][key])
+    results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
+    return results
+
+
+def measured_range(row: dict, key: str) -> tuple[float, float] | None:
+    """The lowest and highest of a verified configuration's repeated runs for one figure (None: one run)."""
+    values = [run[key] for run in row.get("repeats") or [] if run.get(key) is not None]
+    return (min(values), max(values)) if len(values) > 1 else None
+
+
+def run_to_run_spread(verified: list[dict]) -> float | None:
+    """The largest (highest - lowest) / median of a compared figure over one configuration's repeated runs."""
+    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in COMPARED
+               if (span := measured_range(row, key)) and row["metrics"].get(key)]
+    return max(spreads, default=None)
+
+
+def repeat_count(verified: list[dict]) -> int:
+    """Runs per verified configuration (--verify-repeats, as the rows recorded it; 0 before any)."""
+    return max((len(row.get("repeats") or []) for row in verified), default=0)
+
+
+def spread_line(verified: list[dict]) -> str | None:
+    noise = run_to_run_spread(verified)
+    return None if noise is None else (f"measured: the median of {repeat_count(verified)} runs per configuration; "
+                                       f"between runs of one configuration a figure moved by up to "
+                                       f"{100 * noise:.0f}% (the server's own noise)")
+
+
+def _change(s: float | None, m: float | None) -> str:
+    return "-" if s is None or not m else f"{100 * (s - m) / m:+.0f}%"
+
+
+def verification_table(verified: list[dict], searched: str) -> Table:
+    """searched -> measured for each re-measured configuration, the winner first; `searched` names the
+    figures the search saw ("simulated", "one run")."""
+    runs = repeat_count(verified)
+    table = Table(title=f"re-measured on launched servers: {searched} -> measured"
+                  + (f" (median of {runs} runs)" if runs > 1 else ""))
+    for column in ["trial", "knobs", *(label for _, label in COMPARED), "SLAs met"]:
+        table.add_column(column, justify="left" if column == "knobs" else "right")
+    for row in verified:
+        cells = ["-" if (s := row["searched"].get(key)) is None or (m := row["metrics"].get(key)) is None else
+                 f"{s:,.2f} -> {m:,.2f} ({_change(s, m)})" for key, _ in COMPARED]
+        table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO")
+    return table
+
+
+def verified_section(verified: list[dict], searched: str, extra: str = "") -> str:
+    """report.html's "Verified by launching" section: searched / measured per figure, the runs' range below."""
+    head = "".join(f"<th>{label}: {searched} / measured</th>" for _, label in COMPARED)
+    lines = ""
+    for i, row in enumerate(verified):
+        cells = "".join(f"<td>{row['searched'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
+                        f"({_change(row['searched'].get(k), row['metrics'].get(k))})"
+                        + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
+                        + "</td>" for k, _ in COMPARED)
+        lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{html.escape(row['knobs'])}</td>"
+                  f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
+    return ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated runs "
+            "(--verify-repeats), each figure's median over them, and the lowest and highest run below it."
+            f"{html.escape(extra)}</p><table><tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th></tr>"
+            f"{lines}</table>")
+
+
+def add_to_report(out: Path, body: str) -> None:
+    """Append a section to the study's report.html (before </body>)."""
+    report = out / "report.html"
+    text = report.read_text()
+    write_text(text.replace("\n</body>", "\n" + body + "\n</body>", 1), report)

@@ -1,0 +1,55 @@
+"""`tune --backend launch` re-measures its best configurations before it recommends one (tune/verify.py): the
+best of many single runs on a noisy server is partly the luckiest. The "launched server" is the simulator at
+known constants (tests/tune/test_calibrate_server.py's FakeServer), one of whose launches ran lucky."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import optuna
+import pytest
+
+from chunkbench.tune.report import knobs_text
+from chunkbench.tune.run import VERIFIED_FILE, tune_and_report
+from tests.tune.test_calibrate_server import TRUTH, FakeServer, make_spec
+
+LUCKY = 3  # the launch that ran 4x faster than the server is: trial 2's, whose configuration is not the best
+
+
+@dataclasses.dataclass
+class LuckyServer(FakeServer):
+    def cost(self, config):
+        fast = dataclasses.replace(TRUTH, flops_scale=4 * TRUTH.flops_scale, bandwidth_scale=4 * TRUTH.bandwidth_scale,
+                                   step_overhead_s=TRUTH.step_overhead_s / 4, seq_overhead_s=TRUTH.seq_overhead_s / 4)
+        return (fast if self.launches == LUCKY else self.server_calibration).cost_model(config)
+
+
+def test_the_winner_is_picked_on_re_measured_figures_and_a_killed_re_measurement_resumes(tmp_path, capsys):
+    spec = make_spec(n_trials=4)
+    server = LuckyServer(server_calibration=TRUTH, die_at=spec.n_trials + 2)  # dies on the 2nd re-measurement
+    with pytest.raises(KeyboardInterrupt):
+        tune_and_report(dataclasses.replace(spec, backend=server), "lucky", None, tmp_path, 2, progress=False,
+                        repeats=3)
+    assert len(json.loads((tmp_path / VERIFIED_FILE).read_text())["verified"]) == 1
+
+    again = LuckyServer(server_calibration=TRUTH, launches=spec.n_trials + 1)  # its lucky launch is long gone
+    tune_and_report(dataclasses.replace(spec, backend=again), "lucky", None, tmp_path, 2, progress=False, repeats=3)
+    assert again.launches == spec.n_trials + 2  # only the re-measurement that had not finished
+
+    study = optuna.load_study(study_name="lucky", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    lucky = trials[LUCKY - 1]  # trial 2 ran on launch 3: the best single run, by far
+    assert lucky.values[0] == max(t.values[0] for t in trials)
+    remeasured = json.loads((tmp_path / VERIFIED_FILE).read_text())["verified"]
+    assert len(remeasured) == 2 and all(len(row["repeats"]) == 3 for row in remeasured.values())
+    by_trial = {t.number: remeasured[knobs_text(t)] for t in trials if knobs_text(t) in remeasured}
+    assert by_trial[lucky.number]["values"][0] < lucky.values[0]  # launched again, it ran at the server's speed
+    winner = max(by_trial, key=lambda n: (by_trial[n]["feasible"], by_trial[n]["values"][0]))
+    assert winner != lucky.number  # at the server's speed another configuration measures better (seeded TPE)
+    toml = (tmp_path / "recommended.toml").read_text()
+    assert f"trial {winner} of study 'lucky', the best re-measured on a launched server" in toml
+    assert "measured (median of 3 runs): goodput" in toml
+    out = capsys.readouterr().out
+    assert "one run -> measured (median of 3 runs)" in out and f"winner on measured figures: trial {winner}" in out
+    assert "Verified by launching" in (tmp_path / "report.html").read_text()

@@ -44,10 +44,11 @@ def tune(
     cost_model: CostModelPath = None,
     engine_overhead: EngineOverhead = None,
     verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
-                                            "when the model runs on this device. --backend launch: relaunch the "
-                                            "best N distinct configurations, run each --verify-repeats times, and "
-                                            "pick the winner on those medians (the best of many single runs is "
-                                            "partly the luckiest; 0: it wins).")] = 3,
+                                            "when the model runs on this device. --backend launch: launch the "
+                                            "best N distinct configurations again (--presearch sim: for the first "
+                                            "time; at least 1), run each --verify-repeats times, and pick the "
+                                            "winner on those medians: the best of many single runs is partly the "
+                                            "luckiest (0: the best single run wins; pareto: not re-measured).")] = 3,
     presearch: Annotated[str, typer.Option(help="--backend launch: 'sim' calibrates the simulator on a few "
                                            "launches of the server, searches in simulation and launches only "
                                            "the --verify-top best; 'none' launches every trial.")] = "none",
@@ -104,8 +105,8 @@ def tune(
     check_number("--verify-top", verify_top, low=0)
     if verify_repeats is not None:
         check_number("--verify-repeats", verify_repeats, low=1, integer=True)
-        if backend != "launch":
-            raise UserError("--verify-repeats counts the re-measurement runs of --backend launch")
+        if backend != "launch" or verify_top == 0:
+            raise UserError("--verify-repeats counts the re-measurement runs of --backend launch (--verify-top >= 1)")
     check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
     check_number("--launch-timeout", launch_timeout, low=0, low_open=True)
     if presearch not in ("none", "sim"):

@@ -12,8 +12,9 @@ trial (issue 18). Three phases, each resumable:
 A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
 tune launches every trial instead (then re-measures the best, as such a tune does): recommending from a
 simulator that does not describe the server would be worse than slow. Finished launches (calibration runs,
-verifications) are recorded in `presearch.json` in the study folder as they finish, so a killed tune resumes
-without repeating them; the simulated trials resume as any study does (Optuna keeps complete trials).
+verifications; a fallback's re-measurements in `verified.json`) are recorded in `presearch.json` in the study
+folder as they finish, so a killed tune resumes without repeating them; the simulated trials resume as any
+study does (Optuna keeps complete trials).
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
 from chunkbench.tune.report import results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, open_storage, run_study
-from chunkbench.tune.verify import (COMPARED, VERIFY_REPEATS, State, spread_line, verification_table,
-                                     verify_top)
+from chunkbench.tune.verify import VERIFY_REPEATS, State, compared, print_remeasured, verify_top
 
 console = Console()
 STATE_FILE = "presearch.json"
@@ -121,28 +121,23 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     run_study(sim_spec, study, storage, storage_url)
     console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
     verified = verify_top(spec, study, launch, state, verify, repeats)
-    winner = verified[0] if verified else None
+    measured = {r["trial"]: r["metrics"] for r in verified}
     drift = check_drift(spec, launch, state, calibration)
-    write_outputs(sim_spec, study, out, {r["trial"]: r["metrics"] for r in verified}, command, measured=winner)
+    write_outputs(sim_spec, study, out, measured, command, measured=verified[0] if verified else None)
     write_presearch_outputs(out, calibration, verified, drift)
-    console.print(results_table(sim_spec, study, {r["trial"]: r["metrics"] for r in verified}))
-    console.print(verification_table(verified, "simulated"))
-    worst = max((abs(s - m) / m for r in verified for s, m in ((r["searched"].get(k), r["metrics"].get(k))
-                                                               for k, _ in COMPARED) if s is not None and m),
-                default=0.0)
+    console.print(results_table(sim_spec, study, measured))
+    print_remeasured(verified, "simulated")
     if drift:
         off = abs(drift["ratio"] - 1) > cal.DRIFT_TOLERANCE
         console.print(("[yellow]warning:[/] " if off else "") + drift_text(drift)
                       + ("; the host or device changed speed since: simulated and measured figures cannot agree "
                          "closer than that; calibrate again when it is steady" if off else ""), soft_wrap=True)
-    if spread_line(verified):
-        console.print(spread_line(verified), soft_wrap=True)
+    worst = max((abs(s - m) / m for r in verified for s, m in ((r["searched"].get(k), r["metrics"].get(k))
+                                                               for k, _ in compared(verified)) if s is not None and m),
+                default=0.0)
     if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them
         console.print(f"warning: on the verified configurations simulated and measured figures differ by up to "
                       f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
                       "launch every trial (--presearch none)", soft_wrap=True)
-    if winner:
-        console.print(f"winner on measured figures: trial {winner['trial']} ({winner['knobs']})"
-                      + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
     console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
     return out

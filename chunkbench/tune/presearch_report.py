@@ -12,7 +12,7 @@ from chunkbench.outputs import write_figure
 from chunkbench.report import embedded_png, pyplot
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune.calibrate import stats
-from chunkbench.tune.verify import add_to_report, verified_section
+from chunkbench.tune.verify import add_to_report, change_pct, verified_section
 
 FIGURES = [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)")]  # per calibration run
 
@@ -48,10 +48,6 @@ def drift_text(drift: dict) -> str:
             f"ms now, {drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})")
 
 
-def _pct(s: float | None, m: float | None) -> str:
-    return "-" if s is None or not m else f"{100 * (s - m) / m:+.1f}%"
-
-
 def section(calibration: ServerCalibration, verified: list[dict], out: Path, drift: dict | None = None) -> str:
     esc = html.escape
     verdict = ("fits: searching in simulation" if calibration.fits else
@@ -61,7 +57,7 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path, dri
     for run in (r for r in calibration.runs if "simulated" in r):
         for key in (key for key, _ in FIGURES if key in run and key in run["simulated"]):
             m, s = stats(run[key]), stats(run["simulated"][key])
-            cells = "".join(f"<td>{m[k]:,.1f} / {s.get(k, 0):,.1f} ({_pct(s.get(k), m[k])})</td>" for k in m)
+            cells = "".join(f"<td>{m[k]:,.1f} / {s.get(k, 0):,.1f} ({change_pct(s.get(k), m[k], 1)})</td>" for k in m)
             rows += f"<tr><td>{esc(run['name'])}</td><td>{key[:-3].upper()}</td>{cells}</tr>"
     plot = out / "calibration.png"
     body = (f"<h2>Calibration on the launched server</h2><p>{esc(calibration.label())}, step overhead "

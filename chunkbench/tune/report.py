@@ -35,9 +35,8 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def sla_misses(trial: optuna.trial.FrozenTrial, slos: list[SLO]) -> list[str]:
-    return [f"{slo} missed by {trial.constraints[slo.name]:,.0f} ms" for slo in slos
-            if trial.constraints.get(slo.name, 0.0) > 0]
+def sla_misses(constraints: dict[str, float], slos: list[SLO]) -> list[str]:
+    return [f"{slo} missed by {constraints[slo.name]:,.0f} ms" for slo in slos if constraints.get(slo.name, 0.0) > 0]
 
 
 def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict], top: int = 5) -> Table:
@@ -112,8 +111,8 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
     """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal.
     `measured`: the winner picked on re-measured figures (tune/verify.py's first row), not the search's best."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    winners = feasible_trials(study)
     if measured is None:
+        winners = feasible_trials(study)
         winner = winners[0] if winners else None
         chosen, ahead = winner or closest_trial(study, spec.slos), margin(spec, study)
     else:  # the re-measured table says how far ahead it is
@@ -123,21 +122,18 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
     slo_text = ", ".join(map(str, spec.slos)) or "no SLA"
     if winner is None:
         lines.append(f"No {'re-measured configuration' if measured else 'trial'} met {slo_text}.")
-        if chosen is not None and measured is None:
+        if chosen is not None:
             lines.append(f"Closest: trial {chosen.number} ({knobs_text(chosen)}): "
-                         + "; ".join(sla_misses(chosen, spec.slos)))
+                         + "; ".join(sla_misses((measured or {}).get("constraints", chosen.constraints), spec.slos)))
     if chosen is not None:
         config = trial_config(spec, chosen)
         header = [f"chunkbench tune: {'best feasible' if winner else 'CLOSEST (no trial met the SLA)'} trial "
                   f"{chosen.number} of study '{study.study_name}'", f"SLA: {slo_text}",
                   f"workload: {spec.workload.name} at {spec.workload.rate} req/s; figures {spec.backend}"]
         if measured is not None:
-            m, runs = measured["metrics"], len(measured.get("repeats") or [])
             header[0] = (f"chunkbench tune: trial {chosen.number} of study '{study.study_name}', the best re-measured "
                          "on a launched server" + ("" if winner else " (it MISSED the SLA when measured)"))
-            header.append(f"measured{f' (median of {runs} runs)' if runs > 1 else ''}: goodput "
-                          f"{m.get('request_goodput', 0):.3f} req/s, p99 TTFT {m.get('p99_ttft_ms', 0):,.0f} ms, "
-                          f"p99 ITL {m.get('p99_itl_ms', 0):,.0f} ms")
+            header += [f"command: {command}", measured_text(measured)]
         write_text(emit.chunkbench_toml(config, header), out_dir / "recommended.toml")
         served, note = server_trial(spec, study, chosen)
         if note:
@@ -156,8 +152,17 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
     if not knob_plot:
         (out_dir / "knobs.png").unlink(missing_ok=True)  # a resumed study's old plot would be stale
     notes = not_verified(spec, study, verified, backend_note)
-    _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, notes, knob_plot)
+    _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, notes, knob_plot, measured)
     return winner, lines
+
+
+def measured_text(measured: dict) -> str:
+    """A re-measured configuration's figures in a line (tune/verify.py's row)."""
+    m, runs = measured["metrics"], len(measured.get("repeats") or [])
+    what = (f"capacity {m['capacity_rps']:.3f}" if "capacity_rps" in m else
+            f"goodput {m.get('request_goodput', 0):.3f}")
+    return (f"measured{f' (median of {runs} runs)' if runs > 1 else ''}: {what} req/s, p99 TTFT "
+            f"{m.get('p99_ttft_ms', 0):,.0f} ms, p99 ITL {m.get('p99_itl_ms', 0):,.0f} ms")
 
 
 def server_trial(spec: TuneSpec, study: optuna.Study,
@@ -244,11 +249,11 @@ def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
     plt.close(fig)
 
 
-def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, notes, knob_plot) -> None:
+def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, notes, knob_plot, measured) -> None:
     esc = html.escape
     slo_rows = ""
     if chosen is not None:
-        m = chosen.user_attrs["metrics"]
+        m = measured["metrics"] if measured else chosen.user_attrs["metrics"]
         for slo in (s for s in spec.slos if s.summary_key in m):  # capacity: none when no rate met them
             value = m[slo.summary_key]
             slo_rows += (f"<tr><td>{esc(str(slo))}</td><td>{value:,.1f} ms</td>"
@@ -262,11 +267,14 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, 
     failed = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
               if not is_feasible(t)]
     why = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td>"
-                  f"<td>{esc('; '.join(sla_misses(t, spec.slos)))}</td></tr>" for t in failed[:30])
+                  f"<td>{esc('; '.join(sla_misses(t.constraints, spec.slos)))}</td></tr>" for t in failed[:30])
     crashed = "".join(f"<tr><td>{t.number}</td><td>{esc(t.user_attrs.get('error', 'unknown'))}</td></tr>"
                       for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
     title = (f"winner: trial {winner.number}, {knobs_text(winner)}" if winner else
-             "no trial met the SLA" + (f"; closest: trial {chosen.number}, {knobs_text(chosen)}" if chosen else ""))
+             f"no {'re-measured configuration' if measured else 'trial'} met the SLA"
+             + (f"; closest: trial {chosen.number}, {knobs_text(chosen)}" if chosen else ""))
+    if measured:
+        title += " (on re-measured figures)"
     verified_note = ("" if verified else "<p>Not verified: these figures come from the backend named above "
                      "only (verification re-measures the best trials on the real engine when the model runs "
                      "on this machine, or relaunched with --backend launch).</p>")

@@ -15,8 +15,8 @@ from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import OUTPUTS, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
-from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, spread_line, verification_table,
-                                     verified_section, verify_top)
+from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, print_remeasured, verified_section,
+                                     verify_top)
 from chunkbench.workload import build_workload
 
 console = Console()
@@ -41,7 +41,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
                     backend_note: str | None = None, repeats: int = VERIFY_REPEATS) -> Path:
     """Run the study; then re-measure its best: on the real engine (`verify` trials, a simulated search), or
     relaunched `repeats` times each (`verify` distinct configurations, --backend launch, where the winner is
-    then picked on those measurements)."""
+    then picked on those measurements; not for pareto, whose front has no one winner)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out = out or study_folder(name)
     if storage_url is None:
@@ -78,7 +78,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
-    if verify and spec.backend.kind == "launch":  # against the winner's curse: tune/verify.py
+    if verify and spec.backend.kind == "launch" and spec.objective != "pareto":  # the winner's curse: verify.py
         remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE), verify, repeats)
         verified = {r["trial"]: r["metrics"] for r in remeasured}
     elif verify:
@@ -93,11 +93,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
         add_to_report(out, verified_section(remeasured, "one run"))
     console.print(results_table(spec, study, verified))
     if remeasured:
-        console.print(verification_table(remeasured, "one run"))
-        if spread_line(remeasured):
-            console.print(spread_line(remeasured), soft_wrap=True)
-        console.print(f"winner on measured figures: trial {remeasured[0]['trial']} ({remeasured[0]['knobs']})"
-                      + ("" if remeasured[0]["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
+        print_remeasured(remeasured, "one run")
     for line in lines:
         console.print(line, soft_wrap=True)
     written = [name for name in OUTPUTS if (out / name).exists()]

@@ -199,14 +199,14 @@ def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         front = {t.number for t in study.best_trials}
         done = [t for t in done if t.number in front] or done
         return sorted(done, key=lambda t: -t.values[2])
-    # Equal goodput is common once every request meets the SLAs: prefer the most headroom (the smallest
-    # worst-case ratio of a metric to its limit; constraints are metric minus limit).
+    # Equal goodput is common once every request meets the SLAs: prefer the most headroom.
     limits = study.user_attrs.get("slo_limits", {})
+    return sorted(done, key=lambda t: (-round(t.values[0], 9), headroom(t.constraints, limits), t.number))
 
-    def headroom(t: optuna.trial.FrozenTrial) -> float:
-        return max(((v + limits[k]) / limits[k] for k, v in t.constraints.items() if k in limits), default=0.0)
 
-    return sorted(done, key=lambda t: (-round(t.values[0], 9), headroom(t), t.number))
+def headroom(constraints: dict[str, float], limits: dict[str, float]) -> float:
+    """The worst-case ratio of an SLA metric to its limit (constraints are metric minus limit): lower is more."""
+    return max(((v + limits[k]) / limits[k] for k, v in constraints.items() if k in limits), default=0.0)
 
 
 def closest_trial(study: optuna.Study, slos: list[SLO]) -> optuna.trial.FrozenTrial | None:

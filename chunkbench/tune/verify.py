@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import optuna
@@ -20,17 +21,18 @@ from rich.console import Console
 from rich.table import Table
 
 from chunkbench.backends import Backend
+from chunkbench.engine.config import ConfigError
 from chunkbench.outputs import write_json, write_text
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.tune.study import closest_trial, feasible_trials
+from chunkbench.tune.study import closest_trial, feasible_trials, headroom
 from chunkbench.workload import build_workload
 
 console = Console()
 
 VERIFY_REPEATS = 3  # --verify-repeats: an odd count, so each median is a figure one run measured
-COMPARED = [("request_goodput", "goodput (req/s)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_itl_ms", "p99 ITL (ms)")]
+FAILURES = (ConfigError, RuntimeError, MemoryError, ValueError)  # a server that does not come up: as a trial's
 
 
 class State:
@@ -46,35 +48,54 @@ class State:
         write_json(self.data, self.path)
 
 
+def runs(record: dict) -> int:
+    """How many runs a re-measured record's medians are of (one run keeps no `repeats`)."""
+    return max(1, len(record.get("repeats") or []))
+
+
 def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State, k: int,
                repeats: int = VERIFY_REPEATS) -> list[dict]:
     """Launch the k best distinct configurations of the study (the closest one when none met the SLAs), each
-    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome).
-    Rows best first on the measured figures (SLAs met first, then the objective); `searched` holds the figures
-    the search saw (simulated, or the trial's one run)."""
-    candidates, seen = [], set()
+    measured `repeats` times on its launched server and scored by the medians (objectives.median_outcome);
+    one whose server fails is said and left out. Rows best first on the measured figures (SLAs met first, then
+    the objective, then SLA headroom); `searched` holds the figures the search saw (simulated, or one run)."""
+    candidates: dict[str, optuna.trial.FrozenTrial] = {}
     for trial in feasible_trials(study) or [t for t in [closest_trial(study, spec.slos)] if t]:
-        key = knobs_text(trial)
-        if key not in seen and len(candidates) < k:
-            seen.add(key)
-            candidates.append(trial)
+        if len(candidates) == k:
+            break
+        candidates.setdefault(knobs_text(trial), trial)
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     results = []
-    for trial in candidates:
-        key = knobs_text(trial)
-        if key not in state.data["verified"]:
+    for key, trial in candidates.items():
+        record = state.data["verified"].get(key)
+        if record is None or runs(record) != repeats:  # not yet, or by another --verify-repeats
             console.print(f"re-measuring trial {trial.number} ({key}) on a launched server ...")
-            outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
-            state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
-                                           "constraints": outcome.constraints, "feasible": outcome.feasible,
-                                           "repeats": outcome.repeats}
+            try:
+                outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
+            except FAILURES as exc:
+                console.print(f"[yellow]warning:[/] trial {trial.number} could not be re-measured "
+                              f"({type(exc).__name__}: {exc}); left out", soft_wrap=True)
+                continue
+            record = state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
+                                                    "constraints": outcome.constraints,
+                                                    "feasible": outcome.feasible, "repeats": outcome.repeats}
             state.save()
-        results.append({"trial": trial.number, "knobs": key, "engine_knobs": trial.user_attrs["knobs"],
-                        "searched": trial.user_attrs["metrics"],
-                        "search_feasible": all(v <= 0 for v in trial.constraints.values())}
-                       | state.data["verified"][key])
-    results.sort(key=lambda r: (not r["feasible"], -r["values"][0]))
+        results.append({"trial": trial.number, "knobs": key, "searched": trial.user_attrs["metrics"]} | record)
+    limits = {s.name: s.limit_ms for s in spec.slos}
+
+    def value(row: dict) -> float:  # NaN (stored as null) ranks last
+        v = row["values"][0]
+        return float("-inf") if v is None or math.isnan(v) else round(v, 9)
+
+    results.sort(key=lambda r: (not r["feasible"], -value(r), headroom(r["constraints"], limits)))
     return results
+
+
+def compared(rows: list[dict]) -> list[tuple[str, str]]:
+    """The figures shown searched against measured: the objective's (capacity or goodput), p99 TTFT, p99 ITL."""
+    first = (("capacity_rps", "capacity (req/s)") if any("capacity_rps" in r["metrics"] for r in rows)
+             else ("request_goodput", "goodput (req/s)"))
+    return [first, ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_itl_ms", "p99 ITL (ms)")]
 
 
 def measured_range(row: dict, key: str) -> tuple[float, float] | None:
@@ -85,7 +106,7 @@ def measured_range(row: dict, key: str) -> tuple[float, float] | None:
 
 def run_to_run_spread(verified: list[dict]) -> float | None:
     """The largest (highest - lowest) / median of a compared figure over one configuration's repeated runs."""
-    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in COMPARED
+    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in compared(verified)
                if (span := measured_range(row, key)) and row["metrics"].get(key)]
     return max(spreads, default=None)
 
@@ -95,41 +116,43 @@ def repeat_count(verified: list[dict]) -> int:
     return max((len(row.get("repeats") or []) for row in verified), default=0)
 
 
-def spread_line(verified: list[dict]) -> str | None:
-    noise = run_to_run_spread(verified)
-    return None if noise is None else (f"measured: the median of {repeat_count(verified)} runs per configuration; "
-                                       f"between runs of one configuration a figure moved by up to "
-                                       f"{100 * noise:.0f}% (the server's own noise)")
+def change_pct(searched: float | None, measured: float | None, digits: int = 0) -> str:
+    """(searched - measured) / measured, signed, or '-' when either is missing."""
+    return "-" if searched is None or not measured else f"{100 * (searched - measured) / measured:+.{digits}f}%"
 
 
-def _change(s: float | None, m: float | None) -> str:
-    return "-" if s is None or not m else f"{100 * (s - m) / m:+.0f}%"
-
-
-def verification_table(verified: list[dict], searched: str) -> Table:
-    """searched -> measured for each re-measured configuration, the winner first; `searched` names the
-    figures the search saw ("simulated", "one run")."""
-    runs = repeat_count(verified)
+def print_remeasured(verified: list[dict], searched: str) -> None:
+    """The terminal's account: searched -> measured per configuration, the run-to-run spread, the winner."""
+    runs_each = repeat_count(verified)
     table = Table(title=f"re-measured on launched servers: {searched} -> measured"
-                  + (f" (median of {runs} runs)" if runs > 1 else ""))
-    for column in ["trial", "knobs", *(label for _, label in COMPARED), "SLAs met"]:
+                  + (f" (median of {runs_each} runs)" if runs_each > 1 else ""))
+    for column in ["trial", "knobs", *(label for _, label in compared(verified)), "SLAs met"]:
         table.add_column(column, justify="left" if column == "knobs" else "right")
     for row in verified:
         cells = ["-" if (s := row["searched"].get(key)) is None or (m := row["metrics"].get(key)) is None else
-                 f"{s:,.2f} -> {m:,.2f} ({_change(s, m)})" for key, _ in COMPARED]
+                 f"{s:,.2f} -> {m:,.2f} ({change_pct(s, m)})" for key, _ in compared(verified)]
         table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO")
-    return table
+    console.print(table)
+    noise = run_to_run_spread(verified)
+    if noise is not None:
+        console.print(f"measured: the median of {runs_each} runs per configuration; between runs of one "
+                      f"configuration a figure moved by up to {100 * noise:.0f}% (the server's own noise)",
+                      soft_wrap=True)
+    if verified:
+        winner = verified[0]
+        console.print(f"winner on measured figures: trial {winner['trial']} ({winner['knobs']})"
+                      + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
 
 
 def verified_section(verified: list[dict], searched: str, extra: str = "") -> str:
     """report.html's "Verified by launching" section: searched / measured per figure, the runs' range below."""
-    head = "".join(f"<th>{label}: {searched} / measured</th>" for _, label in COMPARED)
+    head = "".join(f"<th>{label}: {searched} / measured</th>" for _, label in compared(verified))
     lines = ""
     for i, row in enumerate(verified):
         cells = "".join(f"<td>{row['searched'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
-                        f"({_change(row['searched'].get(k), row['metrics'].get(k))})"
+                        f"({change_pct(row['searched'].get(k), row['metrics'].get(k), 1)})"
                         + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
-                        + "</td>" for k, _ in COMPARED)
+                        + "</td>" for k, _ in compared(verified))
         lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{html.escape(row['knobs'])}</td>"
                   f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
     return ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated runs "

@@ -13,41 +13,12 @@ import optuna
 import pytest
 
 from chunkbench.backends import SimBackend
-from chunkbench.sim.server_calibration import ServerCalibration
-from chunkbench.slo import parse_slas
 from chunkbench.tune.calibrate import designs, fit, simulate_design
 from chunkbench.tune.presearch import presearch_tune
-from chunkbench.tune.space import SearchSpace
-from chunkbench.tune.spec import TuneSpec
-from chunkbench.workload import WorkloadSpec
+from chunkbench.tune.report import knobs_text
+from chunkbench.tune.study import feasible_trials
 from tests.conftest import run_cli
-
-TRUTH = ServerCalibration("cpu", 0.08, 0.15, 0.008, 0.002, "small", num_blocks=1024)
-
-
-def make_spec(n_trials: int = 6) -> TuneSpec:
-    workload = WorkloadSpec(name="synthetic", num_requests=12, rate=2.0, prompt_len="uniform:32:512",
-                            output_len="uniform:8:48")
-    return TuneSpec(model="small", slos=parse_slas({"ttft": "3s", "tbt": None, "tpot": None, "e2el": None}, 99.0),
-                    space=SearchSpace.load("default"), workload=workload, backend=SimBackend("h100-sxm"),
-                    n_trials=n_trials, engine_overrides={"num_blocks": 1024})
-
-
-@dataclasses.dataclass
-class FakeServer(SimBackend):
-    """A 'launched server' that is the simulator at known constants; counts launches, may die at one."""
-
-    launches: int = 0
-    die_at: int | None = None  # raise KeyboardInterrupt (a killed tune) when this launch starts
-    kind = "launch"
-
-    @contextlib.contextmanager
-    def session(self, config):
-        self.launches += 1
-        if self.die_at == self.launches:
-            raise KeyboardInterrupt
-        with super().session(config) as serve:
-            yield serve
+from tests.tune.servers import TRUTH, FakeServer, make_spec
 
 
 def test_the_fit_recovers_the_constants_that_generated_its_runs():
@@ -179,7 +150,10 @@ def test_a_bad_fit_says_so_and_launches_every_trial(tmp_path, capsys):
     line = next(line for line in out.splitlines() if "launching every trial instead" in line)
     assert "calibration fit error" in line and "%" in line
     remeasured = json.loads((tmp_path / "verified.json").read_text())["verified"]
-    assert 1 <= len(remeasured) <= 2  # the best, re-measured on launches of their own, as any launch tune does
+    study = optuna.load_study(study_name="bad", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    distinct = {knobs_text(t) for t in feasible_trials(study)}
+    assert len(remeasured) == (min(2, len(distinct)) if distinct else 1)  # the best, as any launch tune does
+    assert all(len(row["repeats"]) == 3 for row in remeasured.values())
     assert server.launches == len(designs(spec)) + spec.n_trials + len(remeasured)  # calibration, every trial
     assert json.loads((tmp_path / "presearch.json").read_text())["mode"] == "launch every trial"
     assert "fits BADLY" in (tmp_path / "report.html").read_text()

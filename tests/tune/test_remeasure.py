@@ -1,9 +1,10 @@
 """`tune --backend launch` re-measures its best configurations before it recommends one (tune/verify.py): the
 best of many single runs on a noisy server is partly the luckiest. The "launched server" is the simulator at
-known constants (tests/tune/test_calibrate_server.py's FakeServer), one of whose launches ran lucky."""
+known constants (tests/tune/servers.py); one of its launches runs lucky, or does not start."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -12,7 +13,7 @@ import pytest
 
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.run import VERIFIED_FILE, tune_and_report
-from tests.tune.test_calibrate_server import TRUTH, FakeServer, make_spec
+from tests.tune.servers import TRUTH, FakeServer, make_spec
 
 LUCKY = 3  # the launch that ran 4x faster than the server is: trial 2's, whose configuration is not the best
 
@@ -53,3 +54,35 @@ def test_the_winner_is_picked_on_re_measured_figures_and_a_killed_re_measurement
     out = capsys.readouterr().out
     assert "one run -> measured (median of 3 runs)" in out and f"winner on measured figures: trial {winner}" in out
     assert "Verified by launching" in (tmp_path / "report.html").read_text()
+
+
+@dataclasses.dataclass
+class FailingServer(FakeServer):
+    """A server that does not come up at one launch (`fail_at`): what LaunchBackend raises then."""
+
+    fail_at: int = 0
+
+    @contextlib.contextmanager
+    def session(self, config):
+        if self.launches + 1 == self.fail_at:
+            self.launches += 1
+            raise RuntimeError("the server exited before /health answered")
+        with super().session(config) as serve:
+            yield serve
+
+
+def test_a_server_that_fails_on_re_measurement_is_left_out(tmp_path, capsys):
+    spec = make_spec(n_trials=3)
+    server = FailingServer(server_calibration=TRUTH, fail_at=spec.n_trials + 1)  # the best one's relaunch
+    tune_and_report(dataclasses.replace(spec, backend=server), "fails", None, tmp_path, 2, progress=False, repeats=1)
+    out = capsys.readouterr().out
+    assert "could not be re-measured (RuntimeError: the server exited before /health answered); left out" in out
+    assert len(json.loads((tmp_path / VERIFIED_FILE).read_text())["verified"]) == 1  # the second one
+    assert "the best re-measured on a launched server" in (tmp_path / "recommended.toml").read_text()
+
+
+def test_a_pareto_front_is_not_re_measured(tmp_path):
+    spec = dataclasses.replace(make_spec(n_trials=2), objective="pareto")
+    server = FakeServer(server_calibration=TRUTH)
+    tune_and_report(dataclasses.replace(spec, backend=server), "front", None, tmp_path, 3, progress=False)
+    assert server.launches == spec.n_trials and not (tmp_path / VERIFIED_FILE).exists()

@@ -34,7 +34,8 @@ from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
 from chunkbench.tune.report import results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, open_storage, run_study
-from chunkbench.tune.verify import VERIFY_REPEATS, State, compared, print_remeasured, verify_top
+from chunkbench.tune.verify import (VERIFY_REPEATS, State, compared, print_remeasured, spread_over_ties,
+                                     verify_top)
 
 console = Console()
 STATE_FILE = "presearch.json"
@@ -120,7 +121,7 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     search_started = time.monotonic()
     run_study(sim_spec, study, storage, storage_url)
     console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
-    verified = verify_top(spec, study, launch, state, verify, repeats)
+    verified = verify_top(spec, study, launch, state, spread_over_ties(spec, study, verify), repeats)
     measured = {r["trial"]: r["metrics"] for r in verified}
     drift = check_drift(spec, launch, state, calibration)
     write_outputs(sim_spec, study, out, measured, command, measured=verified[0] if verified else None)

@@ -15,8 +15,8 @@ from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import OUTPUTS, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
-from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, print_remeasured, verified_section,
-                                     verify_top)
+from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, best_distinct, print_remeasured,
+                                     verified_section, verify_top)
 from chunkbench.workload import build_workload
 
 console = Console()
@@ -79,7 +79,8 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
     if verify and spec.backend.kind == "launch" and spec.objective != "pareto":  # the winner's curse: verify.py
-        remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE), verify, repeats)
+        remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE),
+                                best_distinct(spec, study, verify), repeats)
         verified = {r["trial"]: r["metrics"] for r in remeasured}
     elif verify:
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)

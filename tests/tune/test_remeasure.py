@@ -13,6 +13,7 @@ import pytest
 
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.run import VERIFIED_FILE, tune_and_report
+from chunkbench.tune.verify import best_distinct, spread_over_ties
 from tests.tune.servers import TRUTH, FakeServer, make_spec
 
 LUCKY = 3  # the launch that ran 4x faster than the server is: trial 2's, whose configuration is not the best
@@ -86,3 +87,21 @@ def test_a_pareto_front_is_not_re_measured(tmp_path):
     server = FakeServer(server_calibration=TRUTH)
     tune_and_report(dataclasses.replace(spec, backend=server), "front", None, tmp_path, 3, progress=False)
     assert server.launches == spec.n_trials and not (tmp_path / VERIFIED_FILE).exists()
+
+
+def test_a_tie_in_simulation_is_verified_on_configurations_that_differ():
+    """Four simulated trials within 5% of each other, two at a 512-token budget: the launches go to the best,
+    then to the one farthest from it (4096 tokens, 64 seats), then to the tied one farthest from both."""
+    budgets, seqs = optuna.distributions.CategoricalDistribution((512, 1024, 4096)), \
+        optuna.distributions.CategoricalDistribution((64, 128, 256))
+    study = optuna.create_study(direction="maximize")
+    for budget, seats, value in [(512, 256, 0.662), (512, 128, 0.661), (1024, 128, 0.660), (4096, 64, 0.640),
+                                 (1024, 64, 0.500)]:
+        study.add_trial(optuna.trial.create_trial(
+            value=value, params={"max_num_batched_tokens": budget, "max_num_seqs": seats},
+            distributions={"max_num_batched_tokens": budgets, "max_num_seqs": seqs}, constraints={"ttft": -1.0},
+            user_attrs={"knobs": {"max_num_batched_tokens": budget, "max_num_seqs": seats}, "metrics": {}}))
+    spec = make_spec()
+    assert [t.number for t in best_distinct(spec, study, 3)] == [0, 1, 2]
+    assert [t.number for t in spread_over_ties(spec, study, 3)] == [0, 3, 2]  # 4: 24% behind, not a tie
+    assert [t.number for t in spread_over_ties(spec, study, 5)] == [0, 3, 2, 1, 4]

@@ -4,6 +4,7 @@
 #   bash scripts/presearch_vs_launch.sh PORT OUT [tune flags...]
 #   e.g. ... 18803 /tmp/pre --presearch sim --verify-top 3 --n-trials 60 --sla-ttft 3s --objective goodput
 #        ... 18802 /tmp/base --n-trials 60 --sla-ttft 3s --objective goodput
+# (the launch-all tune re-measures its best 3 before it picks; --verify-top 0 reports its best single run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=$1; OUT=$2; shift 2

@@ -78,10 +78,11 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
-    if verify and spec.backend.kind == "launch" and spec.objective != "pareto":  # the winner's curse: verify.py
-        remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE),
-                                best_distinct(spec, study, verify), repeats)
-        verified = {r["trial"]: r["metrics"] for r in remeasured}
+    if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py
+        if spec.objective != "pareto":  # a front has no one winner to pick
+            remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE),
+                                    best_distinct(spec, study, verify), repeats)
+            verified = {r["trial"]: r["metrics"] for r in remeasured}
     elif verify:
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
         for trial in feasible_trials(study)[:verify]:

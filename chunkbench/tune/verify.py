@@ -84,8 +84,8 @@ def spread_over_ties(spec: TuneSpec, study: optuna.Study, k: int,
     feasible configurations whose simulated objective is within `tie` of the best, each time the one farthest
     from those chosen (farthest-point), so that the launches measure configurations that differ rather than
     near-copies of one; any left over, best first. Measured on `chunkbench serve`: 56 of 60 simulated trials
-    within 0.3% of each other, the three best all at a 512-token budget, and the one at 4096 that launching
-    every trial found measured 15% better than them, run for run."""
+    within 0.5% of each other, the three best all at a 512-token budget, and the winner at 4096 that launching
+    every trial found measured 15-20% better than theirs, run for run (README, issue 18)."""
     ranked = best_distinct(spec, study, len(study.trials))
     if not ranked or not feasible_trials(study):
         return ranked[:k]

@@ -87,6 +87,7 @@ def test_a_pareto_front_is_not_re_measured(tmp_path):
     server = FakeServer(server_calibration=TRUTH)
     tune_and_report(dataclasses.replace(spec, backend=server), "front", None, tmp_path, 3, progress=False)
     assert server.launches == spec.n_trials and not (tmp_path / VERIFIED_FILE).exists()
+    assert "No trial was re-measured" in (tmp_path / "report.html").read_text()  # nor on a local engine
 
 
 def test_a_tie_in_simulation_is_verified_on_configurations_that_differ():

@@ -32,6 +32,9 @@ from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import build_workload
 
 HEARTBEAT_S, GRACE_S = 2, 8
+# What fails one configuration, not the study: a config the engine refuses, out of memory, a server that
+# does not come up.
+TRIAL_FAILURES = (ConfigError, RuntimeError, MemoryError, ValueError)
 
 # Processes opening a new database at once race to create Optuna's tables; the losers see these. Retry.
 SCHEMA_RACE = ("already exists", "database is locked", "duplicate key", "UNIQUE constraint failed")
@@ -168,7 +171,7 @@ def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline,
             point = spec.space.params(trial.suggest_categorical)
             outcome = evaluate(spec, engine_kwargs(point, workload_max_len), workload,
                                capacity_hint=_latest_capacity(trials))
-        except (ConfigError, RuntimeError, MemoryError, ValueError) as exc:  # e.g. out of memory
+        except TRIAL_FAILURES as exc:
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
             study.tell(trial, state=TrialState.FAIL)
             continue

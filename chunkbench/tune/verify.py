@@ -21,19 +21,17 @@ from rich.console import Console
 from rich.table import Table
 
 from chunkbench.backends import Backend
-from chunkbench.engine.config import ConfigError
 from chunkbench.outputs import write_json, write_text
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.tune.study import closest_trial, feasible_trials, headroom
+from chunkbench.tune.study import TRIAL_FAILURES, closest_trial, feasible_trials, headroom, is_feasible
 from chunkbench.workload import build_workload
 
 console = Console()
 
 VERIFY_REPEATS = 3  # --verify-repeats: an odd count, so each median is a figure one run measured
 SIM_TIE = 0.05  # simulated objectives this close to the best are ties: a calibration's error is ~10-15%
-FAILURES = (ConfigError, RuntimeError, MemoryError, ValueError)  # a server that does not come up: as a trial's
 
 
 class State:
@@ -87,7 +85,7 @@ def spread_over_ties(spec: TuneSpec, study: optuna.Study, k: int,
     within 0.5% of each other, the three best all at a 512-token budget, and the winner at 4096 that launching
     every trial found measured 15-20% better than theirs, run for run (README, issue 18)."""
     ranked = best_distinct(spec, study, len(study.trials))
-    if not ranked or not feasible_trials(study):
+    if not ranked or not is_feasible(ranked[0]):  # nothing met the SLAs: the closest trial alone
         return ranked[:k]
     best = ranked[0].values[0]
     ties = [t for t in ranked if t.values[0] >= best * (1 - tie)]
@@ -114,7 +112,7 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             console.print(f"re-measuring trial {trial.number} ({key}) on a launched server ...")
             try:
                 outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
-            except FAILURES as exc:
+            except TRIAL_FAILURES as exc:  # as a trial's: said, and the tune goes on
                 console.print(f"[yellow]warning:[/] trial {trial.number} could not be re-measured "
                               f"({type(exc).__name__}: {exc}); left out", soft_wrap=True)
                 continue
@@ -148,14 +146,15 @@ def measured_range(row: dict, key: str) -> tuple[float, float] | None:
 
 def run_to_run_spread(verified: list[dict]) -> float | None:
     """The largest (highest - lowest) / median of a compared figure over one configuration's repeated runs."""
-    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in compared(verified)
+    figures = compared(verified)
+    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in figures
                if (span := measured_range(row, key)) and row["metrics"].get(key)]
     return max(spreads, default=None)
 
 
 def repeat_count(verified: list[dict]) -> int:
     """Runs per verified configuration (--verify-repeats, as the rows recorded it; 0 before any)."""
-    return max((len(row.get("repeats") or []) for row in verified), default=0)
+    return max(map(runs, verified), default=0)
 
 
 def change_pct(searched: float | None, measured: float | None, digits: int = 0) -> str:
@@ -165,14 +164,14 @@ def change_pct(searched: float | None, measured: float | None, digits: int = 0) 
 
 def print_remeasured(verified: list[dict], searched: str) -> None:
     """The terminal's account: searched -> measured per configuration, the run-to-run spread, the winner."""
-    runs_each = repeat_count(verified)
+    runs_each, figures = repeat_count(verified), compared(verified)
     table = Table(title=f"re-measured on launched servers: {searched} -> measured"
                   + (f" (median of {runs_each} runs)" if runs_each > 1 else ""))
-    for column in ["trial", "knobs", *(label for _, label in compared(verified)), "SLAs met"]:
+    for column in ["trial", "knobs", *(label for _, label in figures), "SLAs met"]:
         table.add_column(column, justify="left" if column == "knobs" else "right")
     for row in verified:
         cells = ["-" if (s := row["searched"].get(key)) is None or (m := row["metrics"].get(key)) is None else
-                 f"{s:,.2f} -> {m:,.2f} ({change_pct(s, m)})" for key, _ in compared(verified)]
+                 f"{s:,.2f} -> {m:,.2f} ({change_pct(s, m)})" for key, _ in figures]
         table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO")
     console.print(table)
     noise = run_to_run_spread(verified)
@@ -188,13 +187,14 @@ def print_remeasured(verified: list[dict], searched: str) -> None:
 
 def verified_section(verified: list[dict], searched: str, extra: str = "") -> str:
     """report.html's "Verified by launching" section: searched / measured per figure, the runs' range below."""
-    head = "".join(f"<th>{label}: {searched} / measured</th>" for _, label in compared(verified))
+    figures = compared(verified)
+    head = "".join(f"<th>{label}: {searched} / measured</th>" for _, label in figures)
     lines = ""
     for i, row in enumerate(verified):
         cells = "".join(f"<td>{row['searched'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
                         f"({change_pct(row['searched'].get(k), row['metrics'].get(k), 1)})"
                         + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
-                        + "</td>" for k, _ in compared(verified))
+                        + "</td>" for k, _ in figures)
         lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{html.escape(row['knobs'])}</td>"
                   f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
     return ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated runs "

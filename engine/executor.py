@@ -61,14 +61,51 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory free for a KV cache: the GPU's free memory, or the host's MemAvailable (None: not known here)."""
+    """Memory free for a KV cache: the GPU's free memory, or on the host the least of its MemAvailable and the
+    room under this container's memory limit (a container sees the whole host's MemAvailable; allocating past
+    its limit gets the process killed). None: not known here."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    known = [b for b in (host_available_bytes(), cgroup_free_bytes()) if b is not None]
+    return min(known) if known else None
+
+
+def host_available_bytes() -> int | None:
+    """The kernel's MemAvailable (None: no /proc/meminfo)."""
     try:
         with open("/proc/meminfo") as meminfo:
             return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
         return None
+
+
+# (limit, usage, statistics file, its reclaimable page cache): cgroup v2, then v1
+CGROUP_FILES = (("memory.max", "memory.current", "memory.stat", "inactive_file"),
+                ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+                 "total_inactive_file"))
+UNLIMITED = 2**60  # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number
+
+
+def cgroup_free_bytes(root: str = "/sys/fs/cgroup") -> int | None:
+    """Room left under the memory limit of the cgroup mounted at `root` (usage less its inactive page cache, which
+    the kernel reclaims before it kills, as `docker stats` counts it); None when there is no limit or no
+    cgroup to read."""
+    for limit_file, usage_file, stat_file, cache_key in CGROUP_FILES:
+        try:
+            with open(os.path.join(root, limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(root, usage_file)) as f:
+                usage = int(f.read())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= UNLIMITED:
+            return None
+        cache = 0
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(root, stat_file)) as f:
+                cache = next((int(v) for k, v in (line.split() for line in f) if k == cache_key), 0)
+        return max(0, int(limit) - (usage - cache))
+    return None
 
 
 def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> int:

@@ -281,6 +281,39 @@ def test_a_kv_cache_larger_than_free_memory_is_refused(monkeypatch):
     assert executor.kv_cache_blocks(config, torch.device("cpu"), torch.float32) == 1000
 
 
+def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, monkeypatch):
+    """A container sees the host's MemAvailable; the room under its cgroup limit is what it may allocate."""
+    import torch
+
+    from chunkbench.engine import executor
+
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    v2.mkdir()
+    (v2 / "memory.max").write_text("1000000\n")
+    (v2 / "memory.current").write_text("700000\n")
+    (v2 / "memory.stat").write_text("anon 500000\ninactive_file 200000\nactive_file 0\n")
+    assert executor.cgroup_free_bytes(str(v2)) == 1000000 - (700000 - 200000)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("4096000\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("96000\n")  # no memory.stat: all usage counts
+    assert executor.cgroup_free_bytes(str(v1)) == 4000000
+    (v2 / "memory.max").write_text("max\n")
+    assert executor.cgroup_free_bytes(str(v2)) is None
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert executor.cgroup_free_bytes(str(v1)) is None
+    assert executor.cgroup_free_bytes(str(tmp_path / "none")) is None
+    # the host's MemAvailable, unless the container's limit leaves less
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(executor, "host_available_bytes", lambda: 50000)
+    for limit, free in ((12345, 12345), (None, 50000), (10**9, 50000)):
+        monkeypatch.setattr(executor, "cgroup_free_bytes", lambda limit=limit: limit)
+        assert executor.available_bytes(cpu) == free
+    monkeypatch.setattr(executor, "host_available_bytes", lambda: None)
+    assert executor.available_bytes(cpu) == 10**9
+    monkeypatch.setattr(executor, "cgroup_free_bytes", lambda: None)
+    assert executor.available_bytes(cpu) is None
+
+
 def test_lost_requests_are_said_on_the_terminal(capsys, tmp_path):
     code, out, _ = run_cli(["run", "--model", "tiny", "--backend", "engine", "--no-progress", "--workload",
                             "synthetic", "--num-requests", "5", "--prompt-len", "uniform:10:100", "--output-len",

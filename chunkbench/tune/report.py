@@ -17,7 +17,7 @@ from chunkbench.tune import emit
 from chunkbench.tune.objectives import BISECTIONS
 from chunkbench.tune.plots import plot_knobs
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.tune.study import closest_trial, feasible_trials, is_feasible
+from chunkbench.tune.study import closest_trial, closest_trials, feasible_trials, is_feasible
 
 OUTPUTS = ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
            "knobs.png", "report.html")
@@ -42,7 +42,10 @@ def sla_misses(constraints: dict[str, float], slos: list[SLO]) -> list[str]:
 def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict], top: int = 5) -> Table:
     winners = feasible_trials(study)
     keys = [s.summary_key for s in spec.slos]
-    table = Table(title=f"{spec.model}: best of {len(study.trials)} trials ({spec.objective}, {spec.backend})")
+    what = f"best of {len(study.trials)} trials" if winners else \
+        f"none of {len(study.trials)} trials met the SLAs; the closest"
+    winners = winners or closest_trials(study, spec.slos)
+    table = Table(title=f"{spec.model}: {what} ({spec.objective}, {spec.backend})")
     for column in ["trial", "knobs", "goodput req/s" if spec.objective != "capacity" else "capacity req/s",
                    *keys, "output tok/s"] + (["verified " + k for k in keys] if verified else []):
         table.add_column(column, justify="left" if column == "knobs" else "right")

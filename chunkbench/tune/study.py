@@ -212,9 +212,12 @@ def headroom(constraints: dict[str, float], limits: dict[str, float]) -> float:
     return max(((v + limits[k]) / limits[k] for k, v in constraints.items() if k in limits), default=0.0)
 
 
-def closest_trial(study: optuna.Study, slos: list[SLO]) -> optuna.trial.FrozenTrial | None:
-    """When nothing is feasible: the complete trial whose worst SLO miss (relative to its limit) is smallest."""
+def closest_trials(study: optuna.Study, slos: list[SLO]) -> list[optuna.trial.FrozenTrial]:
+    """The complete trials by their worst SLO miss (relative to its limit), smallest first."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not done:
-        return None
-    return min(done, key=lambda t: max((t.constraints.get(s.name, 0.0) / s.limit_ms for s in slos), default=0.0))
+    return sorted(done, key=lambda t: max((t.constraints.get(s.name, 0.0) / s.limit_ms for s in slos), default=0.0))
+
+
+def closest_trial(study: optuna.Study, slos: list[SLO]) -> optuna.trial.FrozenTrial | None:
+    """When nothing is feasible: the complete trial whose worst SLO miss is smallest."""
+    return next(iter(closest_trials(study, slos)), None)

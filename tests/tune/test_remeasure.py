@@ -10,8 +10,9 @@ import json
 
 import optuna
 import pytest
+from rich.console import Console
 
-from chunkbench.tune.report import knobs_text
+from chunkbench.tune.report import knobs_text, results_table
 from chunkbench.tune.run import VERIFIED_FILE, tune_and_report
 from chunkbench.tune.verify import best_distinct, spread_over_ties
 from tests.tune.servers import TRUTH, FakeServer, make_spec
@@ -106,3 +107,25 @@ def test_a_tie_in_simulation_is_verified_on_configurations_that_differ():
     assert [t.number for t in best_distinct(spec, study, 3)] == [0, 1, 2]
     assert [t.number for t in spread_over_ties(spec, study, 3)] == [0, 3, 2]  # 4: 24% behind, not a tie
     assert [t.number for t in spread_over_ties(spec, study, 5)] == [0, 3, 2, 1, 4]
+
+
+def test_when_no_simulated_trial_met_the_sla_the_closest_misses_are_verified():
+    """Nothing met p99 TTFT <= 3 s in simulation: the launches go to the configurations that missed it by the
+    least (a miss of a few percent is within a calibration's error), not to the closest one alone."""
+    budgets = optuna.distributions.CategoricalDistribution((512, 1024, 2048, 4096))
+    study = optuna.create_study(direction="maximize")
+    for budget, miss_ms, value in [(512, 900.0, 0.70), (1024, 90.0, 0.60), (2048, 300.0, 0.65), (4096, 30.0, 0.50)]:
+        study.add_trial(optuna.trial.create_trial(
+            value=value, params={"max_num_batched_tokens": budget},
+            distributions={"max_num_batched_tokens": budgets}, constraints={"ttft": miss_ms},
+            user_attrs={"knobs": {"max_num_batched_tokens": budget}, "metrics": {}}))
+    spec = make_spec()
+    assert [t.number for t in best_distinct(spec, study, 3)] == [3, 1, 2]
+    assert [t.number for t in spread_over_ties(spec, study, 3)] == [3, 1, 2]
+    assert [t.number for t in spread_over_ties(spec, study, 1)] == [3]
+    # and the results table shows them, closest first, and says that none met the SLAs
+    console = Console(width=200, record=True)
+    console.print(results_table(spec, study, {}))
+    text = console.export_text()
+    assert "none of 4 trials met the SLAs; the closest" in text
+    assert [line.split("│")[1].strip() for line in text.splitlines() if "budget" in line][:3] == ["3", "1", "2"]

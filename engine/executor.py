@@ -79,33 +79,56 @@ def host_available_bytes() -> int | None:
         return None
 
 
-# (limit, usage, statistics file, its reclaimable page cache): cgroup v2, then v1
-CGROUP_FILES = (("memory.max", "memory.current", "memory.stat", "inactive_file"),
-                ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
-                 "total_inactive_file"))
-UNLIMITED = 2**60  # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number
+# Per cgroup version: (its mount under /sys/fs/cgroup, limit, usage, statistics file, its reclaimable page cache)
+CGROUP_FILES = {"v2": ("", "memory.max", "memory.current", "memory.stat", "inactive_file"),
+                "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat",
+                       "total_inactive_file")}
+# v1 writes "no limit" as the largest signed 64-bit number rounded down to a page, which depends on the page size
+# (...771712 with 4 KiB pages, ...710272 with 64 KiB): anything this large is no limit
+UNLIMITED = 2**60
 
 
-def cgroup_free_bytes(root: str = "/sys/fs/cgroup") -> int | None:
-    """Room left under the memory limit of the cgroup mounted at `root` (usage less its inactive page cache, which
-    the kernel reclaims before it kills, as `docker stats` counts it); None when there is no limit or no
-    cgroup to read."""
-    for limit_file, usage_file, stat_file, cache_key in CGROUP_FILES:
-        try:
-            with open(os.path.join(root, limit_file)) as f:
-                limit = f.read().strip()
-            with open(os.path.join(root, usage_file)) as f:
-                usage = int(f.read())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or not limit.isdigit() or int(limit) >= UNLIMITED:
-            return None
-        cache = 0
-        with contextlib.suppress(OSError, ValueError):
-            with open(os.path.join(root, stat_file)) as f:
-                cache = next((int(v) for k, v in (line.split() for line in f) if k == cache_key), 0)
-        return max(0, int(limit) - (usage - cache))
-    return None
+def cgroup_free_bytes(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> int | None:
+    """Room left under the tightest memory limit on this process's cgroup and its ancestors (a container's own,
+    a systemd MemoryMax=, a batch job's), usage counted less its inactive page cache, which the kernel reclaims
+    before it kills (as `docker stats` counts it); None when none has a limit or there is no cgroup to read."""
+    try:
+        with open(membership) as f:  # "0::/path" (v2) or "4:memory:/path" (v1's memory controller)
+            paths = [("v2" if ids == "0" and not names else "v1", path.strip())
+                     for ids, names, path in (line.split(":", 2) for line in f if line.count(":") >= 2)
+                     if (ids == "0" and not names) or "memory" in names.split(",")]
+    except OSError:
+        paths = []
+    rooms = []
+    for version, path in paths or [("v2", "/"), ("v1", "/")]:
+        mount, limit_file, usage_file, stat_file, cache_key = CGROUP_FILES[version]
+        base = os.path.normpath(os.path.join(root, mount))
+        folder = os.path.normpath(os.path.join(base, path.lstrip("/")))
+        while os.path.commonpath([folder, base]) == base:  # the process's cgroup, then each ancestor to the mount
+            room = _cgroup_room(folder, limit_file, usage_file, stat_file, cache_key)
+            if room is not None:
+                rooms.append(room)
+            if folder == base:
+                break
+            folder = os.path.dirname(folder)
+    return min(rooms) if rooms else None
+
+
+def _cgroup_room(folder: str, limit_file: str, usage_file: str, stat_file: str, cache_key: str) -> int | None:
+    try:
+        with open(os.path.join(folder, limit_file)) as f:
+            limit = f.read().strip()
+        with open(os.path.join(folder, usage_file)) as f:
+            usage = int(f.read())
+    except (OSError, ValueError):
+        return None
+    if not limit.isdigit() or int(limit) >= UNLIMITED:  # v2 writes "max"
+        return None
+    cache = 0
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(folder, stat_file)) as f:
+            cache = next((int(v) for k, v in (line.split() for line in f if line.strip()) if k == cache_key), 0)
+    return max(0, int(limit) - (usage - cache))
 
 
 def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> int:

@@ -282,26 +282,43 @@ def test_a_kv_cache_larger_than_free_memory_is_refused(monkeypatch):
 
 
 def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, monkeypatch):
-    """A container sees the host's MemAvailable; the room under its cgroup limit is what it may allocate."""
+    """A container sees the host's MemAvailable; the room under the tightest cgroup limit on its path is what it
+    may allocate."""
     import torch
 
     from chunkbench.engine import executor
 
-    v2, v1 = tmp_path / "v2", tmp_path / "v1"
-    (v1 / "memory").mkdir(parents=True)
-    v2.mkdir()
-    (v2 / "memory.max").write_text("1000000\n")
-    (v2 / "memory.current").write_text("700000\n")
-    (v2 / "memory.stat").write_text("anon 500000\ninactive_file 200000\nactive_file 0\n")
-    assert executor.cgroup_free_bytes(str(v2)) == 1000000 - (700000 - 200000)
-    (v1 / "memory" / "memory.limit_in_bytes").write_text("4096000\n")
-    (v1 / "memory" / "memory.usage_in_bytes").write_text("96000\n")  # no memory.stat: all usage counts
-    assert executor.cgroup_free_bytes(str(v1)) == 4000000
-    (v2 / "memory.max").write_text("max\n")
-    assert executor.cgroup_free_bytes(str(v2)) is None
-    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
-    assert executor.cgroup_free_bytes(str(v1)) is None
-    assert executor.cgroup_free_bytes(str(tmp_path / "none")) is None
+    def cgroup(folder, **files):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name.replace("_", ".", 1)).write_text(text)
+
+    # cgroup v2: the process's cgroup /job/step has no limit, its parent /job has one; the root has none
+    root, membership = tmp_path / "v2", tmp_path / "v2-self"
+    membership.write_text("0::/job/step\n")
+    cgroup(root, memory_max="max\n", memory_current="1\n")
+    cgroup(root / "job", memory_max="1000000\n", memory_current="700000\n",
+           memory_stat="anon 500000\ninactive_file 200000\nactive_file 0\n")
+    cgroup(root / "job" / "step", memory_max="max\n", memory_current="600000\n")
+    assert executor.cgroup_free_bytes(str(root), str(membership)) == 1000000 - (700000 - 200000)
+    cgroup(root / "job" / "step", memory_max="300000\n", memory_current="600000\n")  # over its limit: no room
+    assert executor.cgroup_free_bytes(str(root), str(membership)) == 0
+    cgroup(root / "job", memory_max="max\n")
+    cgroup(root / "job" / "step", memory_max="max\n")
+    assert executor.cgroup_free_bytes(str(root), str(membership)) is None
+    # cgroup v1's memory controller: hierarchical usage less total_inactive_file (not the cgroup's own inactive_file)
+    root, membership = tmp_path / "v1", tmp_path / "v1-self"
+    membership.write_text("5:cpu,cpuacct:/x\n4:memory:/docker/abc\n1:name=systemd:/x\n0::/\n")
+    cgroup(root / "memory" / "docker" / "abc", memory_limit_in_bytes="4096000\n", memory_usage_in_bytes="96000\n",
+           memory_stat="inactive_file 1000\ntotal_inactive_file 6000\n")
+    assert executor.cgroup_free_bytes(str(root), str(membership)) == 4096000 - (96000 - 6000)
+    for unlimited in ("9223372036854771712", "9223372036854710272"):  # 4 KiB and 64 KiB pages
+        cgroup(root / "memory" / "docker" / "abc", memory_limit_in_bytes=unlimited)
+        assert executor.cgroup_free_bytes(str(root), str(membership)) is None
+    # no membership file: the mounts' roots; nothing there at all: None
+    cgroup(root / "memory", memory_limit_in_bytes="5000\n", memory_usage_in_bytes="1000\n")
+    assert executor.cgroup_free_bytes(str(root), str(tmp_path / "missing")) == 4000
+    assert executor.cgroup_free_bytes(str(tmp_path / "none"), str(tmp_path / "missing")) is None
     # the host's MemAvailable, unless the container's limit leaves less
     cpu = torch.device("cpu")
     monkeypatch.setattr(executor, "host_available_bytes", lambda: 50000)

@@ -42,9 +42,10 @@ def sla_misses(constraints: dict[str, float], slos: list[SLO]) -> list[str]:
 def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict], top: int = 5) -> Table:
     winners = feasible_trials(study)
     keys = [s.summary_key for s in spec.slos]
-    what = f"best of {len(study.trials)} trials" if winners else \
-        f"none of {len(study.trials)} trials met the SLAs; the closest"
-    winners = winners or closest_trials(study, spec.slos)
+    closest = [] if winners else closest_trials(study, spec.slos)
+    what = (f"best of {len(study.trials)} trials" if winners or not closest else
+            f"none of {len(study.trials)} trials met the SLAs; the closest")
+    winners = winners or closest
     table = Table(title=f"{spec.model}: {what} ({spec.objective}, {spec.backend})")
     for column in ["trial", "knobs", "goodput req/s" if spec.objective != "capacity" else "capacity req/s",
                    *keys, "output tok/s"] + (["verified " + k for k in keys] if verified else []):
@@ -267,8 +268,7 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, 
         return f"<td>{esc(json.dumps(real))}</td>" if verified else ""
     runners = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td><td>{t.values[0]:.3f}</td>"
                       f"{verified_cell(t)}</tr>" for t in feasible_trials(study)[:10])
-    failed = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-              if not is_feasible(t)]
+    failed = [t for t in closest_trials(study, spec.slos) if not is_feasible(t)]
     why = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td>"
                   f"<td>{esc('; '.join(sla_misses(t.constraints, spec.slos)))}</td></tr>" for t in failed[:30])
     crashed = "".join(f"<tr><td>{t.number}</td><td>{esc(t.user_attrs.get('error', 'unknown'))}</td></tr>"

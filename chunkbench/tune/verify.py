@@ -85,7 +85,7 @@ def spread_over_ties(spec: TuneSpec, study: optuna.Study, k: int,
     from those chosen (farthest-point), so that the launches measure configurations that differ rather than
     near-copies of one; any left over, best first. Measured on `chunkbench serve`: 56 of 60 simulated trials
     within 0.5% of each other, the three best all at a 512-token budget, and the winner at 4096 that launching
-    every trial found measured 15-20% better than theirs, run for run (README, issue 18)."""
+    every trial found measured 15-20% better than theirs, run for run (docs/presearch-measurements.md)."""
     ranked = best_distinct(spec, study, len(study.trials))
     if not ranked or not is_feasible(ranked[0]):  # nothing met the SLAs: the closest ones
         return ranked[:k]
@@ -124,13 +124,17 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             state.save()
         results.append({"trial": trial.number, "knobs": key, "searched": trial.user_attrs["metrics"]} | record)
     limits = {s.name: s.limit_ms for s in spec.slos}
-
-    def value(row: dict) -> float:  # NaN (stored as null) ranks last
-        v = row["values"][0]
-        return float("-inf") if v is None or math.isnan(v) else round(v, 9)
-
-    results.sort(key=lambda r: (not r["feasible"], -value(r), headroom(r["constraints"], limits)))
+    results.sort(key=lambda r: measured_rank(r, limits))
     return results
+
+
+def measured_rank(row: dict, limits: dict[str, float]) -> tuple:
+    """Sort key of re-measured rows: those that met the SLAs first, by the objective, ties to more headroom;
+    then the misses, the smallest first (the "closest" the outputs name), ties to the objective."""
+    v = row["values"][0]
+    value = float("-inf") if v is None or math.isnan(v) else round(v, 9)  # NaN (stored as null) ranks last
+    room = headroom(row["constraints"], limits)
+    return (False, -value, room) if row["feasible"] else (True, room, -value)
 
 
 def compared(rows: list[dict]) -> list[tuple[str, str]]:

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from chunkbench.tune.report import knobs_text, results_table
 from chunkbench.tune.run import VERIFIED_FILE, tune_and_report
-from chunkbench.tune.verify import best_distinct, spread_over_ties
+from chunkbench.tune.verify import best_distinct, measured_rank, spread_over_ties
 from tests.tune.servers import TRUTH, FakeServer, make_spec
 
 LUCKY = 3  # the launch that ran 4x faster than the server is: trial 2's, whose configuration is not the best
@@ -129,3 +129,16 @@ def test_when_no_simulated_trial_met_the_sla_the_closest_misses_are_verified():
     text = console.export_text()
     assert "none of 4 trials met the SLAs; the closest" in text
     assert [line.split("│")[1].strip() for line in text.splitlines() if "budget" in line][:3] == ["3", "1", "2"]
+
+
+def test_re_measured_rows_rank_the_smallest_miss_first_among_misses():
+    """Feasible rows by goodput (ties to headroom); misses after them by how much they miss, so the first miss is
+    the "closest" the outputs name, not the one with the most goodput."""
+    limits = {"ttft": 3000.0}
+    rows = {"big miss, most goodput": {"feasible": False, "values": [0.9], "constraints": {"ttft": 900.0}},
+            "small miss": {"feasible": False, "values": [0.5], "constraints": {"ttft": 30.0}},
+            "met, less room": {"feasible": True, "values": [0.6], "constraints": {"ttft": -10.0}},
+            "met, more room": {"feasible": True, "values": [0.6], "constraints": {"ttft": -500.0}},
+            "met, NaN": {"feasible": True, "values": [None], "constraints": {"ttft": -900.0}}}
+    assert sorted(rows, key=lambda name: measured_rank(rows[name], limits)) == [
+        "met, more room", "met, less room", "met, NaN", "small miss", "big miss, most goodput"]

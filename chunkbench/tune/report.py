@@ -160,12 +160,17 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
     return winner, lines
 
 
+def runs(record: dict) -> int:
+    """How many runs a re-measured record's medians are of (one run keeps no `repeats`; tune/verify.py)."""
+    return max(1, len(record.get("repeats") or []))
+
+
 def measured_text(measured: dict) -> str:
     """A re-measured configuration's figures in a line (tune/verify.py's row)."""
-    m, runs = measured["metrics"], len(measured.get("repeats") or [])
+    m, count = measured["metrics"], runs(measured)
     what = (f"capacity {m['capacity_rps']:.3f}" if "capacity_rps" in m else
             f"goodput {m.get('request_goodput', 0):.3f}")
-    return (f"measured{f' (median of {runs} runs)' if runs > 1 else ''}: {what} req/s, p99 TTFT "
+    return (f"measured{f' (median of {count} runs)' if count > 1 else ''}: {what} req/s, p99 TTFT "
             f"{m.get('p99_ttft_ms', 0):,.0f} ms, p99 ITL {m.get('p99_itl_ms', 0):,.0f} ms")
 
 

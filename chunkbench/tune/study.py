@@ -216,10 +216,11 @@ def headroom(constraints: dict[str, float], limits: dict[str, float]) -> float:
 def closest_trials(study: optuna.Study, slos: list[SLO]) -> list[optuna.trial.FrozenTrial]:
     """The complete trials by their worst SLO miss (relative to its limit), smallest first; equal misses by the
     objective (a single one: goodput or capacity, higher first)."""
+    limits = {s.name: s.limit_ms for s in slos}
+
     def key(t: optuna.trial.FrozenTrial) -> tuple[float, float]:
-        worst = max((t.constraints.get(s.name, 0.0) / s.limit_ms for s in slos), default=0.0)
         v = t.values[0] if len(t.values) == 1 else None
-        return worst, -v if v is not None and not math.isnan(v) else math.inf
+        return headroom(t.constraints, limits), -v if v is not None and not math.isnan(v) else math.inf
     return sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=key)
 
 

@@ -23,7 +23,7 @@ from rich.table import Table
 from chunkbench.backends import Backend
 from chunkbench.outputs import write_json, write_text
 from chunkbench.tune.objectives import evaluate
-from chunkbench.tune.report import knobs_text
+from chunkbench.tune.report import knobs_text, runs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import TRIAL_FAILURES, closest_trials, feasible_trials, headroom, is_feasible
 from chunkbench.workload import build_workload
@@ -45,11 +45,6 @@ class State:
 
     def save(self) -> None:
         write_json(self.data, self.path)
-
-
-def runs(record: dict) -> int:
-    """How many runs a re-measured record's medians are of (one run keeps no `repeats`)."""
-    return max(1, len(record.get("repeats") or []))
 
 
 def best_distinct(spec: TuneSpec, study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:

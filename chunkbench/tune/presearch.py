@@ -44,11 +44,11 @@ STATE_FILE = "presearch.json"
 def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, path: Path | None,
                     device: str) -> ServerCalibration:
     """A given --calibration file, the study folder's (a resumed tune), or a new fit from launches."""
-    if path is not None and path.exists():
-        console.print(f"calibration: {path} (no calibration launches)")
-        return ServerCalibration.load(path)
-    if (out / "calibration.json").exists():
-        return ServerCalibration.load(out / "calibration.json")
+    for saved in ([path] if path is not None else []) + [out / "calibration.json"]:
+        if saved.exists():
+            if saved == path:
+                console.print(f"calibration: {path} (no calibration launches)")
+            return same_deployment(ServerCalibration.load(saved), spec, launch, saved)
     runs = {r["name"]: r for r in state.data.setdefault("calibration_runs", [])}
     for design in cal.designs(spec):
         if design.name in runs:
@@ -70,6 +70,22 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
     calibration.save(out / "calibration.json")
     if path is not None:
         calibration.save(path)
+    return calibration
+
+
+def same_deployment(calibration: ServerCalibration, spec: TuneSpec, launch: Backend,
+                    path: Path) -> ServerCalibration:
+    """A saved calibration describes the server it was fitted on: another model is refused (its constants
+    would scale the wrong shapes), another --launch template is warned about in one line (it may differ only
+    in a port, or be another deployment)."""
+    if calibration.model and calibration.model != spec.model:
+        raise UserError(f"--calibration {path} was fitted to a server of {calibration.model}, not {spec.model}: "
+                        "give a new path to calibrate again")
+    server = getattr(launch, "launch", "")
+    if calibration.server and server and calibration.server != server:
+        console.print(f"[yellow]warning:[/] {path} was fitted on a server launched as `{calibration.server}`; this "
+                      f"tune launches `{server}`: if that is another deployment, give a new path to calibrate "
+                      "again", soft_wrap=True)
     return calibration
 
 

@@ -13,6 +13,8 @@ import optuna
 import pytest
 
 from chunkbench.backends import SimBackend
+from chunkbench.errors import UserError
+from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.calibrate import designs, fit, simulate_design
 from chunkbench.tune.presearch import presearch_tune
 from chunkbench.tune.report import knobs_text
@@ -72,6 +74,28 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     second = FakeServer(server_calibration=TRUTH)
     presearch_tune(spec, "second", None, tmp_path / "b", 1, second, calibration_path=path, progress=False)
     assert second.launches == 2  # the verification and the drift check only
+
+
+def test_a_saved_calibration_of_another_deployment_is_refused_or_warned_about(tmp_path, capsys):
+    """A calibration fitted to another model is refused before any launch; one fitted on another --launch
+    template is used, with a one-line warning naming both."""
+    spec = make_spec(n_trials=3)
+    path = tmp_path / "server.json"
+    first = FakeServer(server_calibration=TRUTH)
+    first.launch = "chunkbench serve --model small --port 8001"
+    presearch_tune(spec, "first", None, tmp_path / "a", 1, first, calibration_path=path, progress=False)
+    assert ServerCalibration.load(path).server == first.launch
+    capsys.readouterr()
+    other = FakeServer(server_calibration=TRUTH)
+    other.launch = "chunkbench serve --model small --port 8002"
+    presearch_tune(spec, "other", None, tmp_path / "b", 1, other, calibration_path=path, progress=False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning:" in out and "--port 8001" in out and "--port 8002" in out and other.launches == 2
+    wrong = FakeServer(server_calibration=TRUTH)
+    with pytest.raises(UserError, match="fitted to a server of small, not tiny"):
+        presearch_tune(dataclasses.replace(spec, model="tiny"), "wrong", None, tmp_path / "c", 1, wrong,
+                       calibration_path=path, progress=False)
+    assert wrong.launches == 0
 
 
 @dataclasses.dataclass

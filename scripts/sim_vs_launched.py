@@ -63,7 +63,8 @@ def main() -> None:
         simulated = evaluate(spec, trial.user_attrs["knobs"], workload, backend=backend).metrics
         rows.append({"trial": trial.number} | {f"{k} {side}": figures.get(k) for k in FIGURES
                                                for side, figures in (("sim", simulated), ("measured", measured))})
-    print(f"{len(rows)} launched trials of {args.study_dir} against {args.calibration} ({', '.join(map(str, spec.slos))})")
+    slas = ", ".join(map(str, spec.slos))
+    print(f"{len(rows)} launched trials of {args.study_dir} against {args.calibration} ({slas})")
     print("| figure | trials | median error | mean error | within 15% |\n|---|---|---|---|---|")
     for key in FIGURES:
         errors = [(r[f"{key} sim"] - r[f"{key} measured"]) / r[f"{key} measured"] for r in rows

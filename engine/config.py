@@ -156,7 +156,8 @@ class CacheConfig:
     """Paged KV cache: `num_blocks` blocks of `block_size` tokens each.
 
     num_blocks=None sizes the cache from memory: on CUDA, `gpu_memory_utilization` of the device less the
-    weights; on the CPU, at most `cpu_kv_cache_gib`, and never more than max_num_seqs full-length requests.
+    weights; on the CPU, at most `cpu_kv_cache_gib` and 90% of the free memory; never more than max_num_seqs
+    full-length requests.
     """
 
     block_size: int = default("block_size")
@@ -294,7 +295,8 @@ class EngineConfig:
         _require(self.attention_backend in ATTENTION_BACKENDS,
                  f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                  f"got '{self.attention_backend}'")
-        _require(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"--seed must be from 0 to 2**32-1, got {self.seed}")
+        _require(isinstance(self.seed, int) and 0 <= self.seed < 2**32,
+                 f"--seed must be from 0 to 2**32-1, got {self.seed}")
         _require(self.scheduler.max_model_len <= self.model.max_model_len,
                  f"--max-model-len ({self.scheduler.max_model_len}) must be <= the model's "
                  f"max_model_len ({self.model.max_model_len})")

@@ -133,7 +133,12 @@ def tune(
     spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,
                     objective=objective, n_trials=n_trials, timeout_s=timeout, seed=seed,
                     max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)
-    build_workload(spec_workload)  # a bad workload fails here, before anything is written
+    try:
+        build_workload(spec_workload)  # a bad workload fails here, before anything is written
+    except UserError as exc:  # its message names the flag; a value may have come from the space file instead
+        from_file = sorted(k for k in search_space.workload if given.get(k) is None)
+        raise (UserError(f"{exc} ([workload] of --space {search_space.source} sets {', '.join(from_file)})")
+               if from_file else exc) from None
     name = study or default_study_name(spec)
     if presearch == "sim":
         from chunkbench.tune.presearch import presearch_tune

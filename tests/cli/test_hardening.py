@@ -281,6 +281,23 @@ def test_a_kv_cache_larger_than_free_memory_is_refused(monkeypatch):
     assert executor.kv_cache_blocks(config, torch.device("cpu"), torch.float32) == 1000
 
 
+def test_a_cpu_kv_cache_sized_from_memory_fits_the_free_memory(monkeypatch):
+    """Without --num-blocks the CPU cache takes at most --cpu-kv-cache-gib, and at most 90% of what is free
+    (a container's limit included): 1 GiB of blocks in a container with 100 blocks' room would be killed."""
+    import torch
+
+    from chunkbench.engine import executor
+    from chunkbench.engine.config import EngineConfig
+
+    config = EngineConfig.create("tiny", max_num_seqs=256, max_model_len=2048)  # wants 256 x 128 blocks
+    per_block = config.cache.kv_bytes_per_block(config.model, 4)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(executor, "available_bytes", lambda device: 100 * per_block)
+    assert executor.kv_cache_blocks(config, cpu, torch.float32) == 90
+    monkeypatch.setattr(executor, "available_bytes", lambda device: None)  # unknown: the flag's 1 GiB
+    assert executor.kv_cache_blocks(config, cpu, torch.float32) == 2**30 // per_block
+
+
 def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, monkeypatch):
     """A container sees the host's MemAvailable; the room under the tightest cgroup limit on its path is what it
     may allocate."""
@@ -348,3 +365,7 @@ def test_odd_profile_and_kernel_sizes_are_user_errors(capsys, tmp_path):
     space = write(tmp_path, "space.toml", "[space]\nmax_num_batched_tokens = [9999999999999999999999]\n")
     fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--space", space, "--out", str(tmp_path / "t")], capsys,
                   "'max_num_batched_tokens' values must be at most")
+    space = write(tmp_path, "workload.toml", '[workload]\nprompt_len = "lognormal:abc"\nrate = 2.0\n'
+                                             '[space]\nmax_num_batched_tokens = [512]\n')
+    fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--space", space, "--out", str(tmp_path / "t")], capsys,
+                  f"([workload] of --space {space} sets prompt_len, rate)")

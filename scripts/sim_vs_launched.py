@@ -9,14 +9,22 @@ STUDY_DIR holds the launch-all tune's study.db (its SLAs are read from it), the 
 with (its [workload] is simulated), and the engine flags it fixed are given again (--num-blocks). Prints, per
 figure, the trials compared, the median and mean of (simulated - measured) / measured, and how many are within
 15%; --csv FILE writes every trial's pair.
+
+When the study re-measured its best configurations (verified.json: `--verify-top K`, each run R times on a
+launch of its own), it also compares, on those configurations and the three figures a presearch verifies, the
+simulation and the configuration's best single run (the trial the tune picked it by) against the medians of
+its re-measurement: how well a launched run predicts another launch, the floor under the simulator's agreement.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import statistics
+import sys
+from pathlib import Path
 
 import optuna
 
@@ -24,18 +32,56 @@ from chunkbench.backends import SimBackend
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.slo import SLO
 from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.report import knobs_text
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import WorkloadSpec, build_workload
 
 FIGURES = ("request_goodput", "median_ttft_ms", "p99_ttft_ms", "p99_itl_ms", "p99_e2el_ms")
+VERIFIED = ("request_goodput", "p99_ttft_ms", "p99_itl_ms")  # what a presearch's verification compares
 WITHIN = 0.15  # issue 18's agreement
 
 
 def slos_of(study: optuna.Study) -> list[SLO]:
     """The study's SLAs, as the tune recorded them ('p99 TTFT <= 4000 ms')."""
-    found = [re.fullmatch(r"p([\d.]+) (\w+) <= ([\d.]+) ms", text) for text in study.user_attrs.get("slos", [])]
-    return [SLO(m[2].lower(), float(m[1]), float(m[3])) for m in found if m]
+    slos = []
+    for text in study.user_attrs.get("slos", []):
+        match = re.fullmatch(r"p([\d.]+) (\w+) <= ([\d.e+]+) ms", text)
+        if match is None:
+            sys.exit(f"cannot read the study's SLA '{text}'")
+        slos.append(SLO(match[2].lower(), float(match[1]), float(match[3])))
+    return slos
+
+
+def error(simulated: float | None, measured: float | None) -> float | None:
+    return None if simulated is None or not measured else (simulated - measured) / measured
+
+
+def summary(label: str, errors: list[float]) -> str:
+    return (f"| {label} | {len(errors)} | {100 * statistics.median(errors):+.1f}% | "
+            f"{100 * statistics.mean(errors):+.1f}% | {sum(abs(e) <= WITHIN for e in errors)} |")
+
+
+def verified_rows(study: optuna.Study, path: Path, simulate) -> None:
+    """The re-measured configurations: simulated, and their best single run, against the re-measured medians."""
+    verified = json.loads(path.read_text()).get("verified", {})
+    print(f"\n{len(verified)} re-measured configurations ({path}): against the median of their re-measurement")
+    print("| figure | compared | median error | mean error | within 15% |\n|---|---|---|---|---|")
+    pairs = {"simulated": [], "its best single run": []}
+    for key, record in verified.items():
+        runs = [t for t in study.trials if t.user_attrs.get("knobs") and knobs_text(t) == key and t.values]
+        if not runs:
+            continue
+        best = max(runs, key=lambda t: t.values[0])
+        simulated = simulate(best.user_attrs["knobs"])
+        for figure in VERIFIED:
+            measured = record["metrics"].get(figure)
+            for side, figures in (("simulated", simulated), ("its best single run", best.user_attrs["metrics"])):
+                if (e := error(figures.get(figure), measured)) is not None:
+                    pairs[side].append(e)
+    for side, errors in pairs.items():
+        if errors:
+            print(summary(side, errors))
 
 
 def main() -> None:
@@ -47,31 +93,39 @@ def main() -> None:
     parser.add_argument("--csv", help="write every trial's simulated and measured figures here")
     args = parser.parse_args()
 
-    storage = f"sqlite:///{args.study_dir}/study.db"
+    folder = Path(args.study_dir)
+    if not (folder / "study.db").is_file():
+        sys.exit(f"{folder}: no study.db (give the --out folder of a `tune --backend launch`)")
+    storage = f"sqlite:///{folder / 'study.db'}"
     study = optuna.load_study(study_name=optuna.study.get_all_study_names(storage)[0], storage=storage)
     space = SearchSpace.load(args.space)
     spec = TuneSpec(model=study.user_attrs.get("model", "small"), slos=slos_of(study), space=space,
                     workload=WorkloadSpec(**space.workload), backend=None,
+                    objective=study.user_attrs.get("objective", "goodput"),
                     engine_overrides={"num_blocks": args.num_blocks})
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     backend = SimBackend(server_calibration=ServerCalibration.load(args.calibration))
+
+    def simulate(knobs: dict) -> dict:
+        return evaluate(spec, knobs, workload, backend=backend).metrics
+
     rows = []
     for trial in study.trials:
         measured = trial.user_attrs.get("metrics")
         if trial.state != optuna.trial.TrialState.COMPLETE or not measured:
             continue
-        simulated = evaluate(spec, trial.user_attrs["knobs"], workload, backend=backend).metrics
+        simulated = simulate(trial.user_attrs["knobs"])
         rows.append({"trial": trial.number} | {f"{k} {side}": figures.get(k) for k in FIGURES
                                                for side, figures in (("sim", simulated), ("measured", measured))})
     slas = ", ".join(map(str, spec.slos))
-    print(f"{len(rows)} launched trials of {args.study_dir} against {args.calibration} ({slas})")
+    print(f"{len(rows)} launched trials of {folder} against {args.calibration} ({slas})")
     print("| figure | trials | median error | mean error | within 15% |\n|---|---|---|---|---|")
     for key in FIGURES:
-        errors = [(r[f"{key} sim"] - r[f"{key} measured"]) / r[f"{key} measured"] for r in rows
-                  if r[f"{key} sim"] is not None and r[f"{key} measured"]]
+        errors = [e for r in rows if (e := error(r[f"{key} sim"], r[f"{key} measured"])) is not None]
         if errors:
-            print(f"| {key} | {len(errors)} | {100 * statistics.median(errors):+.1f}% | "
-                  f"{100 * statistics.mean(errors):+.1f}% | {sum(abs(e) <= WITHIN for e in errors)} |")
+            print(summary(key, errors))
+    if (folder / "verified.json").is_file():
+        verified_rows(study, folder / "verified.json", simulate)
     if args.csv:
         with open(args.csv, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["trial"])

@@ -135,9 +135,10 @@ def tune(
                     max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)
     try:
         build_workload(spec_workload)  # a bad workload fails here, before anything is written
-    except UserError as exc:  # its message names the flag; a value may have come from the space file instead
-        from_file = sorted(k for k in search_space.workload if given.get(k) is None)
-        raise (UserError(f"{exc} ([workload] of --space {search_space.source} sets {', '.join(from_file)})")
+    except UserError as exc:  # its message names the flag; the value may have come from the space file instead
+        from_file = [k for k in search_space.workload
+                     if given.get(k) is None and f"--{k.replace('_', '-')}" in str(exc)]
+        raise (UserError(f"{exc} (set by [workload] {', '.join(from_file)} in --space {search_space.source})")
                if from_file else exc) from None
     name = study or default_study_name(spec)
     if presearch == "sim":

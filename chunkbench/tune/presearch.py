@@ -25,6 +25,7 @@ from pathlib import Path
 
 import optuna
 from rich.console import Console
+from rich.markup import escape
 
 from chunkbench.backends import Backend, SimBackend
 from chunkbench.errors import UserError
@@ -44,11 +45,12 @@ STATE_FILE = "presearch.json"
 def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, path: Path | None,
                     device: str) -> ServerCalibration:
     """A given --calibration file, the study folder's (a resumed tune), or a new fit from launches."""
-    for saved in ([path] if path is not None else []) + [out / "calibration.json"]:
-        if saved.exists():
-            if saved == path:
-                console.print(f"calibration: {path} (no calibration launches)")
-            return same_deployment(ServerCalibration.load(saved), spec, launch, saved)
+    for saved, flag in ((path, "--calibration"), (out / "calibration.json", "--out")):
+        if saved is not None and saved.exists():
+            calibration = same_deployment(ServerCalibration.load(saved), spec, launch, saved, flag)
+            if flag == "--calibration":
+                console.print(f"calibration: {escape(str(path))} (no calibration launches)")
+            return calibration
     runs = {r["name"]: r for r in state.data.setdefault("calibration_runs", [])}
     for design in cal.designs(spec):
         if design.name in runs:
@@ -73,19 +75,20 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
     return calibration
 
 
-def same_deployment(calibration: ServerCalibration, spec: TuneSpec, launch: Backend,
-                    path: Path) -> ServerCalibration:
-    """A saved calibration describes the server it was fitted on: another model is refused (its constants
-    would scale the wrong shapes), another --launch template is warned about in one line (it may differ only
-    in a port, or be another deployment)."""
+def same_deployment(calibration: ServerCalibration, spec: TuneSpec, launch: Backend, path: Path,
+                    flag: str) -> ServerCalibration:
+    """A saved calibration (`flag`: --calibration FILE, or --out's from a tune run before) describes the server
+    it was fitted on: another model is refused (its constants would scale the wrong shapes), another --launch
+    template is warned about in one line (it may differ only in a port, or be another deployment)."""
+    again = "give --calibration a new path" if flag == "--calibration" else "use another --out"
     if calibration.model and calibration.model != spec.model:
-        raise UserError(f"--calibration {path} was fitted to a server of {calibration.model}, not {spec.model}: "
-                        "give a new path to calibrate again")
+        raise UserError(f"{flag}: {path} was fitted to a server of {calibration.model}, not {spec.model}: "
+                        f"{again} to calibrate again")
     server = getattr(launch, "launch", "")
     if calibration.server and server and calibration.server != server:
-        console.print(f"[yellow]warning:[/] {path} was fitted on a server launched as `{calibration.server}`; this "
-                      f"tune launches `{server}`: if that is another deployment, give a new path to calibrate "
-                      "again", soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(str(path))} was fitted on a server launched as "
+                      f"`{escape(calibration.server)}`; this tune launches `{escape(server)}`: if that is another "
+                      f"deployment, {again} to calibrate again", soft_wrap=True)
     return calibration
 
 

@@ -16,6 +16,7 @@ from chunkbench.workload import WorkloadSpec
 
 SCHEDULE_FAMILIES = ("fixed", "decreasing", "linear")
 WORKLOAD_KEYS = tuple(f.name for f in dataclasses.fields(WorkloadSpec))
+WORKLOAD_TEXT = ("name", "arrival", "prompt_len", "output_len", "tokenizer")  # the [workload] keys given as strings
 
 
 def chunk_schedule(family: str, budget: int) -> tuple[int, ...]:
@@ -49,6 +50,11 @@ class SearchSpace:
             raise UserError(f"{where}: unknown knob(s) {', '.join(sorted(unknown))}; use {', '.join(KNOBS)}")
         for key in set(self.workload) - set(WORKLOAD_KEYS):
             raise UserError(f"{where}: unknown [workload] key '{key}'; use {', '.join(WORKLOAD_KEYS)}")
+        for key, value in self.workload.items():  # numbers are checked with the workload (WorkloadSpec.validate)
+            if key in WORKLOAD_TEXT and not isinstance(value, str):
+                raise UserError(f"{where}: [workload] '{key}' must be a string, got {value!r}")
+            if key == "shuffle" and not isinstance(value, bool):
+                raise UserError(f"{where}: [workload] 'shuffle' must be true or false, got {value!r}")
         for key, values in self.values.items():
             if not isinstance(values, list) or not values:
                 raise UserError(f"{where}: '{key}' must be a non-empty list of values")

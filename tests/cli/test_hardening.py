@@ -289,8 +289,9 @@ def test_a_cpu_kv_cache_sized_from_memory_fits_the_free_memory(monkeypatch):
     from chunkbench.engine import executor
     from chunkbench.engine.config import EngineConfig
 
-    config = EngineConfig.create("tiny", max_num_seqs=256, max_model_len=2048)  # wants 256 x 128 blocks
+    config = EngineConfig.create("tiny", max_num_seqs=1024, max_model_len=2048)  # wants 1024 x 128 blocks
     per_block = config.cache.kv_bytes_per_block(config.model, 4)
+    assert 2**30 // per_block < 1024 * 128  # so the 1 GiB below is the bound, not what the requests want
     cpu = torch.device("cpu")
     monkeypatch.setattr(executor, "available_bytes", lambda device: 100 * per_block)
     assert executor.kv_cache_blocks(config, cpu, torch.float32) == 90
@@ -365,7 +366,12 @@ def test_odd_profile_and_kernel_sizes_are_user_errors(capsys, tmp_path):
     space = write(tmp_path, "space.toml", "[space]\nmax_num_batched_tokens = [9999999999999999999999]\n")
     fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--space", space, "--out", str(tmp_path / "t")], capsys,
                   "'max_num_batched_tokens' values must be at most")
-    space = write(tmp_path, "workload.toml", '[workload]\nprompt_len = "lognormal:abc"\nrate = 2.0\n'
-                                             '[space]\nmax_num_batched_tokens = [512]\n')
+    space = write(tmp_path, "workload.toml", '[workload]\nname = "synthetic"\nprompt_len = "lognormal:abc"\n'
+                                             'rate = 2.0\n[space]\nmax_num_batched_tokens = [512]\n')
     fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--space", space, "--out", str(tmp_path / "t")], capsys,
-                  f"([workload] of --space {space} sets prompt_len, rate)")
+                  f"(set by [workload] prompt_len in --space {space})")
+    fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--rate", "-1", "--out", str(tmp_path / "t")], capsys,
+                  "--rate must be > 0, got -1.0")  # a flag's own error blames no file
+    space = write(tmp_path, "typed.toml", '[workload]\nprompt_len = 256\n[space]\nmax_num_batched_tokens = [512]\n')
+    fails_cleanly(["tune", *SIM, "--sla-ttft", "1s", "--space", space, "--out", str(tmp_path / "t")], capsys,
+                  "[workload] 'prompt_len' must be a string, got 256")

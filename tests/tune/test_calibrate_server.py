@@ -87,12 +87,12 @@ def test_a_saved_calibration_of_another_deployment_is_refused_or_warned_about(tm
     assert ServerCalibration.load(path).server == first.launch
     capsys.readouterr()
     other = FakeServer(server_calibration=TRUTH)
-    other.launch = "chunkbench serve --model small --port 8002"
+    other.launch = "chunkbench serve --model small --port 8002 [/x]"  # not Rich markup: printed as given
     presearch_tune(spec, "other", None, tmp_path / "b", 1, other, calibration_path=path, progress=False)
     out = " ".join(capsys.readouterr().out.split())
-    assert "warning:" in out and "--port 8001" in out and "--port 8002" in out and other.launches == 2
+    assert "warning:" in out and "--port 8001`" in out and "--port 8002 [/x]`" in out and other.launches == 2
     wrong = FakeServer(server_calibration=TRUTH)
-    with pytest.raises(UserError, match="fitted to a server of small, not tiny"):
+    with pytest.raises(UserError, match="fitted to a server of small, not tiny: give --calibration a new path"):
         presearch_tune(dataclasses.replace(spec, model="tiny"), "wrong", None, tmp_path / "c", 1, wrong,
                        calibration_path=path, progress=False)
     assert wrong.launches == 0

@@ -92,6 +92,17 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
     return policy, overrides
 
 
+STEP_SIZING = ("max_num_batched_tokens", "step_time_target_ms")  # a chunked policy with either sizes its steps
+
+
+def unsized_chunked(specs: list[str]) -> bool:
+    """Whether a chunked policy among these specs sets neither a token budget nor a time target itself: only
+    such a policy takes a CPU's default step-time target (config_for_policy), so only then is it chosen and
+    said (the flags' own budget or target is fit_to_device's to see)."""
+    return any(policy == "chunked" and not any(knobs.get(k) for k in STEP_SIZING)
+               for policy, knobs in map(parse_policy_spec, specs))
+
+
 def config_for_policy(base: dict, spec: str, chunked_defaults: dict | None = None) -> EngineConfig:
     """The base engine flags with one policy's knobs on top. Policies that never split a prompt get at least
     their default budget, max(2048, max_model_len), unless the spec sets one (vLLM without chunked prefill).
@@ -99,8 +110,7 @@ def config_for_policy(base: dict, spec: str, chunked_defaults: dict | None = Non
     flags and spec set neither a token budget nor a time target."""
     policy, overrides = parse_policy_spec(spec)
     kwargs = {**base, **overrides}
-    sized = ("max_num_batched_tokens", "step_time_target_ms")
-    if policy == "chunked" and chunked_defaults and not any(kwargs.get(k) for k in sized):
+    if policy == "chunked" and chunked_defaults and not any(kwargs.get(k) for k in STEP_SIZING):
         kwargs |= chunked_defaults
     if "max_num_batched_tokens" not in overrides and policy != "chunked":
         max_model_len = EngineConfig.create(**{**kwargs, "max_num_batched_tokens": None}).scheduler.max_model_len

@@ -73,7 +73,7 @@ def compare(
     the device: the output says what was chosen."""
     from chunkbench.device_defaults import fit_to_device
     from chunkbench.report import comparison_table, failure_notes, write_comparison
-    from chunkbench.runs import compare as compare_policies
+    from chunkbench.runs import compare as compare_policies, unsized_chunked
 
     o = run_options(options)
     slos = parse_goodput(o["goodput"])
@@ -85,8 +85,8 @@ def compare(
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
                                config=base_config, engine_overhead=o["engine_overhead"])).backend
     spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **workload_options(options))
-    chunked = any(p.partition(":")[0] == "chunked" for p in policies)
-    requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies), chunked, requests)
+    requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies), unsized_chunked(policies),
+                                           requests)
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
     spec = dataclasses.replace(spec, num_requests=len(requests))

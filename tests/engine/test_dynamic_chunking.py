@@ -255,3 +255,14 @@ def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
     kept, knobs, _ = fit_to_device(FakeBackend(), config, {"num_requests": 100, "max_num_batched_tokens": 512}, 3,
                                    True, requests)
     assert kept == requests and knobs == {}
+
+
+def test_compare_says_a_default_step_target_only_when_a_chunked_policy_takes_it():
+    """`compare static chunked:budget=96` on the CPU chose (and said) a step-time target that no policy took."""
+    from chunkbench.runs import config_for_policy, unsized_chunked
+
+    assert unsized_chunked(["static", "chunked"]) and unsized_chunked(["chunked:budget=96", "chunked:seqs=8"])
+    assert not unsized_chunked(["static", "continuous", "chunked:budget=96"])
+    base, target = {"model": "tiny"}, {"step_time_target_ms": 100.0}
+    assert config_for_policy(base, "chunked:budget=96", target).scheduler.step_time_target_ms is None
+    assert config_for_policy(base, "chunked:seqs=8", target).scheduler.step_time_target_ms == 100.0

@@ -148,8 +148,9 @@ def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dty
         # The weights are already resident; leave 10% of what remains for activations.
         budget = min(free, total * cache.gpu_memory_utilization - torch.cuda.memory_allocated(device)) * 0.9
     else:  # at most cpu_kv_cache_gib, and as on CUDA 90% of what is free (a container's limit counted)
-        free = available_bytes(device)
-        budget = cache.cpu_kv_cache_gib * 2**30 if free is None else min(cache.cpu_kv_cache_gib * 2**30, 0.9 * free)
+        budget, free = cache.cpu_kv_cache_gib * 2**30, available_bytes(device)
+        if free is not None:
+            budget = min(budget, 0.9 * free)
     blocks = min(wanted, int(budget // per_block))
     if blocks < 1:
         raise ConfigError("not enough memory for a single KV block; lower --max-model-len or use a smaller "

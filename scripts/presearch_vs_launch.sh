@@ -5,8 +5,8 @@
 # whenever the benchmark client or the tuner takes a core (measured on one launch, 4 runs each: median ITL
 # 173-341 ms with two threads, 175-198 ms with one), and a GPU server does not share its device with its client.
 #   bash scripts/presearch_vs_launch.sh PORT OUT [tune flags...]
-#   e.g. ... 18803 /tmp/pre --presearch sim --verify-top 3 --n-trials 60 --sla-ttft 3s --objective goodput
-#        ... 18802 /tmp/base --n-trials 60 --sla-ttft 3s --objective goodput
+#   e.g. ... 18803 /tmp/pre --presearch sim --verify-top 3 --n-trials 60 --sla-ttft 4s --objective goodput
+#        ... 18802 /tmp/base --n-trials 60 --sla-ttft 4s --objective goodput
 # (the launch-all tune re-measures its best 3 before it picks; --verify-top 0 reports its best single run)
 set -euo pipefail
 cd "$(dirname "$0")/.."

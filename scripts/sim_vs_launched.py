@@ -19,7 +19,6 @@ its re-measurement: how well a launched run predicts another launch, the floor u
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 import statistics
@@ -27,8 +26,10 @@ import sys
 from pathlib import Path
 
 import optuna
+import pandas as pd
 
 from chunkbench.backends import SimBackend
+from chunkbench.outputs import write_text
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.slo import SLO
 from chunkbench.tune.objectives import evaluate
@@ -62,8 +63,9 @@ def summary(label: str, errors: list[float]) -> str:
             f"{100 * statistics.mean(errors):+.1f}% | {sum(abs(e) <= WITHIN for e in errors)} |")
 
 
-def verified_rows(study: optuna.Study, path: Path, simulate) -> None:
-    """The re-measured configurations: simulated, and their best single run, against the re-measured medians."""
+def verified_rows(study: optuna.Study, path: Path, simulated: dict[int, dict]) -> None:
+    """The re-measured configurations: simulated (`simulated`: figures by trial number), and their best single
+    run, against the re-measured medians."""
     verified = json.loads(path.read_text()).get("verified", {})
     print(f"\n{len(verified)} re-measured configurations ({path}): against the median of their re-measurement")
     print("| figure | compared | median error | mean error | within 15% |\n|---|---|---|---|---|")
@@ -73,10 +75,10 @@ def verified_rows(study: optuna.Study, path: Path, simulate) -> None:
         if not runs:
             continue
         best = max(runs, key=lambda t: t.values[0])
-        simulated = simulate(best.user_attrs["knobs"])
         for figure in VERIFIED:
             measured = record["metrics"].get(figure)
-            for side, figures in (("simulated", simulated), ("its best single run", best.user_attrs["metrics"])):
+            for side, figures in (("simulated", simulated[best.number]),
+                                  ("its best single run", best.user_attrs["metrics"])):
                 if (e := error(figures.get(figure), measured)) is not None:
                     pairs[side].append(e)
     for side, errors in pairs.items():
@@ -105,18 +107,14 @@ def main() -> None:
                     engine_overrides={"num_blocks": args.num_blocks})
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     backend = SimBackend(server_calibration=ServerCalibration.load(args.calibration))
-
-    def simulate(knobs: dict) -> dict:
-        return evaluate(spec, knobs, workload, backend=backend).metrics
-
-    rows = []
+    rows, simulated = [], {}
     for trial in study.trials:
         measured = trial.user_attrs.get("metrics")
         if trial.state != optuna.trial.TrialState.COMPLETE or not measured:
             continue
-        simulated = simulate(trial.user_attrs["knobs"])
+        sim = simulated[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=backend).metrics
         rows.append({"trial": trial.number} | {f"{k} {side}": figures.get(k) for k in FIGURES
-                                               for side, figures in (("sim", simulated), ("measured", measured))})
+                                               for side, figures in (("sim", sim), ("measured", measured))})
     slas = ", ".join(map(str, spec.slos))
     print(f"{len(rows)} launched trials of {folder} against {args.calibration} ({slas})")
     print("| figure | trials | median error | mean error | within 15% |\n|---|---|---|---|---|")
@@ -125,12 +123,9 @@ def main() -> None:
         if errors:
             print(summary(key, errors))
     if (folder / "verified.json").is_file():
-        verified_rows(study, folder / "verified.json", simulate)
-    if args.csv:
-        with open(args.csv, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["trial"])
-            writer.writeheader()
-            writer.writerows(rows)
+        verified_rows(study, folder / "verified.json", simulated)
+    if args.csv:  # atomically, as every chunkbench output
+        write_text(pd.DataFrame(rows).to_csv(index=False), Path(args.csv))
 
 
 if __name__ == "__main__":

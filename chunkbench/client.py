@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from chunkbench.gc_pause import frozen_heap
 from chunkbench.harness import prompt_ids
 from chunkbench.metrics import RequestRecord
 from chunkbench.workload import WorkloadRequest, check_real_time
@@ -148,21 +149,22 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
     all_headers = request_headers(api_key, headers)
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=100)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
-        warmup_error = None
-        if warmup and workload:  # untimed; a distinct prompt, so request 0 finds no prefix it put in the cache
-            first = replace(workload[0], shared=())
-            body = request_body(api, model, prompt_ids(0, first, vocab_size, seed + 1), first.output_len)
-            warmup_error = (await _request(client, url, body, all_headers, timeout_s))[3]
+    with frozen_heap():  # no ~130 ms collection of the imports inside a timed request (gc_pause.py)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+            warmup_error = None
+            if warmup and workload:  # untimed; a distinct prompt, so request 0 finds no prefix it put in the cache
+                first = replace(workload[0], shared=())
+                body = request_body(api, model, prompt_ids(0, first, vocab_size, seed + 1), first.output_len)
+                warmup_error = (await _request(client, url, body, all_headers, timeout_s))[3]
 
-        async def one(i: int, w: WorkloadRequest):
-            body = request_body(api, model, prompt_ids(i, w, vocab_size, seed), w.output_len)
-            await asyncio.sleep(max(0.0, start + w.arrival_time - time.perf_counter()))
-            async with semaphore:
-                return await _request(client, url, body, all_headers, timeout_s, (disconnect or {}).get(i))
+            async def one(i: int, w: WorkloadRequest):
+                body = request_body(api, model, prompt_ids(i, w, vocab_size, seed), w.output_len)
+                await asyncio.sleep(max(0.0, start + w.arrival_time - time.perf_counter()))
+                async with semaphore:
+                    return await _request(client, url, body, all_headers, timeout_s, (disconnect or {}).get(i))
 
-        start = time.perf_counter()
-        outcomes = await asyncio.gather(*(one(i, w) for i, w in enumerate(workload)))
+            start = time.perf_counter()
+            outcomes = await asyncio.gather(*(one(i, w) for i, w in enumerate(workload)))
     records = [_record(w, start, *outcome) for w, outcome in zip(workload, outcomes)]
     end_times = [end - start for _, end, _, _ in outcomes]
     return EndpointResult(records, [received.response_id for _, _, received, _ in outcomes],

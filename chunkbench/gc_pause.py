@@ -5,6 +5,12 @@ records, requests, token-time lists), and the collections its allocations trigge
 azure-conv run's wall time (README, "Speed"). None of this code builds reference cycles, and reference
 counting frees everything else as before, so nothing is held longer: the collector is only put off until
 the block ends. Real-engine runs keep it on (a model's objects are not ours to reason about).
+
+A real-time client cannot pause it (hours of streaming do build cycles: asyncio futures, exceptions), but it
+can keep the heap it inherited out of every collection: with torch, pandas and Optuna imported a full
+collection walks ~260k objects in ~130 ms here, and one that lands mid-run adds that to some request's
+measured TTFT or ITL. frozen_heap() moves everything alive at its start to the collector's permanent
+generation (gc.freeze), so the run's collections walk only what the run allocates.
 """
 
 from __future__ import annotations
@@ -34,3 +40,14 @@ def gc_paused(function):
         with paused_gc():
             return function(*args, **kwargs)
     return wrapper
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Everything alive at the start of the block left out of collections inside it (gc.freeze)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -137,10 +137,11 @@ def test_peak_tokens_per_second_dense_and_sparse_counts_agree():
 
 
 def test_the_collector_is_restored_after_a_paused_block():
-    """gc_pause: off inside, back to its state after, on an error or a Ctrl-C too, and nested."""
+    """gc_pause: off inside, back to its state after, on an error or a Ctrl-C too, and nested; a frozen heap
+    is unfrozen after its block."""
     import gc
 
-    from chunkbench.gc_pause import gc_paused, paused_gc
+    from chunkbench.gc_pause import frozen_heap, gc_paused, paused_gc
 
     assert gc.isenabled()
     for error in (RuntimeError, KeyboardInterrupt):
@@ -164,3 +165,8 @@ def test_the_collector_is_restored_after_a_paused_block():
         assert not gc.isenabled()  # off before, off after
     finally:
         gc.enable()
+    with pytest.raises(KeyboardInterrupt):
+        with frozen_heap():
+            assert gc.get_freeze_count() > 0 and gc.isenabled()  # frozen, and still collecting new objects
+            raise KeyboardInterrupt
+    assert gc.get_freeze_count() == 0

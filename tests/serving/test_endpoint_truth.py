@@ -4,11 +4,12 @@ definition (vLLM's, see metric_table.METRIC_TABLE) computed from the server's ow
 Tolerance: TOL_S = 40 ms per time. The client and the server share time.perf_counter() (one process), so
 the differences are loopback delivery (a chunk reached the client within 2 ms of its send here), the server
 thread waiting for the GIL (the switch interval is set to 0.5 ms here) and the OS descheduling either thread
-on a busy 2-core machine. The send times come from the schedule and the slots (client_view), not from the
-server's receipt, which lags the send by a new connection's setup (10-50 ms seen here). The scripted gaps
-are 80 ms or more, so every mistake these tests look for (a latency measured from the due time instead of
-the send, a chunk missed or double counted) moves a value by 80 ms or more; the 1 s buckets are kept 250 ms
-or more away from their edges.
+on a busy 2-core machine. The collector does not walk the pytest process's objects mid-request: the client
+freezes the heap it inherits (test_requests_are_timed_with_the_inherited_heap_out_of_the_collector). The send
+times come from the schedule and the slots (client_view), not from the server's receipt, which lags the send
+by a new connection's setup (10-50 ms seen here). The scripted gaps are 80 ms or more, so every mistake these
+tests look for (a latency measured from the due time instead of the send, a chunk missed or double counted)
+moves a value by 80 ms or more; the 1 s buckets are kept 250 ms or more away from their edges.
 """
 
 import asyncio
@@ -242,3 +243,24 @@ def test_the_warm_up_is_untimed_and_is_not_request_0():
     assert summary["completed"] == 1 and result.warmup_error is None
     frame = endpoint_requests_frame(result)
     assert frame.loc[0, "client_queue_time"] == pytest.approx(0.0, abs=TOL_S)
+
+
+def test_requests_are_timed_with_the_inherited_heap_out_of_the_collector(monkeypatch):
+    """A full collection of this process's imports takes ~130 ms here, and one landing inside a request adds
+    to its latencies (CI once saw a duration here 40 ms late, in a pytest process holding 400 tests' objects:
+    a collection is one candidate). The client freezes the heap it inherits (gc_pause.frozen_heap)."""
+    import gc
+
+    import chunkbench.client as client
+
+    frozen_while_timed = []
+    request = client._request
+
+    async def watched(*args, **kwargs):
+        frozen_while_timed.append(gc.get_freeze_count())
+        return await request(*args, **kwargs)
+
+    monkeypatch.setattr(client, "_request", watched)
+    bench({3: [0.08, tok(), DONE]}, warmup=True)
+    assert len(frozen_while_timed) == 2 and min(frozen_while_timed) > 10_000  # the imports, and the warm-up
+    assert gc.get_freeze_count() == 0  # back in the collector's sight after the run

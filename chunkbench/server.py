@@ -31,6 +31,7 @@ from chunkbench.async_engine import AsyncEngine, TokenEvent, now
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.request import SamplingError, SamplingParams
+from chunkbench.gc_pause import frozen_heap
 from chunkbench.server_limits import BodyLimit, ServerLimits
 
 
@@ -122,7 +123,8 @@ def create_app(config: EngineConfig, served_name: str | None = None, limits: Ser
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        yield
+        with frozen_heap():  # the model and the imports out of the collector's walks while serving (gc_pause.py)
+            yield
         engine.shutdown()
 
     app = FastAPI(title="chunkbench serve", lifespan=lifespan)

@@ -170,3 +170,8 @@ def test_the_collector_is_restored_after_a_paused_block():
             assert gc.get_freeze_count() > 0 and gc.isenabled()  # frozen, and still collecting new objects
             raise KeyboardInterrupt
     assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() > 0  # the inner block leaves the outer one's freeze in place
+    assert gc.get_freeze_count() == 0

@@ -55,6 +55,13 @@ def test_bench_50_requests_client_ttft_never_below_server_ttft(server):
     assert idle(engine) == 0
 
 
+def test_the_server_serves_with_its_heap_frozen(server):
+    """As vLLM after its warm-up: the model and imports stay out of the collector's walks (gc_pause.py)."""
+    import gc
+
+    assert gc.get_freeze_count() > 10_000
+
+
 def test_openai_shapes(server):
     url, _ = server
     r = httpx.post(f"{url}/completions", json={"prompt": "hello", "max_tokens": 5, "temperature": 0}).json()

@@ -163,7 +163,7 @@ class CacheConfig:
     block_size: int = default("block_size")
     num_blocks: int | None = default("num_blocks")
     gpu_memory_utilization: float = default("gpu_memory_utilization")
-    cpu_kv_cache_gib: float = 1.0
+    cpu_kv_cache_gib: float = default("cpu_kv_cache_gib")
     enable_prefix_caching: bool = default("enable_prefix_caching")
     kv_cache_dtype: str = default("kv_cache_dtype")
 
@@ -177,7 +177,8 @@ class CacheConfig:
                      f"--num-blocks must be from 1 to {MAX_NUM_BLOCKS:,}, got {self.num_blocks}")
         _require(0 < self.gpu_memory_utilization <= 1,
                  f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        _positive("--cpu-kv-cache-gib", self.cpu_kv_cache_gib)
+        _require(math.isfinite(self.cpu_kv_cache_gib) and self.cpu_kv_cache_gib > 0,
+                 f"--cpu-kv-cache-gib must be a positive number of GiB, got {self.cpu_kv_cache_gib}")
 
     def kv_bytes_per_block(self, model: "ModelConfig", dtype_bytes: int) -> int:
         return self.block_size * model.kv_bytes_per_token(dtype_bytes)

@@ -70,9 +70,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          short="nchunks", searchable=True, chunked_only=True, label="chunks"),
     Knob("block_size", int, 16, "KV cache block size (tokens).", "cache", vllm="block-size"),
     Knob("num_blocks", int, None, "KV cache size (blocks). Default: from memory (--gpu-memory-utilization on "
-         "CUDA, 1 GiB on CPU).", "cache"),
+         "CUDA, --cpu-kv-cache-gib on CPU).", "cache"),
     Knob("gpu_memory_utilization", float, 0.9, "Fraction of GPU memory the engine may use, weights and KV "
          "cache (0-1].", "cache", vllm="gpu-memory-utilization", sglang="--mem-fraction-static"),
+    Knob("cpu_kv_cache_gib", float, 1.0, "CPU, without --num-blocks: most memory the KV cache takes (GiB); "
+         "never more than 90% of the free memory (a container's limit counted).", "cache"),
     Knob("kv_cache_dtype", str, "auto", "KV cache element type: auto (the model's dtype) or fp8 (1 byte: twice "
          "the cache, half the attention reads; simulator only).", "cache", vllm="kv-cache-dtype"),
     Knob("tensor_parallel_size", int, 1, "GPUs one model instance is split over (tensor parallelism, GPUs); "

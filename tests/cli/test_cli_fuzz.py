@@ -14,7 +14,7 @@ RUN_FLAGS = ["--rate", "--num-requests", "--duration", "--burstiness", "--time-s
              "--arrival", "--workload", "--seed", "--prefix-len", "--num-prefixes", "--goodput", "--gpu",
              "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--chunk-size", "--chunk-schedule",
              "--tile", "--max-partial-prefills", "--block-size", "--num-blocks", "--gpu-memory-utilization",
-             "--policy", "--warmup-steps", "--tensor-parallel-size", "--kv-cache-dtype"]
+             "--cpu-kv-cache-gib", "--policy", "--warmup-steps", "--tensor-parallel-size", "--kv-cache-dtype"]
 TUNE_FLAGS = ["--sla-ttft", "--sla-tbt", "--sla-percentile", "--objective", "--space", "--rate", "--num-requests",
               "--n-trials", "--timeout", "--max-sched-delay", "--study"]
 

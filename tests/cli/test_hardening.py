@@ -297,6 +297,8 @@ def test_a_cpu_kv_cache_sized_from_memory_fits_the_free_memory(monkeypatch):
     assert executor.kv_cache_blocks(config, cpu, torch.float32) == 90
     monkeypatch.setattr(executor, "available_bytes", lambda device: None)  # unknown: the flag's 1 GiB
     assert executor.kv_cache_blocks(config, cpu, torch.float32) == 2**30 // per_block
+    half = EngineConfig.create("tiny", max_num_seqs=1024, max_model_len=2048, cpu_kv_cache_gib=0.5)
+    assert executor.kv_cache_blocks(half, cpu, torch.float32) == 2**29 // per_block
 
 
 def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, monkeypatch):

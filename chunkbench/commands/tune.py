@@ -33,8 +33,10 @@ def tune(
     space: Annotated[str, typer.Option(help="Search space: a TOML file, or a built-in one: default, latency, "
                                        "throughput, prefix.")] = "default",
     workload: Annotated[Optional[str], typer.Option(help="Workload (overrides the space file's); see `run`.")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space file's).")] = None,
-    num_requests: Annotated[Optional[int], typer.Option(help="Requests per trial (overrides the space file's).")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space "
+                                                  "file's).")] = None,
+    num_requests: Annotated[Optional[int], typer.Option(help="Requests per trial (overrides the space "
+                                                        "file's).")] = None,
     n_trials: Annotated[int, typer.Option(help="Complete trials the study should hold, over all processes.")] = 60,
     jobs: Annotated[int, typer.Option(help="Trials in this many processes at once on this machine, one shared "
                                       "study (the trial count stays exact).")] = 1,
@@ -79,7 +81,8 @@ def tune(
     num_blocks: NumBlocks = None,
     tensor_parallel_size: TensorParallelSize = 1,
     kv_cache_dtype: KvCacheDtype = "auto",
-    max_sched_delay: Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay (ms).")] = 2000.0,
+    max_sched_delay: Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay "
+                                                   "(ms).")] = 2000.0,
     seed: Seed = 0,
     no_progress: NoProgress = False,
 ) -> None:

@@ -253,7 +253,8 @@ def describe(v: Verdict) -> str:
 
 def markdown(verdicts: list[Verdict]) -> str:
     regressions = [v for v in verdicts if v.verdict == "REGRESSED"]
-    lines = [f"### chunkbench gate: {'❌ ' + str(len(regressions)) + ' regression(s)' if regressions else '✅ clean'}",
+    headline = f"❌ {len(regressions)} regression(s)" if regressions else "✅ clean"
+    lines = [f"### chunkbench gate: {headline}",
              "", "| case | metric | baseline | now | change | 95% interval | tolerance | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {v.case} | {v.metric} | {v.baseline:.4g} | {v.now:.4g} | {v.change:+.1%} | "

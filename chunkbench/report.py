@@ -26,7 +26,8 @@ def html_page(title: str, body: str) -> str:
 
 
 def embedded_png(path: Path) -> str:
-    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
 def pyplot():

@@ -269,7 +269,8 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")
         arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng)
     shared = shared or [()] * len(prompts)
-    requests = [WorkloadRequest(int(p), int(o), float(a), sh) for p, o, a, sh in zip(prompts, outputs, arrivals, shared)]
+    requests = [WorkloadRequest(int(p), int(o), float(a), sh)
+                for p, o, a, sh in zip(prompts, outputs, arrivals, shared)]
     if spec.prefix_len:  # a shared prefix before each prompt, round-robin over the prefixes
         requests = [WorkloadRequest(r.prompt_len + spec.prefix_len, r.output_len, r.arrival_time,
                                     ((2_000_000 + i % spec.num_prefixes, spec.prefix_len),) + r.shared)

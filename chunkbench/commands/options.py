@@ -97,7 +97,8 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
 
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write
     "goodput": (Goodput, None), "backend": (BackendOpt, "auto"), "gpu": (Gpu, None),
-    "cost_model": (CostModelPath, None), "engine_overhead": (EngineOverhead, None), "warmup_steps": (WarmupSteps, 3), "out": (Out, None),
+    "cost_model": (CostModelPath, None), "engine_overhead": (EngineOverhead, None), "warmup_steps": (WarmupSteps, 3),
+    "out": (Out, None),
     "json_out": (JsonOut, None), "no_progress": (NoProgress, False),
 }
 

@@ -21,7 +21,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (1-65535).")] = 8000,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name the API reports.")] = None,
-    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (bytes); larger gets HTTP 413.")] = 4 * 2**20,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (bytes); larger gets HTTP "
+                                                "413.")] = 4 * 2**20,
     max_prompt_chars: Annotated[Optional[int], typer.Option(
         help="Longest text prompt or chat (characters), checked before tokenizing; longer gets HTTP 400. "
         "Default: 32 x --max-model-len.")] = None,
@@ -62,7 +63,8 @@ def bench(
                                                            "at the send; the wait for a slot is reported as "
                                                            "client_queue_time (ms), as vllm bench serve does.")] = None,
     api: Annotated[str, typer.Option(help="OpenAI API to call: completions (/v1/completions, token-id prompts) or "
-                                     "chat (/v1/chat/completions, text prompts of about prompt-len tokens).")] = "completions",
+                                     "chat (/v1/chat/completions, text prompts of about prompt-len "
+                                     "tokens).")] = "completions",
     api_key: Annotated[Optional[str], typer.Option(help="Sent as 'Authorization: Bearer KEY'; default: "
                                                    "$OPENAI_API_KEY.")] = None,
     header: Annotated[Optional[list[str]], typer.Option(help="Extra HTTP header on every request, NAME:VALUE "

@@ -39,8 +39,8 @@ class SimExecutor:
         if self.cold:
             seconds *= self.cost_model.idle_factor
             self.cold = False
-        return StepResult(sampled={c.request_id: self.SAMPLED_TOKEN for c in output.chunks if c.sample}, seconds=seconds,
-                          activation_bytes=self.activation(shape))
+        sampled = {c.request_id: self.SAMPLED_TOKEN for c in output.chunks if c.sample}
+        return StepResult(sampled=sampled, seconds=seconds, activation_bytes=self.activation(shape))
 
 
 def sim_engine(config: EngineConfig, cost_model: CostModel, num_blocks: int,

@@ -1,4 +1,5 @@
-"""Python's cyclic garbage collector paused while a simulated run and its summary build millions of objects.
+"""Python's cyclic garbage collector paused while a simulated run and its summary build millions of objects,
+and the heap a real-time client or server inherits kept out of its collections.
 
 A full collection walks every live container; a simulated trace keeps hundreds of thousands alive (step
 records, requests, token-time lists), and the collections its allocations trigger took a fifth of the
@@ -46,8 +47,11 @@ def gc_paused(function):
 
 @contextlib.contextmanager
 def frozen_heap():
-    """Everything alive at the start of the block left out of collections inside it (gc.freeze); a heap frozen
-    before the block (an in-process server's, in tests) stays frozen after it."""
+    """Everything alive at the start of the block left out of collections inside it (gc.freeze).
+
+    CPython unfreezes everything at once, so blocks nest last in, first out: inside a block that froze first
+    (an in-process server's, in tests) nothing is unfrozen at the end, and what this block froze stays frozen
+    until the outer block ends."""
     was_frozen = gc.get_freeze_count() > 0
     gc.collect()
     gc.freeze()

@@ -123,9 +123,11 @@ def create_app(config: EngineConfig, served_name: str | None = None, limits: Ser
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        with frozen_heap():  # the model and the imports out of the collector's walks while serving (gc_pause.py)
-            yield
-        engine.shutdown()
+        try:
+            with frozen_heap():  # the model and the imports out of the collector's walks while serving (gc_pause.py)
+                yield
+        finally:
+            engine.shutdown()
 
     app = FastAPI(title="chunkbench serve", lifespan=lifespan)
     app.state.engine, app.state.tokenizer = engine, tokenizer

@@ -177,8 +177,8 @@ class CacheConfig:
                      f"--num-blocks must be from 1 to {MAX_NUM_BLOCKS:,}, got {self.num_blocks}")
         _require(0 < self.gpu_memory_utilization <= 1,
                  f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        _require(math.isfinite(self.cpu_kv_cache_gib) and self.cpu_kv_cache_gib > 0,
-                 f"--cpu-kv-cache-gib must be a positive number of GiB, got {self.cpu_kv_cache_gib}")
+        _require(0 < self.cpu_kv_cache_gib <= 2**20,  # nan and inf fail too
+                 f"--cpu-kv-cache-gib must be in (0, 1048576] GiB, got {self.cpu_kv_cache_gib}")
 
     def kv_bytes_per_block(self, model: "ModelConfig", dtype_bytes: int) -> int:
         return self.block_size * model.kv_bytes_per_token(dtype_bytes)

@@ -153,8 +153,9 @@ def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dty
             budget = min(budget, 0.9 * free)
     blocks = min(wanted, int(budget // per_block))
     if blocks < 1:
-        raise ConfigError("not enough memory for a single KV block; lower --max-model-len or use a smaller "
-                          "model")
+        knob = "--gpu-memory-utilization" if device.type == "cuda" else "--cpu-kv-cache-gib"
+        raise ConfigError(f"not enough memory for a single KV block ({per_block / 2**20:,.2f} MiB); raise {knob}, "
+                          "free memory or use a smaller model")
     return blocks
 
 

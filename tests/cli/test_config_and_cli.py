@@ -28,6 +28,8 @@ from chunkbench.engine.presets import MODEL_PRESETS
     (dict(gpu_memory_utilization=1.5), "--gpu-memory-utilization"),
     (dict(cpu_kv_cache_gib=0.0), "--cpu-kv-cache-gib"),
     (dict(cpu_kv_cache_gib=float("inf")), "--cpu-kv-cache-gib"),
+    (dict(cpu_kv_cache_gib=float("nan")), "--cpu-kv-cache-gib"),
+    (dict(cpu_kv_cache_gib=1e300), "--cpu-kv-cache-gib"),  # its bytes would overflow to inf
 ])
 def test_invalid_config_names_the_flag(kwargs, flag):
     with pytest.raises(ConfigError, match=flag):

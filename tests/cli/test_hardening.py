@@ -287,7 +287,7 @@ def test_a_cpu_kv_cache_sized_from_memory_fits_the_free_memory(monkeypatch):
     import torch
 
     from chunkbench.engine import executor
-    from chunkbench.engine.config import EngineConfig
+    from chunkbench.engine.config import ConfigError, EngineConfig
 
     config = EngineConfig.create("tiny", max_num_seqs=1024, max_model_len=2048)  # wants 1024 x 128 blocks
     per_block = config.cache.kv_bytes_per_block(config.model, 4)
@@ -299,6 +299,9 @@ def test_a_cpu_kv_cache_sized_from_memory_fits_the_free_memory(monkeypatch):
     assert executor.kv_cache_blocks(config, cpu, torch.float32) == 2**30 // per_block
     half = EngineConfig.create("tiny", max_num_seqs=1024, max_model_len=2048, cpu_kv_cache_gib=0.5)
     assert executor.kv_cache_blocks(half, cpu, torch.float32) == 2**29 // per_block
+    crumb = EngineConfig.create("tiny", cpu_kv_cache_gib=1e-9)
+    with pytest.raises(ConfigError, match="single KV block .* raise --cpu-kv-cache-gib"):
+        executor.kv_cache_blocks(crumb, cpu, torch.float32)
 
 
 def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, monkeypatch):

@@ -170,8 +170,7 @@ def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = 
     write_parquet(requests_frame(run.result), out_dir / "requests.parquet")
     write_parquet(steps_frame(run.result), out_dir / "steps.parquet")
     payload = {"label": run.label, **run.summary, "config": describe(run.config) if run.config else None,
-               "backend": run.backend,
-               "workload": dataclasses.asdict(workload_spec) if workload_spec else None,
+               "backend": run.backend, "workload": dataclasses.asdict(workload_spec) if workload_spec else None,
                "environment": environment(), "interrupted": run.result.interrupted, **extra}
     write_json(payload, out_dir / "summary.json")
     return payload

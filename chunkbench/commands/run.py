@@ -91,8 +91,7 @@ def compare(
         console.print(f"[bold yellow]{note}[/]")
     spec = dataclasses.replace(spec, num_requests=len(requests))
     runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
-                            chunked_defaults=knobs,
-                            warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
+                            chunked_defaults=knobs, warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
                             on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
                                                             f"{r.result.wall_seconds:.1f} s of wall time"))
     out = o["out"] or default_out("compare")

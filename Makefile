@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-vllm install clean
 
 install: $(STAMP)
 
@@ -24,7 +24,13 @@ demo: $(STAMP)
 		--num-requests 12 --rate 0.5 --out results/runs/demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not vllm"
+
+# The vLLM tier: vLLM 0.32.0's CPU build in its own venv (.venv-vllm, installed once by scripts/vllm_env.sh,
+# with the tiny model it serves), then the tests that hold chunkbench against it (tests/vllm/).
+test-vllm: $(STAMP)
+	PYTHON=$(PYTHON) bash scripts/vllm_env.sh
+	$(PY) -m pytest -q -m vllm tests/vllm
 
 clean:
 	rm -rf $(VENV) results/runs

@@ -13,6 +13,19 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parent.parent
+VLLM_TIER = REPO / "tests" / "vllm"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests under tests/vllm/ are the vLLM tier: marked `vllm`, and skipped in one line without its venv."""
+    venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
+    ready = (venv / "bin" / "vllm").exists()
+    skip = pytest.mark.skip(reason=f"the vLLM tier needs {venv} with vLLM 0.32.0: run `make test-vllm`")
+    for item in items:
+        if VLLM_TIER in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.vllm)
+            if not ready:
+                item.add_marker(skip)
 
 
 def run_cli(args, capsys):

@@ -1,0 +1,91 @@
+"""The vLLM tier: tests against the real vLLM 0.32.0 CPU build (scripts/vllm_env.sh installs it into its own
+venv, .venv-vllm, with a tiny random-weight Llama). Every test under tests/vllm/ carries the `vllm` marker
+(tests/conftest.py) and is skipped with one line when that venv is absent. `make test-vllm` runs the tier.
+
+Fixtures: `tiny_model` (the HF directory both vLLM and chunkbench load), `vllm_server` (one `vllm serve` of it
+for the session, its OpenAI base URL), and `start_vllm` (a context manager for a server of one's own)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, free_port
+
+VLLM_VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+VLLM_CLI = VLLM_VENV / "bin" / "vllm"
+TINY_MODEL = VLLM_VENV / "tiny-llama"
+VLLM_BLOCK = 32  # vLLM's CPU attention takes multiples of 32 only
+
+
+def vllm_env(**extra: str) -> dict[str, str]:
+    """What vLLM's CPU build needs to run here: a KV cache size (GiB), no hub, the CPU platform."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.pop("TRITON_INTERPRET", None)  # ours, for our kernels' tests; never for vLLM
+    return env | extra
+
+
+# What every vLLM server of the tier is started with: eager (no Inductor warm-up: healthy in ~26 s, not ~50) and
+# fp32 (vLLM CPU's bfloat16 worker dies with SIGILL on this machine's first request; fp32 is chunkbench's too).
+VLLM_FIXED_FLAGS = ("--enforce-eager", "--dtype", "float32", "--max-model-len", "2048")
+
+
+def vllm_serve_args(model: Path, port: int, *flags: str) -> list[str]:
+    return [str(VLLM_CLI), "serve", str(model), "--port", str(port), "--host", "127.0.0.1", *VLLM_FIXED_FLAGS,
+            *flags]
+
+
+@contextlib.contextmanager
+def start_vllm(args: list[str], log: Path, timeout_s: float = 240.0, env: dict | None = None):
+    """Run `args` (a vLLM server command) with its output in `log`; yield once /health answers 200; stop it
+    after. The log's tail is in the failure message if it never becomes healthy."""
+    port = args[args.index("--port") + 1]
+    base = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env or vllm_env(),
+                                   start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = "".join(log.read_text(errors="replace").splitlines(True)[-30:])
+                pytest.fail(f"vLLM did not become healthy (exit {process.poll()}):\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(1.0)
+        yield base + "/v1"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny Llama (scripts/tiny_llama.py), written by scripts/vllm_env.sh; written here if missing."""
+    if not (TINY_MODEL / "config.json").exists():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "tiny_llama.py"), str(TINY_MODEL)], check=True)
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model, tmp_path_factory) -> str:
+    """One `vllm serve` of the tiny model for the whole session (block size 32, eager): its OpenAI base URL."""
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with start_vllm(vllm_serve_args(tiny_model, free_port(), "--block-size", str(VLLM_BLOCK)), log) as url:
+        yield url

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.outputs import SchedulerOutput, StepResult
-from chunkbench.engine.request import Request, SamplingParams
+from chunkbench.engine.request import Request, RequestStatus, SamplingParams
 
 
 @dataclass
@@ -33,6 +33,7 @@ class TokenEvent:
     finished: bool
     finish_reason: str | None = None  # "rejected": a bad request; "error": the engine failed it
     error: str | None = None
+    stop_reason: int | None = None  # the stop_token_ids entry that ended it
 
 
 # vLLM's buckets for its latency histograms.
@@ -173,8 +174,10 @@ class AsyncEngine:
             self._fail_queued_commands()
         return stream
 
-    def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+    def abort(self, request_id: str, keep_tokens: int | None = None) -> None:
+        """Stop the request. With `keep_tokens`, the server ended it (a stop string in that many tokens): it
+        finishes as stopped with those tokens, as vLLM counts it, not as aborted."""
+        self._commands.put(("abort", request_id, keep_tokens))
         self._wake.set()
 
     def shutdown(self) -> None:
@@ -228,9 +231,13 @@ class AsyncEngine:
                 if request.error:  # the next step() hands it back too, with no stream to feed
                     self._emit(request_id, TokenEvent([], True, "rejected", request.error))
             else:
-                aborted = self.engine.abort(command[1])
-                self._streams.pop(command[1], None)
+                _, request_id, keep_tokens = command
+                aborted = self.engine.abort(request_id)
+                self._streams.pop(request_id, None)
                 if aborted is not None:
+                    if keep_tokens is not None:
+                        aborted.status = RequestStatus.FINISHED_STOPPED
+                        del aborted.output_token_ids[keep_tokens:], aborted.token_times[keep_tokens:]
                     self._remember(aborted)
 
     def _step(self) -> None:
@@ -254,7 +261,8 @@ class AsyncEngine:
                 self.stats.prompt_tokens.inc(request.num_prompt_tokens)
             self.stats.generation_tokens.inc(len(new))
             self._streams[request.request_id] = (loop, stream, sent + len(new))
-            self._emit(request.request_id, TokenEvent(new, request.is_finished, request.finish_reason))
+            self._emit(request.request_id, TokenEvent(new, request.is_finished, request.finish_reason,
+                                                      stop_reason=request.stop_reason))
             if request.is_finished:
                 self._remember(request)
         if self.engine.last_step is not None:

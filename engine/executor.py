@@ -243,7 +243,7 @@ class ModelExecutor:
             last = metadata.cu_seqlens_q[1:].long() - 1
             rows = torch.tensor([i for i, c in enumerate(chunks) if c.sample], device=self.device)
             logits = self.model.compute_logits(hidden[last[rows]])
-            tokens = sample(logits, sampling_chunks)
+            tokens = sample(logits, sampling_chunks, self.model_config.eos_token_id)
             sampled = {c.request_id: t for c, t in zip(sampling_chunks, tokens)}
             if self.keep_logits:
                 self.last_logits = {c.request_id: logits[i].cpu() for i, c in enumerate(sampling_chunks)}
@@ -252,15 +252,24 @@ class ModelExecutor:
         return StepResult(sampled=sampled, seconds=seconds, activation_bytes=self._activation_bytes(chunks, before))
 
 
-def sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[int]:
-    """Greedy where temperature is 0; else temperature and top-p with a per-token seed, so a request's
-    samples do not depend on what else shares its batch."""
+def sample(logits: torch.Tensor, chunks: list[ScheduledChunk], eos_token_id: int | None = None) -> list[int]:
+    """Greedy where temperature is 0; else temperature, top-k and top-p with a per-token seed, so a request's
+    samples do not depend on what else shares its batch. Before min_tokens, EOS and the stop ids are masked."""
+    early = [i for i, c in enumerate(chunks) if c.sample_index < c.sampling.min_tokens]
+    if early:
+        logits = logits.clone()
+        for i in early:
+            masked = [t for t in chunks[i].sampling.masked_token_ids(eos_token_id) if t < logits.shape[-1]]
+            logits[i, masked] = float("-inf")
     tokens = logits.argmax(dim=-1).tolist()
     for i, chunk in enumerate(chunks):
         params = chunk.sampling
         if params.temperature == 0:
             continue
-        probs = torch.softmax(logits[i] / params.temperature, dim=-1)
+        row = logits[i]
+        if 0 < params.top_k < row.shape[-1]:
+            row = row.masked_fill(row < row.topk(params.top_k).values[-1], float("-inf"))
+        probs = torch.softmax(row / params.temperature, dim=-1)
         if params.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             outside = sorted_probs.cumsum(0) - sorted_probs > params.top_p  # keep the smallest nucleus

@@ -57,6 +57,9 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    top_k: int = 0  # 0 (or -1, as vLLM): every token; k: only the k most likely
+    min_tokens: int = 0  # until this many outputs, EOS and stop_token_ids are masked out (vLLM's semantics)
+    stop_token_ids: tuple[int, ...] = ()  # sampling one of these ends the request (finish "stop"), even with ignore_eos
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens):
@@ -77,6 +80,19 @@ class SamplingParams:
             raise SamplingError("seed", f"must be an integer or null, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             raise SamplingError("ignore_eos", f"must be true or false, got {self.ignore_eos!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise SamplingError("top_k", f"must be an integer >= -1 (-1 and 0: no limit), got {self.top_k!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingError("min_tokens", f"must be an integer from 0 to max_tokens ({self.max_tokens}), "
+                                f"got {self.min_tokens!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise SamplingError("stop_token_ids", f"must be token ids (integers >= 0), got {self.stop_token_ids!r}")
+
+    def masked_token_ids(self, eos_token_id: int | None) -> tuple[int, ...]:
+        """The ids min_tokens keeps from being sampled: the stop ids, and EOS unless it is ignored."""
+        eos = () if self.ignore_eos or eos_token_id is None else (eos_token_id,)
+        return self.stop_token_ids + eos
 
 
 @dataclass(eq=False)
@@ -98,6 +114,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)  # wall/virtual time each output token appeared
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of its full blocks, filled lazily
     sample_seed: int = 0  # seed of its sampling stream, set when the scheduler takes it
+    stop_reason: int | None = None  # the stop_token_ids entry that ended it (None: EOS, length, ...)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -144,7 +161,14 @@ class Request:
     def append_output(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
         self.token_times.append(now)
-        if not self.sampling.ignore_eos and self.eos_token_id is not None and token_id == self.eos_token_id:
+        sampling = self.sampling
+        if len(self.output_token_ids) < sampling.min_tokens:  # too early to stop on any token
+            pass
+        elif not sampling.ignore_eos and self.eos_token_id is not None and token_id == self.eos_token_id:
             self.status = RequestStatus.FINISHED_STOPPED
-        elif len(self.output_token_ids) >= self.sampling.max_tokens:
+            return
+        elif token_id in sampling.stop_token_ids:
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token_id
+            return
+        if len(self.output_token_ids) >= sampling.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH

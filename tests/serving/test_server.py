@@ -83,7 +83,7 @@ def test_openai_shapes(server):
 
 @pytest.mark.parametrize("content, message", [
     (b"{not json", "JSON"),
-    (json.dumps({"prompt": "x", "max_tokens": 4, "frequency_penaltyy": 1}).encode(), "frequency_penaltyy"),
+    (json.dumps({"prompt": "x", "max_tokens": 4, "frequency_penalty": 1}).encode(), "frequency_penalty"),
     (json.dumps({"prompt": list(range(2000)), "max_tokens": 4}).encode(), "max_model_len"),
     (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), "max_tokens"),
     (json.dumps({"prompt": [1, 99999], "max_tokens": 4}).encode(), "token ids"),

@@ -1,0 +1,54 @@
+"""What `chunkbench serve`'s OpenAPI document says it answers: the statuses, content types and error body it
+really sends (FastAPI's default lists 200 and a 422 the server never sends, as JSON, for every route).
+
+Checked by schemathesis against the running server (tests/serving/test_server_schema.py).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from chunkbench.openai_models import ErrorResponse
+
+_ERROR = {"model": ErrorResponse}
+POST_RESPONSES = {
+    200: {"description": "The completion: a JSON object, or with stream=true server-sent events (data: {chunk} "
+                         "lines, a usage chunk with stream_options.include_usage, then data: [DONE]).",
+          "content": {"application/json": {"schema": {"type": "object"}},
+                      "text/event-stream": {"schema": {"type": "string"}}}},
+    400: {**_ERROR, "description": "A bad request: a wrong type, a value out of range (this document states the "
+                                   "ranges), invalid Unicode, a feature not implemented (a field other than its "
+                                   "neutral value), a prompt that leaves no room for max_tokens under max_model_len "
+                                   "(the message names both numbers), a chat without a chat template; `param` "
+                                   "names the field."},
+    408: {**_ERROR, "description": "The request body took longer than the server's --body-timeout to arrive."},
+    413: {**_ERROR, "description": "The request body is over the server's --max-body-bytes."},
+    500: {**_ERROR, "description": "The engine failed the request (an error event, mid-stream)."},
+    503: {**_ERROR, "description": "The engine is not running (see /health)."},
+}
+TEXT_RESPONSES = {
+    200: {"description": "Plain text.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+    503: {"description": "The engine stopped; the text says why.", "content": {"text/plain": {"schema":
+                                                                                           {"type": "string"}}}},
+}
+
+
+def document_errors(app: FastAPI) -> None:
+    """Replace the app's OpenAPI generator with one that drops FastAPI's 422 (every validation error is a 400)."""
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                 description="OpenAI-compatible API of chunkbench's engine. Unknown request "
+                                             "fields are ignored (and logged once), as vLLM does.")
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    operation["responses"].pop("422", None)
+                    if "200" in operation["responses"] and "text/plain" in str(operation["responses"]["200"]):
+                        operation["responses"]["200"]["content"].pop("application/json", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
+import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 from chunkbench.engine.config import MAX_NUM_BLOCKS, EngineConfig, ModelConfig
@@ -163,47 +166,62 @@ class SimBackend(Backend):
 
 @dataclass
 class EndpointBackend(Backend):
-    """A running OpenAI-compatible server (chunkbench serve, vLLM, SGLang), measured over HTTP. The config
-    only supplies the vocabulary for random prompt ids; the server's own settings decide everything else."""
+    """A running OpenAI-compatible server (chunkbench serve, vLLM, SGLang), measured over HTTP. The server's
+    own settings decide everything; the client needs only the vocabulary its random prompt ids are drawn from."""
 
     endpoint: str
     model: str | None = None  # the name to send; None: the server's
-    vocab_size: int | None = None  # None: the config's
+    vocab_size: int | None = None  # None: the config's, else 32000 (connect() always resolves it)
     client_options: dict = field(default_factory=dict)  # passed to client.bench_endpoint (concurrency, ...)
     max_model_len: int | None = None  # what the server reports, if it does
     kind = "endpoint"
 
     @classmethod
     def connect(cls, endpoint: str, model: str | None = None, vocab_size: int | None = None,
-                **client_options) -> "EndpointBackend":
-        """Read the server's model card (/v1/models): the model name to send, and the vocabulary size and
-        context length when the server reports them (chunkbench serve and vLLM report max_model_len)."""
+                tokenizer: str | None = None, **client_options) -> "EndpointBackend":
+        """Read the server's model card (/v1/models): the model name to send and the context length when the
+        server reports it (chunkbench serve and vLLM do). The vocabulary (vocab.resolve_vocab_size) is needed
+        for token-id prompts only: chat prompts are text."""
         import httpx
+
+        from chunkbench.vocab import resolve_vocab_size
 
         try:
             card = httpx.get(endpoint.rstrip("/") + "/models", timeout=10).json()["data"][0]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             raise UserError(f"--endpoint: no model list at {endpoint}/models: {exc}") from None
-        return cls(endpoint, model or card.get("id"), vocab_size or card.get("vocab_size") or 32000,
-                   client_options, card.get("max_model_len"))
+        name = model or card.get("id")
+        if client_options.get("api", "completions") == "chat":
+            vocab = vocab_size or card.get("vocab_size") or 32000  # only picks the words of a text prompt
+        else:
+            vocab = resolve_vocab_size(endpoint, name, card, vocab_size, tokenizer)
+        return cls(endpoint, name, vocab, client_options, card.get("max_model_len"))
 
     @contextlib.contextmanager
     def session(self, config: EngineConfig) -> Iterator[Serve]:
         import asyncio
 
-        from chunkbench.client import bench_endpoint, scrape_metrics, server_figures
+        from chunkbench.client import bench_endpoint
+        from chunkbench.server_metrics import scrape_metrics, server_figures
 
         def serve(workload, *, seed=0, warmup_steps=0, progress=False, label="run") -> RunResult:
             vocab = self.vocab_size or (config.model.vocab_size if config else 32000)
             before = scrape_metrics(self.endpoint)
             result = asyncio.run(bench_endpoint(self.endpoint, workload, vocab,
                                                 self.model, seed=seed, **self.client_options))
-            server = server_figures(before, scrape_metrics(self.endpoint))
+            ttfts = [r.ttft for r in result.records if r.ok]
+            server = server_figures(before, scrape_metrics(self.endpoint), ttfts)
             return RunResult(result.records, [], result.duration, 0, server=server)
         yield serve
 
     def __str__(self) -> str:
         return f"server at {self.endpoint}"
+
+
+def launches_vllm(template: str) -> bool:
+    """Whether a --launch command starts vLLM: `vllm serve` (any path to the CLI), vLLM's API server module, or
+    a template filled with {vllm_flags}."""
+    return bool(re.search(r"(^|[\s/])vllm\s+serve\b|vllm\.entrypoints|\{vllm_flags\}", template))
 
 
 def launch_values(config: EngineConfig) -> dict:
@@ -233,10 +251,25 @@ def launch_command(template: str, config: EngineConfig) -> str:
                         f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
 
 
+class LaunchError(RuntimeError):
+    """A launched server that never became healthy (a failed trial); the message quotes its last lines."""
+
+
+def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
+    """The last non-blank lines of a server's log in one line, e.g. vLLM's `vllm: error: unrecognized ...`."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no output)"
+    kept = [line.strip()[:width] for line in text if line.strip()][-lines:]
+    return " | ".join(kept) or "(no output)"
+
+
 @dataclass
 class LaunchBackend(Backend):
     """A server started for each config from a command template, measured over HTTP, stopped after the
-    session. A server that does not come up raises RuntimeError (a failed trial, not a failed study)."""
+    session. Its output goes to `log` (tune keeps one per trial: trials/<n>/launch.log). A server that does not
+    come up raises LaunchError quoting the log's last lines (a failed trial, not a failed study)."""
 
     launch: str  # the command, with {knob} placeholders (launch_values)
     endpoint: str  # its OpenAI base URL, e.g. http://127.0.0.1:8000/v1
@@ -245,26 +278,44 @@ class LaunchBackend(Backend):
     kind = "launch"
 
     @contextlib.contextmanager
-    def session(self, config: EngineConfig) -> Iterator[Serve]:
+    def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
         from chunkbench.client import wait_healthy
 
-        process = subprocess.Popen(shlex.split(launch_command(self.launch, config)), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            wait_healthy(self.endpoint, self.timeout_s, process)
+        with contextlib.ExitStack() as stack:
+            where = f" (whole log: {log})" if log else ""
+            if log is None:  # nobody keeps it: a temporary file, still quoted when the launch fails
+                log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chunkbench-launch-"))) / "launch.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            command = launch_command(self.launch, config)
+            with open(log, "w") as out:
+                out.write(f"$ {command}\n")
+                out.flush()
+                try:
+                    process = subprocess.Popen(shlex.split(command), stdout=out, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
+                except OSError as exc:  # no such program, not executable
+                    raise LaunchError(f"cannot start `{command}`: {exc.strerror}") from None
+            stack.callback(_stop, process)
+            try:
+                wait_healthy(self.endpoint, self.timeout_s, process)
+            except RuntimeError as exc:
+                raise LaunchError(f"{exc}; its output ended: {log_tail(log)}{where}") from None
             with EndpointBackend(self.endpoint, client_options=self.client_options).session(config) as serve:
                 yield serve
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
     def __str__(self) -> str:
         return f"launched server at {self.endpoint}"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 # ---------- choosing one ----------

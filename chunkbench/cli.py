@@ -10,6 +10,7 @@ from typer.exceptions import TyperException
 
 from chunkbench.commands import gate, generate, kernels, profile, run, serve, tune
 from chunkbench.engine.config import ConfigError
+from chunkbench.errors import StudyFailed
 
 app = typer.Typer(
     name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -38,13 +39,16 @@ def main(argv: list[str] | None = None) -> None:
         _error(exc.format_message())
     except ConfigError as exc:
         _error(str(exc))
+    except StudyFailed as exc:
+        _error(str(exc), code=1)
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _error(message: str) -> None:
-    """One line, whatever the user's value held (any line break in it is shown as \\n), and exit code 2."""
+def _error(message: str, code: int = 2) -> None:
+    """One line, whatever the user's value held (any line break in it is shown as \\n), and an exit code: 2 for
+    the user's input, 1 for a study that cannot go on (StudyFailed)."""
     print("chunkbench: error: " + "\\n".join(message.splitlines()), file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

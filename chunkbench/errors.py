@@ -11,6 +11,11 @@ class UserError(ConfigError):
     """Bad input that is not an engine config: a file, a workload, an SLA string."""
 
 
+class StudyFailed(Exception):
+    """A tuning run that cannot go on (its launched servers never come up): one line on stderr, exit code 1;
+    its finished trials stay in the study, so it resumes once the cause is fixed."""
+
+
 def read_toml(path: Path, flag: str) -> dict:
     """A TOML file the user named with `flag`; an unreadable or invalid one is a UserError."""
     try:

@@ -231,6 +231,12 @@ class SchedulerConfig:
     max_partial_prefills: int | None = None  # prompts mid-prefill at once (chunked only); None = no cap
     step_time_target_ms: float | None = None  # time budget per step (chunked only); None = tokens only
     num_chunks: int | None = None  # per-request cap ceil(prompt_len / N) (chunked only); None = no cap
+    # vLLM 0.32's (engine/knobs.py): admission reserves the whole prompt; chunk_size floored at a fair share
+    # of the budget; most requests admitted to running (None: max_num_seqs); blocks admissions leave free.
+    scheduler_reserve_full_isl: bool = default("scheduler_reserve_full_isl")
+    long_prefill_token_threshold_adaptive: bool = default("long_prefill_token_threshold_adaptive")
+    max_num_active_seqs: int | None = default("max_num_active_seqs")
+    watermark: float = default("watermark")
 
     def __post_init__(self) -> None:
         _require(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got '{self.policy}'")
@@ -261,17 +267,30 @@ class SchedulerConfig:
                      f"--step-time-target must be a number of ms > 0, got {self.step_time_target_ms}")
         if self.num_chunks is not None:
             _positive("--num-chunks", self.num_chunks)
+        if self.max_num_active_seqs is not None:
+            _require(1 <= self.max_num_active_seqs <= self.max_num_seqs,
+                     f"--max-num-active-seqs must be from 1 to --max-num-seqs ({self.max_num_seqs}), "
+                     f"got {self.max_num_active_seqs}")
+        _require(0 <= self.watermark < 1, f"--watermark must be in [0, 1), got {self.watermark}")  # nan fails
 
-    def chunk_cap(self, chunk_index: int, prompt_len: int = 0) -> int:
+    @property
+    def max_active(self) -> int:
+        """Most requests admitted to running (vLLM's max_num_active_seqs, default max_num_seqs)."""
+        return self.max_num_seqs if self.max_num_active_seqs is None else self.max_num_active_seqs
+
+    def chunk_cap(self, chunk_index: int, prompt_len: int = 0, chunk_size: int | None | str = "config") -> int:
         """The most prompt tokens a request may compute in its `chunk_index`-th chunk (0-based); with
-        `num_chunks`, at most ceil(prompt_len / num_chunks)."""
+        `num_chunks`, at most ceil(prompt_len / num_chunks). `chunk_size`: the cap the scheduler applies this
+        step in place of the configured one (vLLM's long_prefill_token_threshold: see engine/scheduler.py)."""
+        if chunk_size == "config":
+            chunk_size = self.chunk_size
         cap = math.inf
         if self.num_chunks is not None and prompt_len:
             cap = -(-prompt_len // self.num_chunks)
         if self.chunk_schedule:
             cap = self.chunk_schedule[min(chunk_index, len(self.chunk_schedule) - 1)]
-        if self.chunk_size is not None:
-            cap = min(cap, self.chunk_size)
+        if chunk_size is not None:
+            cap = min(cap, chunk_size)
         return cap if cap != math.inf else self.max_num_batched_tokens
 
 
@@ -285,6 +304,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto = triton on cuda, torch on cpu
     seed: int = 0
     tensor_parallel_size: int = default("tensor_parallel_size")  # GPUs the model is split over (simulator only)
+    # The knobs someone set (EngineConfig.create's keyword arguments that were not None), as opposed to
+    # defaults: a server config emitted from this one sets only those (tune/emit.py). Not part of equality.
+    chosen: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         from .sharding import check_tensor_parallel
@@ -326,4 +348,4 @@ class EngineConfig:
         scheduler = section["scheduler"] | dict(max_num_batched_tokens=budget, max_model_len=max_model_len,
                                                 chunk_schedule=schedule)
         return cls(model=model_config, scheduler=SchedulerConfig(**scheduler), cache=CacheConfig(**section["cache"]),
-                   **section[""])
+                   **section[""], chosen=frozenset(n for n, v in knobs.items() if v is not None))

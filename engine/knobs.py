@@ -22,7 +22,8 @@ class Knob:
     section: str = ""  # where the value lives in EngineConfig: "scheduler", "cache" or "" (top level)
     flags: tuple[str, ...] = ()  # CLI flags; default: --name-with-dashes
     short: str | None = None  # key in `compare` policy specs, e.g. chunked:budget=512
-    vllm: str | None = None  # vLLM option (`vllm serve --config` YAML key); None: no direct equivalent
+    vllm: str | None = None  # vLLM option in VLLM_VERSION (`vllm serve --config` YAML key); None: chunkbench-only
+    vllm_before: str | None = None  # the option in earlier vLLM releases, where it differs, and which ones
     sglang: str | None = None  # SGLang server flag, when it maps one to one
     searchable: bool = False  # may appear in a tuner search space
     chunked_only: bool = False  # only the chunked policy reads it
@@ -37,6 +38,8 @@ class Knob:
         return getattr(getattr(config, self.section) if self.section else config, self.name)
 
 
+VLLM_VERSION = "0.32.0"  # the vLLM release whose options the `vllm` column names (checked in tests/vllm/)
+
 KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("policy", str, "chunked", "Batching policy: static, continuous, orca or chunked.", "scheduler",
          searchable=True),
@@ -49,15 +52,16 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("max_model_len", int, None, "Longest request, prompt plus output (tokens). Default: the model's, at "
          "most 8192.", "scheduler", vllm="max-model-len", sglang="--context-length"),
     Knob("chunk_size", int, None, "chunked: most prompt tokens one request computes per step (tokens). "
-         "Default: no cap.", "scheduler", short="chunk", searchable=True, chunked_only=True, label="chunk"),
+         "Default: no cap.", "scheduler", short="chunk", vllm="long-prefill-token-threshold", searchable=True,
+         chunked_only=True, label="chunk"),
     Knob("chunk_schedule", tuple, (), "chunked: progressive caps, the i-th chunk of a prompt <= the i-th entry, "
          "the last repeats (tokens, comma-separated, e.g. 2048,1024,512).", "scheduler", short="schedule",
          searchable=True, chunked_only=True, label="schedule"),
     Knob("tile", int, None, "chunked: trim cut prompt chunks so a step's token count is a multiple of this "
          "(tokens).", "scheduler", short="tile", searchable=True, chunked_only=True, label="tile"),
     Knob("max_partial_prefills", int, None, "chunked: most prompts mid-prefill at once (requests). Default: "
-         "no cap.", "scheduler", short="partial", vllm="max-num-partial-prefills", searchable=True,
-         chunked_only=True, label="partial"),
+         "no cap.", "scheduler", short="partial", searchable=True, chunked_only=True, label="partial",
+         vllm_before="max-num-partial-prefills (vLLM 0.7.3 until vllm#49244 in 2026; only the V0 engine read it)"),
     Knob("step_time_target_ms", float, None, "chunked: time budget per step (ms). After the decodes, prompt "
          "chunks get the most tokens whose predicted step time stays within it (the simulator's cost model; on "
          "the real engine a profile or a quick calibration, corrected online by measured steps); "
@@ -68,6 +72,22 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("num_chunks", int, None, "chunked: split each prompt into this many chunks: a request's chunk cap is "
          "ceil(prompt_len / N), within the other caps (chunks). Default: no such cap.", "scheduler",
          short="nchunks", searchable=True, chunked_only=True, label="chunks"),
+    # vLLM 0.32's scheduler knobs that shape chunked prefill (engine/scheduler.py follows its decisions).
+    Knob("scheduler_reserve_full_isl", bool, True, "chunked: admit a waiting request only when the KV cache "
+         "has free blocks for its whole prompt (less its prefix-cache hit), not just its first chunk: fewer "
+         "preemptions under memory pressure (vLLM 0.32's default).", "scheduler",
+         flags=("--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl",),
+         vllm="scheduler-reserve-full-isl", chunked_only=True, label="reserve full ISL"),
+    Knob("long_prefill_token_threshold_adaptive", bool, False, "chunked: raise --chunk-size to a fair share "
+         "of the budget, max_num_batched_tokens // (running + waiting requests), so it never cuts a chunk "
+         "below that.", "scheduler",
+         flags=("--long-prefill-token-threshold-adaptive/--no-long-prefill-token-threshold-adaptive",),
+         vllm="long-prefill-token-threshold-adaptive", chunked_only=True, label="adaptive chunk"),
+    Knob("max_num_active_seqs", int, None, "Most requests admitted to running at once (requests), at most "
+         "--max-num-seqs. Default: --max-num-seqs.", "scheduler", short="active", vllm="max-num-active-seqs",
+         label="active seqs"),
+    Knob("watermark", float, 0.0, "Fraction of the KV blocks a waiting request's admission must leave free "
+         "while others run, [0, 1) (headroom against preemption).", "scheduler", vllm="watermark"),
     Knob("block_size", int, 16, "KV cache block size (tokens).", "cache", vllm="block-size"),
     Knob("num_blocks", int, None, "KV cache size (blocks). Default: from memory (--gpu-memory-utilization on "
          "CUDA, --cpu-kv-cache-gib on CPU).", "cache"),

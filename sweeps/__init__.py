@@ -7,6 +7,9 @@ from importlib import resources
 from pathlib import Path
 
 
+BUILTIN = str(resources.files(__name__))  # where the built-in files lie: a space from there is not the user's
+
+
 def resolve(name: str | Path) -> Path:
     """A TOML file the user named, or else the built-in one of that name (`default`, `ci`)."""
     path = Path(name)

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.backends import resolve
-from chunkbench.commands.common import announce
+from chunkbench.backends import launches_vllm, resolve
+from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype, MaxModelLen,
                                          Model, NoProgress, NumBlocks, Seed, TensorParallelSize)
 from chunkbench.engine.config import EngineConfig
@@ -133,6 +133,10 @@ def tune(
                                 engine_overhead=engine_overhead))
     if resolved.backend.kind == "launch":
         launch_command(launch, config)  # placeholders checked before anything starts
+        if launches_vllm(launch):
+            search_space, note = search_space.for_vllm()
+            if note:
+                console.print(f"[yellow]{note}[/]", soft_wrap=True)
     spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,
                     objective=objective, n_trials=n_trials, timeout_s=timeout, seed=seed,
                     max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)

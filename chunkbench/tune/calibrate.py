@@ -34,6 +34,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -122,10 +123,11 @@ def run_figures(result) -> dict:
             "send_s": [r.arrival_time if r.send_time is None else r.send_time for r in result.requests]}
 
 
-def measure_design(backend: Backend, spec: TuneSpec, design: Design) -> dict:
-    """Run one design on the (launched) server: its figures, with the design to simulate it again."""
+def measure_design(backend: Backend, spec: TuneSpec, design: Design, log: Path | None = None) -> dict:
+    """Run one design on the (launched) server: its figures, with the design to simulate it again. `log`:
+    where a launched server's output goes."""
     config = spec.base_config(**design.knobs)
-    with backend.session(config) as serve:
+    with (backend.session(config, log=log) if log else backend.session(config)) as serve:
         return run_design(serve, spec, design, config.scheduler.max_model_len)
 
 

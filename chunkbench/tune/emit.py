@@ -1,8 +1,11 @@
 """Configs users paste into their servers: chunkbench TOML, vLLM YAML and flags, SGLang flags.
 
-Option names are vLLM's (`vllm serve --config`, EngineArgs / SchedulerConfig) and SGLang's (ServerArgs),
-as declared for each knob in engine/knobs.py. Knobs with no equivalent there are named in a comment, never
-silently dropped. Files are written by tomli-w and PyYAML, so no value (a study name, say) can inject a line.
+Option names are vLLM's (`vllm serve --config`, EngineArgs / SchedulerConfig, release VLLM_VERSION) and
+SGLang's (ServerArgs), as declared for each knob in engine/knobs.py. A server config sets only what was chosen
+(the searched knobs and the flags the user gave: EngineConfig.chosen) and what the deployment needs (max model
+length; tensor parallelism above 1; an fp8 cache), never a chunkbench default the server would not pick (a block
+size, prefix caching off, a memory fraction). Chosen knobs with no equivalent there are named in a comment,
+never silently dropped. Files are written by tomli-w and PyYAML, so no value (a study name, say) can inject a line.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import tomli_w
 import yaml
 
 from chunkbench.engine.config import EngineConfig, SchedulerConfig
-from chunkbench.engine.knobs import KNOBS
+from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
 
 HF_IDS = {  # presets -> the Hugging Face repositories whose shapes they copy
     "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct", "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
@@ -22,6 +25,10 @@ HF_IDS = {  # presets -> the Hugging Face repositories whose shapes they copy
 }
 TUNED = [k for k in KNOBS.values()  # what a recommendation sets: the searched knobs and the deployment
          if k.searchable or k.name in ("max_model_len", "tensor_parallel_size", "kv_cache_dtype")]
+
+
+DEPLOYMENT = {  # what a server config always carries when it holds: the deployment, not a choice of the search
+    "max_model_len": lambda v: True, "tensor_parallel_size": lambda v: v > 1, "kv_cache_dtype": lambda v: v != "auto"}
 
 
 def first_chunk_cap(s: SchedulerConfig) -> int | None:
@@ -39,18 +46,31 @@ def comment(lines: list[str]) -> str:
     return "".join(f"# {part}\n" for line in lines for part in str(line).splitlines() or [""])
 
 
+def server_knobs(config: EngineConfig):
+    """(knob, value) for what a server config sets: the chosen knobs and what the deployment needs."""
+    for knob in KNOBS.values():
+        value = knob.read(config)
+        if knob.name in DEPLOYMENT:
+            if DEPLOYMENT[knob.name](value):
+                yield knob, value
+        elif value is not None and knob.name in config.chosen:
+            yield knob, value
+
+
 def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
     """vLLM options (dashed names, as `vllm serve --config` reads them) and notes on what has no vLLM form."""
     s, notes = config.scheduler, []
-    options = {"enable-chunked-prefill": s.policy == "chunked"}
-    options |= {k.vllm: k.read(config) for k in KNOBS.values() if k.vllm and k.read(config) is not None}
+    options = {"enable-chunked-prefill": s.policy == "chunked"} if "policy" in config.chosen else {}
+    options |= {k.vllm: value for k, value in server_knobs(config) if k.vllm and k.name != "chunk_size"}
     if first_chunk_cap(s):
         options["long-prefill-token-threshold"] = first_chunk_cap(s)  # vLLM v1's per-step cap on a long prompt
     if s.chunk_schedule:
-        notes.append(f"chunk_schedule {','.join(map(str, s.chunk_schedule))} has no vLLM option; "
-                     f"long-prefill-token-threshold carries its first entry")
-    notes += [f"{k.name} {k.read(config)} has no vLLM option" for k in TUNED
-              if not k.vllm and k.name not in ("policy", "chunk_size", "chunk_schedule") and k.read(config)]
+        notes.append(f"chunk_schedule {','.join(map(str, s.chunk_schedule))} is chunkbench-only (no vLLM "
+                     f"{VLLM_VERSION} option); long-prefill-token-threshold carries its first entry")
+    for k, value in server_knobs(config):
+        if not k.vllm and k.name not in ("policy", "chunk_schedule") and value not in ((), False):
+            was = f"; earlier vLLM releases had {k.vllm_before}" if k.vllm_before else ""
+            notes.append(f"{k.name} {value} is chunkbench-only (no vLLM {VLLM_VERSION} option){was}")
     if s.policy in ("static", "orca"):
         notes.append(f"policy '{s.policy}' has no vLLM equivalent; the closest is chunked prefill off")
     return options, notes
@@ -58,7 +78,7 @@ def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
 
 def vllm_yaml(config: EngineConfig, header: list[str]) -> str:
     options, notes = vllm_options(config)
-    return comment(header + notes) + yaml.safe_dump({"model": model_id(config), **options}, sort_keys=False)
+    return comment(header + [f"for vLLM {VLLM_VERSION}: vllm serve --config vllm.yaml"] + notes) + yaml.safe_dump({"model": model_id(config), **options}, sort_keys=False)
 
 
 def vllm_option_flags(config: EngineConfig) -> str:
@@ -87,16 +107,19 @@ def chunkbench_flags(config: EngineConfig) -> str:
 
 
 def sglang_flags(config: EngineConfig) -> str:
-    """SGLang has one chunk size and a prefill-token budget; mixed chunks are Sarathi-style stall-free."""
+    """SGLang has one chunk size and a prefill-token budget; mixed chunks are Sarathi-style stall-free. Flag
+    names as in SGLang's ServerArgs (python/sglang/srt/server_args.py)."""
     s = config.scheduler
     chunk = first_chunk_cap(s) or s.max_num_batched_tokens
-    flags = [f"--model-path {model_id(config)}", f"--chunked-prefill-size {chunk if s.policy == 'chunked' else -1}"]
-    flags += [f"{k.sglang} {k.read(config)}" for k in KNOBS.values() if k.sglang and k.read(config) is not None]
+    flags = [f"--model-path {model_id(config)}"]
+    if {"policy", "chunk_size", "chunk_schedule", "max_num_batched_tokens"} & config.chosen:
+        flags.append(f"--chunked-prefill-size {chunk if s.policy == 'chunked' else -1}")
+    flags += [f"{k.sglang} {value}" for k, value in server_knobs(config) if k.sglang]
     if config.cache.kv_cache_dtype == "fp8":
         flags.append("--kv-cache-dtype fp8_e4m3")  # SGLang names the fp8 format; vLLM's fp8 is e4m3 too
-    if s.policy == "chunked":
+    if s.policy == "chunked" and "policy" in config.chosen:
         flags.append("--enable-mixed-chunk")
-    if not config.cache.enable_prefix_caching:
+    if "enable_prefix_caching" in config.chosen and not config.cache.enable_prefix_caching:
         flags.append("--disable-radix-cache")
     return "python -m sglang.launch_server " + " ".join(flags)
 

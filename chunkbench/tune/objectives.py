@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -23,10 +24,12 @@ METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p
 
 
 def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
-             progress: bool = False, capacity_hint: float | None = None, repeats: int = 1) -> TrialOutcome:
+             progress: bool = False, capacity_hint: float | None = None, repeats: int = 1,
+             log: Path | None = None) -> TrialOutcome:
     """Run one configuration (engine keyword arguments) against the SLAs. `capacity_hint`: a capacity found
     for another configuration, where the capacity search starts (see _capacity). `repeats` > 1 runs it that
-    many times in one session (one launched server) and scores the medians (median_outcome)."""
+    many times in one session (one launched server) and scores the medians (median_outcome). `log`: where a
+    launched server's output goes."""
     config = spec.base_config(**knobs)
     backend = backend or spec.backend
     options = dict(goodput_ms=goodput_slos(spec.slos), seed=spec.seed, percentiles=[s.percentile for s in spec.slos],
@@ -42,7 +45,7 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
             return _capacity(spec, run, workload, knobs, capacity_hint)
         return _score(spec, knobs, measure(serve, config, workload, progress=progress, **options).summary)
 
-    with backend.session(config) as serve:
+    with (backend.session(config, log=log) if log else backend.session(config)) as serve:
         outcomes = [once(serve) for _ in range(repeats)]
     return outcomes[0] if repeats == 1 else median_outcome(outcomes)
 

@@ -27,8 +27,8 @@ import optuna
 from rich.console import Console
 from rich.markup import escape
 
-from chunkbench.backends import Backend, SimBackend
-from chunkbench.errors import UserError
+from chunkbench.backends import Backend, LaunchError, SimBackend
+from chunkbench.errors import StudyFailed, UserError
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
@@ -56,7 +56,12 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
         if design.name in runs:
             continue  # launched before this process: its figures are in presearch.json
         console.print(f"calibrating: launching the server for the {design.name} run ...")
-        run = cal.measure_design(launch, spec, design)
+        try:
+            run = cal.measure_design(launch, spec, design, out / "calibration" / design.name / "launch.log"
+                                     if launch.kind == "launch" else None)
+        except LaunchError as exc:  # nothing to calibrate on: the tune cannot go on
+            raise StudyFailed(f"calibration: the server for the {design.name} run never became healthy: {exc}") \
+                from None
         if not run["ttft_ms"]:
             raise UserError(f"calibration: the {design.name} run completed no request on the launched server")
         if cal.primer_outran_burst(run):

@@ -29,11 +29,11 @@ def study_folder(name: str) -> Path:
     return Path("results/tune") / (re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "study")
 
 
-def _worker(spec: TuneSpec, name: str, url: str, worker: int) -> None:
+def _worker(spec: TuneSpec, name: str, url: str, worker: int, out: Path) -> None:
     """One more process on the study (--jobs): trials until the study holds n_trials, counted over all."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(url)
-    run_study(spec, create_study(spec, name, storage, worker), storage, url)
+    run_study(spec, create_study(spec, name, storage, worker), storage, url, out=out)
 
 
 def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Path | None, verify: int,
@@ -67,11 +67,11 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
         # --jobs: more processes on the same storage; study_lock keeps the trial count exact. spawn, not fork:
         # this process already holds database connections and threads.
         context = multiprocessing.get_context("spawn")
-        workers = [context.Process(target=_worker, args=(spec, name, storage_url, w), daemon=True)
+        workers = [context.Process(target=_worker, args=(spec, name, storage_url, w, out), daemon=True)
                    for w in range(1, jobs)]
         for process in workers:
             process.start()
-        run_study(spec, study, storage, storage_url, on_trial=on_trial)
+        run_study(spec, study, storage, storage_url, on_trial=on_trial, out=out)
         for process in workers:
             process.join()
             if process.exitcode:

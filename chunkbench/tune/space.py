@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, POLICIES, min_budget
-from chunkbench.engine.knobs import CHUNKED_ONLY, KNOBS as ENGINE_KNOBS, SEARCHABLE as KNOBS
+from chunkbench.engine.knobs import CHUNKED_ONLY, KNOBS as ENGINE_KNOBS, SEARCHABLE as KNOBS, VLLM_VERSION
 from chunkbench.errors import UserError, read_toml
 from chunkbench import sweeps
 from chunkbench.workload import WorkloadSpec
@@ -88,6 +88,26 @@ class SearchSpace:
         if tiles and min(tiles) > max(budgets):
             raise UserError(f"{where}: contradictory: every tile ({min(tiles)}+) exceeds every budget "
                             f"({max(budgets)})")
+
+    def for_vllm(self) -> tuple["SearchSpace", str | None]:
+        """The space a launched vLLM can search, and a note on what was left out. vLLM (engine/knobs.VLLM_VERSION)
+        has no option for the chunkbench-only knobs (progressive schedules, tile, partial prefills, step-time
+        target, chunk count) nor the static and orca policies: a built-in space leaves them out, with the note;
+        the user's own space file naming them is refused in one line, before any launch."""
+        only = [k for k in self.values if k != "policy" and not ENGINE_KNOBS[k].vllm
+                and self.values[k] not in (["fixed"], [0])]  # a single 'off' value changes nothing
+        policies = [p for p in self.values.get("policy", []) if p in ("static", "orca")]
+        if not only and not policies:
+            return self, None
+        what = ", ".join(only + [f"policy {p}" for p in policies])
+        if not self.source.startswith(sweeps.BUILTIN):
+            raise UserError(f"--space {self.source}: no vLLM {VLLM_VERSION} option for {what} (chunkbench-only); "
+                            "leave it out of the space to tune a launched vLLM")
+        values = {k: v for k, v in self.values.items() if k not in only}
+        if policies:
+            values["policy"] = [p for p in values["policy"] if p not in policies] or ["chunked"]
+        return (dataclasses.replace(self, values=values),
+                f"vLLM {VLLM_VERSION} has no option for {what} (chunkbench-only): left out of the search")
 
     def params(self, suggest) -> dict:
         """A point of the space: `suggest(name, choices)` picks each knob (an Optuna trial's

@@ -19,13 +19,15 @@ import threading
 import time
 import warnings
 import zlib
+from pathlib import Path
 
 import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
+from chunkbench.backends import LaunchError
 from chunkbench.engine.config import ConfigError
-from chunkbench.errors import UserError
+from chunkbench.errors import StudyFailed, UserError
 from chunkbench.slo import SLO
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.space import engine_kwargs
@@ -33,6 +35,7 @@ from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import build_workload
 
 HEARTBEAT_S, GRACE_S = 2, 8
+LAUNCH_FAILURES_IN_A_ROW = 3
 # What fails one configuration, not the study: a config the engine refuses, out of memory, a server that
 # does not come up.
 TRIAL_FAILURES = (ConfigError, RuntimeError, MemoryError, ValueError)
@@ -119,8 +122,10 @@ class _Heartbeat(threading.Thread):
 
 
 def run_study(spec: TuneSpec, study: optuna.Study, storage: optuna.storages.RDBStorage, url: str,
-              on_trial=None) -> None:
-    """Run trials until the study holds `n_trials` complete ones (counting all processes), or the timeout."""
+              on_trial=None, out: Path | None = None) -> None:
+    """Run trials until the study holds `n_trials` complete ones (counting all processes), or the timeout.
+    A launched server's output is kept in out/trials/<n>/launch.log. LAUNCH_FAILURES_IN_A_ROW launches in a
+    row that never come up end the study (StudyFailed): a broken --launch template fails every trial alike."""
     workload_max_len = spec.base_config().scheduler.max_model_len
     workload = build_workload(spec.workload, workload_max_len)
     deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
@@ -128,7 +133,7 @@ def run_study(spec: TuneSpec, study: optuna.Study, storage: optuna.storages.RDBS
         # We drive trials with ask/tell and record heartbeats ourselves (see _Heartbeat), which Optuna flags.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-        _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial)
+        _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial, out)
 
 
 def fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage) -> None:
@@ -150,7 +155,8 @@ def fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorag
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
 
 
-def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial) -> None:
+def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial, out) -> None:
+    failed_launches = 0  # in a row, in this process
     while deadline is None or time.monotonic() < deadline:
         with study_lock(url, study.study_name):
             fail_orphaned_trials(study, storage)
@@ -168,16 +174,25 @@ def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline,
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         heartbeat = _Heartbeat(storage, trial._trial_id)
         heartbeat.start()
+        log = out / "trials" / str(trial.number) / "launch.log" if out and spec.backend.kind == "launch" else None
+        if log:
+            trial.set_user_attr("launch_log", str(log))
         try:
             point = spec.space.params(trial.suggest_categorical)
             outcome = evaluate(spec, engine_kwargs(point, workload_max_len), workload,
-                               capacity_hint=_latest_capacity(trials))
+                               capacity_hint=_latest_capacity(trials), log=log)
         except TRIAL_FAILURES as exc:
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:1000])
             study.tell(trial, state=TrialState.FAIL)
+            failed_launches = failed_launches + 1 if isinstance(exc, LaunchError) else 0
+            if failed_launches >= LAUNCH_FAILURES_IN_A_ROW:
+                raise StudyFailed(f"{failed_launches} launched servers in a row never became healthy, so the "
+                                  f"study stops (fix --launch and run again to resume); the last, trial "
+                                  f"{trial.number}: {exc}") from None
             continue
         finally:
             heartbeat.stopped.set()
+        failed_launches = 0
         for name, value in outcome.constraints.items():  # the samplers read these (Optuna's constraints)
             trial.set_constraint(name, value)
         trial.set_user_attr("metrics", outcome.metrics)

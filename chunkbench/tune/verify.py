@@ -108,7 +108,9 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
         if record is None or runs(record) != repeats:  # not yet, or by another --verify-repeats
             console.print(f"re-measuring trial {trial.number} ({key}) on a launched server ...")
             try:
-                outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats)
+                log = state.path.parent / "verify" / str(trial.number) / "launch.log"
+                outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats,
+                                   log=log if launch.kind == "launch" else None)
             except TRIAL_FAILURES as exc:  # as a trial's: said, and the tune goes on
                 console.print(f"[yellow]warning:[/] trial {trial.number} could not be re-measured "
                               f"({type(exc).__name__}: {exc}); left out", soft_wrap=True)

@@ -33,7 +33,7 @@ class FakeServer(SimBackend):
     kind = "launch"
 
     @contextlib.contextmanager
-    def session(self, config):
+    def session(self, config, log=None):  # `log`: where LaunchBackend would write the server's output
         self.launches += 1
         if self.die_at == self.launches:
             raise KeyboardInterrupt

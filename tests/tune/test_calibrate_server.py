@@ -109,9 +109,9 @@ class DriftingServer(FakeServer):
     then: float = 5.0
 
     @contextlib.contextmanager
-    def session(self, config):
+    def session(self, config, log=None):
         if self.launches < self.steady:
-            with super().session(config) as serve:
+            with super().session(config, log) as serve:
                 yield serve
             return
         factors = self.drift if self.launches == self.steady else (self.then,)

@@ -65,11 +65,11 @@ class FailingServer(FakeServer):
     fail_at: int = 0
 
     @contextlib.contextmanager
-    def session(self, config):
+    def session(self, config, log=None):
         if self.launches + 1 == self.fail_at:
             self.launches += 1
             raise RuntimeError("the server exited before /health answered")
-        with super().session(config) as serve:
+        with super().session(config, log) as serve:
             yield serve
 
 

@@ -45,6 +45,7 @@ class RequestRecord:
     output_token_source: str | None = None  # endpoint runs: "usage" (the server's count) or "chunks"
     end_time: float | None = None  # endpoint runs: when the request ended (last byte, failure or timeout)
     response_id: str | None = None  # endpoint runs: the server's id for it
+    dispatch_time: float | None = None  # endpoint runs: when the client's loop started it (due time + send lag)
 
     @property
     def ok(self) -> bool:
@@ -56,7 +57,15 @@ class RequestRecord:
 
     @property
     def client_queue_time(self) -> float | None:
-        return None if self.send_time is None else self.send_time - self.arrival_time
+        """The wait for a --max-concurrency slot: vLLM's, from the dispatch (its request_arrival_time)."""
+        if self.send_time is None:
+            return None
+        return self.send_time - (self.arrival_time if self.dispatch_time is None else self.dispatch_time)
+
+    @property
+    def send_lag(self) -> float | None:
+        """How late the client's loop dispatched the request against its due time."""
+        return None if self.dispatch_time is None else self.dispatch_time - self.arrival_time
 
     @property
     def output_tokens(self) -> int:
@@ -257,6 +266,9 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     if endpoint:
         summary |= _stats("client_queue_time", [r.client_queue_time for r in done if r.send_time is not None],
                           pcts)
+        lags = [r.send_lag for r in records if r.send_lag is not None]  # every request was sent, failed ones too
+        if lags:
+            summary |= _stats("send_lag", lags, pcts) | {"max_send_lag_ms": 1000.0 * max(lags)}
         sources = {r.output_token_source for r in done}
         if sources:
             summary["output_token_source"] = sources.pop() if len(sources) == 1 else "mixed"

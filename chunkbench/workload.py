@@ -83,7 +83,7 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator, flag: str = "--p
     return values
 
 
-ARRIVALS = ("poisson", "gamma", "constant", "all-at-once")
+ARRIVALS = ("poisson", "gamma", "constant", "all-at-once", "vllm")
 MAX_SPAN_S = 1e9  # arrivals within ~30 years: float64 seconds keep microseconds
 MAX_REAL_WAIT_S = 7 * 86400  # on a real clock (the engine, a server) the arrivals are waited for: a week at most
 
@@ -102,12 +102,38 @@ def check_real_time(requests: list["WorkloadRequest"], where: str) -> None:
                         "(--backend sim)")
 
 
-def sample_arrivals(kind: str, n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times (s). gamma follows vLLM: shape = burstiness, mean gap = 1/rate; burstiness 1 = poisson."""
+def vllm_arrivals(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """The send times of `vllm bench serve --request-rate RATE --burstiness B --seed SEED` (0.32's get_request,
+    no ramp-up): after np.random.seed(seed), one gamma gap per request (shape B, scale 1/(rate B); the first
+    request waits its gap too), summed, then rescaled so the last is due at n / rate. A RandomState of its own
+    draws the stream np.random's global one would, without touching it."""
+    if n == 0:
+        return np.zeros(0)
+    if rate == float("inf"):
+        return np.zeros(n)
+    if burstiness == float("inf"):
+        due = np.cumsum(np.full(n, 1.0 / rate))
+    else:
+        state = np.random.RandomState(seed)
+        theta = 1.0 / (rate * burstiness)
+        due = np.cumsum([state.gamma(shape=burstiness, scale=theta) for _ in range(n)])  # one draw each, as vLLM
+    if due[-1] != 0:
+        due = due * ((n / rate) / due[-1])
+    return due
+
+
+def sample_arrivals(kind: str, n: int, rate: float, burstiness: float, rng: np.random.Generator,
+                    seed: int = 0) -> np.ndarray:
+    """Arrival times (s). gamma follows vLLM's shape: shape = burstiness, mean gap = 1/rate; burstiness 1 =
+    poisson. vllm: vLLM's own schedule for `seed` (vllm_arrivals), the other kinds draw from `rng`."""
     if kind == "all-at-once":
         return np.zeros(n)
     if rate <= 0:
         raise UserError(f"--rate must be > 0 requests/s, got {rate}")
+    if kind == "vllm":
+        if burstiness <= 0:
+            raise UserError(f"--burstiness must be > 0, got {burstiness}")
+        return vllm_arrivals(n, rate, burstiness, seed)
     if kind == "constant":
         gaps = np.full(n, 1.0 / rate)
     elif kind == "poisson":
@@ -248,7 +274,7 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
             shared = [((1_000_000 + int(g), min(int(length), int(p))),) if length > 0 else ()
                       for g, length, p in zip(frame["prefix_group"], lens, prompts)]
         if "arrival_time" in frame and spec.arrival in (None, "trace"):
-            arrivals = (frame["arrival_time"].to_numpy(float) - frame["arrival_time"].iloc[0]) * spec.time_scale
+            arrivals = frame["arrival_time"].to_numpy(float) * spec.time_scale  # as given, as vLLM's timed_trace
         n = len(prompts)
     elif spec.name == "multi-turn":
         requests = _multi_turn(n, spec.rate, rng)
@@ -267,7 +293,7 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
     if arrivals is None:
         if spec.arrival == "trace":
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")
-        arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng)
+        arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng, spec.seed)
     shared = shared or [()] * len(prompts)
     requests = [WorkloadRequest(int(p), int(o), float(a), sh)
                 for p, o, a, sh in zip(prompts, outputs, arrivals, shared)]

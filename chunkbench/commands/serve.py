@@ -3,6 +3,7 @@ measured with chunkbench's workloads and metrics)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -54,6 +55,10 @@ def serve(
                 **limits.uvicorn_kwargs())
 
 
+Sampling = Annotated[Optional[float], typer.Option(help="Sent with every request when given (as vllm bench "
+                                                     "serve's flag); default: not sent, the server's default.")]
+
+
 @with_options(WORKLOAD_OPTIONS)
 def bench(
     endpoint: Annotated[str, typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
@@ -71,12 +76,33 @@ def bench(
                                                         "(repeatable).")] = None,
     request_timeout: Annotated[float, typer.Option(help="Per-request limit from send to last byte (s); a request "
                                                    "past it counts as failed.")] = 600.0,
-    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Send one untimed warm-up request before "
-                                         "the clock starts (as vllm bench serve does).")] = True,
+    num_warmups: Annotated[int, typer.Option(help="Untimed copies of request 0 sent at once before the clock "
+                                             "starts (requests; as vllm bench serve's, default 0).")] = 0,
+    temperature: Sampling = None,
+    top_p: Sampling = None,
+    top_k: Annotated[Optional[int], typer.Option(help="Sent with every request when given (as vllm bench "
+                                                 "serve's flag); default: not sent.")] = None,
+    min_p: Sampling = None,
+    frequency_penalty: Sampling = None,
+    presence_penalty: Sampling = None,
+    repetition_penalty: Sampling = None,
     served_model: Annotated[Optional[str], typer.Option("--model", help="Model name to send; default: the "
                                                         "server's first /v1/models entry.")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(help="Token ids of the random prompts are below this; "
-                                                      "default: the server's, else 32000.")] = None,
+                                                      "default: --tokenizer's, else the server's (its model card, "
+                                                      "else vLLM's /detokenize).")] = None,
+    save_result: Annotated[bool, typer.Option(help="Also write the result as vllm bench serve --save-result "
+                                              "does (its keys and layout) in --result-dir.")] = False,
+    result_dir: Annotated[Optional[Path], typer.Option(help="Folder for --save-result (default: .).")] = None,
+    result_filename: Annotated[Optional[str], typer.Option(help="File name for --save-result (default: vLLM's "
+                                                           "{label}-{rate}qps-{model}-{date}.json).")] = None,
+    save_detailed: Annotated[bool, typer.Option(help="--save-result keeps the per-request lists (as vLLM's)."
+                                                )] = False,
+    label: Annotated[Optional[str], typer.Option(help="--save-result's label (default: the backend).")] = None,
+    percentile_metrics: Annotated[str, typer.Option(help="--save-result: metrics with percentiles, of ttft, "
+                                                    "tpot, itl, e2el.")] = "ttft,tpot,itl",
+    metric_percentiles: Annotated[str, typer.Option(help="--save-result: percentiles, comma-separated "
+                                                    "(%).")] = "99",
     max_model_len: MaxModelLen = None,
     goodput: Goodput = None,
     seed: Seed = 0,
@@ -85,21 +111,28 @@ def bench(
     **workload_options,
 ) -> None:
     """Benchmark any OpenAI-compatible server with chunkbench's workloads and metrics (same files as `run`),
-    including failed requests and their errors."""
+    including failed requests and their errors, as vllm bench serve 0.32 measures: no sampling parameter or
+    warm-up unless asked, and synthetic arrivals on vLLM's own schedule for --rate, --burstiness and --seed
+    (--arrival vllm, the default here)."""
     from chunkbench.backends import EndpointBackend
+    from chunkbench.client import APIS
     from chunkbench.report import comparison_table
     from chunkbench.runs import run_benchmark, save_run
     from chunkbench.slo import parse_goodput
-
-    from chunkbench.client import APIS
+    from chunkbench.vllm_result import parse_percentiles, result_path, save_vllm_result, vllm_result
 
     if max_concurrency is not None:
         check_number("--max-concurrency", max_concurrency, low=1)
     if vocab_size is not None:
         check_number("--vocab-size", vocab_size, low=2)
+    check_number("--num-warmups", num_warmups, low=0, integer=True)
     if api not in APIS:
         raise UserError(f"--api must be {' or '.join(APIS)}, got '{api}'")
     check_number("--request-timeout", request_timeout, low=0, low_open=True)
+    sampling = {name: value for name, value in
+                {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+                 "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
+                 "repetition_penalty": repetition_penalty}.items() if value is not None}
     headers = {}
     for item in header or []:
         name, sep, value = item.partition(":")
@@ -108,11 +141,16 @@ def bench(
         headers[name.strip()] = value.strip()
     check_writable(out, "--out", folder=True)
     check_writable(json_out, "--json")
+    metrics, percentiles = parse_percentiles(percentile_metrics, metric_percentiles)
     slos = parse_goodput(goodput)
-    backend = EndpointBackend.connect(endpoint, served_model, vocab_size, max_concurrency=max_concurrency, api=api,
-                                      api_key=api_key, headers=headers, timeout_s=request_timeout, warmup=warmup)
+    options = pick(workload_options, WORKLOAD_OPTIONS)
+    if options["arrival"] is None and not has_timestamps(options["workload"]):
+        options["arrival"] = "vllm"  # vllm bench serve's schedule for the same --rate, --burstiness, --seed
+    backend = EndpointBackend.connect(endpoint, served_model, vocab_size, options["tokenizer"],
+                                      max_concurrency=max_concurrency, api=api, api_key=api_key, headers=headers,
+                                      timeout_s=request_timeout, num_warmups=num_warmups, sampling=sampling)
     limit = max_model_len or backend.max_model_len or 8192
-    spec, requests = load_workload(limit, seed=seed, **pick(workload_options, WORKLOAD_OPTIONS))
+    spec, requests = load_workload(limit, seed=seed, **options)
     run = run_benchmark(None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=seed,
                         progress=False, warmup_steps=0)
     failures = [{"request": i, "error": r.error} for i, r in enumerate(run.result.requests) if r.error]
@@ -123,6 +161,27 @@ def bench(
     for failure in failures[:10]:
         console.print(f"[red]request {failure['request']} failed:[/] {failure['error']}")
     console.print(f"wrote {out}/summary.json, requests.parquet")
+    if save_result:
+        timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn"
+        result = vllm_result(run.summary, run.result.requests, api=api, model_id=backend.model,
+                             tokenizer_id=spec.tokenizer or backend.model, label=label,
+                             request_rate="inf" if timed else spec.rate, burstiness=spec.burstiness,
+                             max_concurrency=max_concurrency, goodput=bool(slos), metrics=metrics,
+                             percentiles=percentiles, detailed=save_detailed)
+        path = result_path(result_dir, result_filename, result)
+        save_vllm_result(result, path)
+        console.print(f"wrote {path} (vllm bench serve --save-result's layout)")
+
+
+def has_timestamps(workload: str) -> bool:
+    """Whether the workload brings its own arrival times (a named trace, multi-turn, a file with them)."""
+    from chunkbench.workload import TRACE_FILES
+
+    if workload in TRACE_FILES or workload == "multi-turn":
+        return True
+    if Path(workload).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
+        return True  # a file keeps the old default: its timestamps, else poisson
+    return False
 
 
 def register(app: typer.Typer) -> None:

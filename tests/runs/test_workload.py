@@ -76,7 +76,7 @@ def test_user_files(tmp_path):
     csv = tmp_path / "t.csv"
     csv.write_text("input_len,output_len,arrival_time\n100,10,5.0\n200,20,6.5\n")
     reqs = build_workload(WorkloadSpec(name=str(csv)))
-    assert [(r.prompt_len, r.output_len, r.arrival_time) for r in reqs] == [(100, 10, 0.0), (200, 20, 1.5)]
+    assert [(r.prompt_len, r.output_len, r.arrival_time) for r in reqs] == [(100, 10, 5.0), (200, 20, 6.5)]  # as given
     jsonl = tmp_path / "t.jsonl"
     jsonl.write_text('{"prompt_len": 7, "output_len": 3}\n{"prompt_len": 9, "output_len": 4}\n')
     reqs = build_workload(WorkloadSpec(name=str(jsonl), arrival="constant", rate=2.0))

@@ -44,7 +44,7 @@ def bench(scripts: dict[int, list], arrivals: dict[int, float] | None = None, **
     workload = [WorkloadRequest(prompt_len=8, output_len=key, arrival_time=(arrivals or {}).get(key, 0.0))
                 for key in scripts]
     with ScriptedServer(scripts) as server:
-        result = asyncio.run(bench_endpoint(server.url, workload, 1000, **({"warmup": False} | kwargs)))
+        result = asyncio.run(bench_endpoint(server.url, workload, 1000, **kwargs))  # vLLM's defaults: no warm-up
     return workload, result, summarize(result.records, [], result.duration), server
 
 
@@ -109,6 +109,8 @@ def expected(workload, result, server, ok_keys, max_concurrency=None, timeout_s=
     out |= stats("itl", itls)
     out |= stats("e2el", [times[-1] - send for send, times, _, _ in done])
     out |= stats("client_queue_time", [send - arrival for send, _, _, arrival in done])
+    # Every request, failed ones too, leaves the loop at its due time (the wait for a slot comes after).
+    out |= stats("send_lag", [0.0] * len(workload)) | {"max_send_lag_ms": 0.0}
     out |= stats("scheduling_delay", [times[0] - send for send, times, _, _ in done])  # TTFT, the proxy
     out["scheduling_delay_source"] = "ttft-proxy"
     if done:
@@ -233,16 +235,45 @@ def test_chat_with_an_api_key_and_headers(monkeypatch):
     assert server.served[0].path == "/v1/completions" and server.served[0].body["prompt"]
 
 
-def test_the_warm_up_is_untimed_and_is_not_request_0():
-    _, result, summary, server = bench({3: [0.08, tok(), 0.08, tok(), DONE]}, warmup=True)
+def test_by_default_no_warm_up_and_no_sampling_parameter_is_sent():
+    """vllm bench serve 0.32: --num-warmups defaults to 0, and no temperature (or any sampling field) is sent
+    unless given: the server's defaults apply."""
+    _, result, summary, server = bench({3: [0.08, tok(), 0.08, tok(), DONE]})
+    (timed,) = server.served
+    assert not {"temperature", "top_p", "top_k", "min_p"} & set(timed.body)
+    assert timed.body["ignore_eos"] is True and summary["completed"] == 1 and result.warmup_error is None
+
+
+def test_sampling_fields_are_sent_when_given():
+    _, _, _, server = bench({3: [0.08, tok(), DONE]}, sampling={"temperature": 0.0, "top_k": 5})
+    assert server.served[0].body["temperature"] == 0.0 and server.served[0].body["top_k"] == 5
+
+
+def test_one_warm_up_is_request_0_untimed_before_the_clock():
+    """--num-warmups 1: vLLM sends its first request's input once, untimed, before the run starts."""
+    workload, result, summary, server = bench({3: [0.08, tok(), 0.08, tok(), DONE]}, num_warmups=1)
     warm, timed = server.served  # the client is done with the warm-up at its [DONE]
     # The server stamps a chunk after its write drains, and the client may already hold it: a 2 ms race
     # failed this once without the loopback tolerance.
     assert warm.sent[-1][0] < result.start + TOL_S and result.start < timed.received
-    assert warm.body["prompt"] != timed.body["prompt"]
+    assert warm.body == timed.body  # vLLM's test_input is input_requests[0]
     assert summary["completed"] == 1 and result.warmup_error is None
+    assert_matches(summary, expected(workload, result, server, {3}))
     frame = endpoint_requests_frame(result)
     assert frame.loc[0, "client_queue_time"] == pytest.approx(0.0, abs=TOL_S)
+
+
+def test_sends_follow_the_schedule_and_their_lag_is_reported():
+    """Ten requests due 30 ms apart: each leaves within the tolerance of its due time, and the summary's
+    send lag is the dispatch minus the due time."""
+    scripts = {k: [0.08, tok(), 0.08, tok(), DONE] for k in range(2, 12)}
+    arrivals = {k: 0.03 * (k - 2) for k in scripts}
+    workload, result, summary, server = bench(scripts, arrivals)
+    lags = [r.dispatch_time - r.arrival_time for r in result.records]
+    assert min(lags) >= 0 and max(lags) < TOL_S
+    assert summary["max_send_lag_ms"] == pytest.approx(1000 * max(lags))
+    assert summary["mean_send_lag_ms"] == pytest.approx(1000 * float(np.mean(lags)))
+    assert [r.send_time for r in result.records] == sorted(r.send_time for r in result.records)
 
 
 def test_requests_are_timed_with_the_inherited_heap_out_of_the_collector(monkeypatch):
@@ -261,6 +292,6 @@ def test_requests_are_timed_with_the_inherited_heap_out_of_the_collector(monkeyp
         return await request(*args, **kwargs)
 
     monkeypatch.setattr(client, "_request", watched)
-    bench({3: [0.08, tok(), DONE]}, warmup=True)
+    bench({3: [0.08, tok(), DONE]}, num_warmups=1)
     assert len(frozen_while_timed) == 2 and min(frozen_while_timed) > 10_000  # the imports, and the warm-up
     assert gc.get_freeze_count() == 0  # back in the collector's sight after the run

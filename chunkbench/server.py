@@ -65,7 +65,9 @@ class UnknownFields:
         new = sorted(set(names) - self.seen)
         if new and len(self.seen) < self.limit:
             self.seen.update(new)
-            logger.warning("ignored request fields chunkbench serve does not use: %s", ", ".join(new))
+            logger.warning("ignored request fields chunkbench serve does not use: %s",
+                           ", ".join(ascii(n[:40]) for n in new[:10]) + (f" and {len(new) - 10} more" if len(new) > 10
+                                                                         else ""))
 
 
 def create_app(config: EngineConfig, served_name: str | None = None, limits: ServerLimits | None = None) -> FastAPI:

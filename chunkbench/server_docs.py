@@ -12,11 +12,14 @@ from fastapi.openapi.utils import get_openapi
 from chunkbench.openai_models import ErrorResponse
 
 _ERROR = {"model": ErrorResponse}
+SSE_EVENT = {"type": "object", "required": ["data"], "description": "One server-sent event: data is a JSON chunk "
+             "(choices, and usage when asked for), an error object, or [DONE].",
+             "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 POST_RESPONSES = {
     200: {"description": "The completion: a JSON object, or with stream=true server-sent events (data: {chunk} "
                          "lines, a usage chunk with stream_options.include_usage, then data: [DONE]).",
           "content": {"application/json": {"schema": {"type": "object"}},
-                      "text/event-stream": {"schema": {"type": "string"}}}},
+                      "text/event-stream": {"schema": SSE_EVENT}}},
     400: {**_ERROR, "description": "A bad request: a wrong type, a value out of range (this document states the "
                                    "ranges), invalid Unicode, a feature not implemented (a field other than its "
                                    "neutral value), a prompt that leaves no room for max_tokens under max_model_len "
@@ -34,13 +37,19 @@ TEXT_RESPONSES = {
 }
 
 
+DESCRIPTION = ("OpenAI-compatible API of chunkbench's engine. Unknown request fields are ignored (and logged once), "
+               "as vLLM does. Values are not coerced: an integer is written as one (2.0 is refused where an integer "
+               "is expected, though JSON Schema counts it as one), a bool as true/false. A prompt and its max_tokens "
+               "must fit in max_model_len tokens together (prompt characters are bounded too), which a schema "
+               "cannot state: such a request gets a 400 naming both numbers.")
+
+
 def document_errors(app: FastAPI) -> None:
     """Replace the app's OpenAPI generator with one that drops FastAPI's 422 (every validation error is a 400)."""
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                                 description="OpenAI-compatible API of chunkbench's engine. Unknown request "
-                                             "fields are ignored (and logged once), as vLLM does.")
+                                 description=DESCRIPTION)
             for path in schema["paths"].values():
                 for operation in path.values():
                     operation["responses"].pop("422", None)
@@ -48,7 +57,22 @@ def document_errors(app: FastAPI) -> None:
                         operation["responses"]["200"]["content"].pop("application/json", None)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
-            app.openapi_schema = schema
+            app.openapi_schema = _integer_bounds(schema)
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def _integer_bounds(node):
+    """FastAPI writes every bound as a float ("minimum": 1.0); an integer's bounds go back to integers, so that
+    generators draw integers for them (the server takes no 1.0 for an integer: its models are strict)."""
+    if isinstance(node, list):
+        return [_integer_bounds(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _integer_bounds(value) for key, value in node.items()}
+    if out.get("type") == "integer":
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if isinstance(out.get(key), float) and out[key].is_integer():
+                out[key] = int(out[key])
+    return out

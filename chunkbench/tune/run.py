@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chunkbench.backends import EngineBackend
+from chunkbench.errors import StudyFailed
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import OUTPUTS, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
@@ -27,6 +28,16 @@ def study_folder(name: str) -> Path:
     """results/tune/<study>, with anything but letters, digits, '.', '_' and '-' replaced: a study name is
     text, never a path (`../../x` stays inside results/tune)."""
     return Path("results/tune") / (re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "study")
+
+
+def no_trial_completed(study: optuna.Study) -> None:
+    """A study that ended with failed trials and none complete has nothing to recommend: StudyFailed (exit 1)
+    with the last failure, never an empty table read as an SLA miss."""
+    trials = study.get_trials(deepcopy=False)
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    if failed and not any(t.state == optuna.trial.TrialState.COMPLETE for t in trials):
+        raise StudyFailed(f"no trial completed ({len(failed)} failed); the last, trial {failed[-1].number}: "
+                          f"{failed[-1].user_attrs.get('error', 'no error recorded')}")
 
 
 def _worker(spec: TuneSpec, name: str, url: str, worker: int, out: Path) -> None:
@@ -76,6 +87,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
             process.join()
             if process.exitcode:
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
+    no_trial_completed(study)
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
     if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py

@@ -81,3 +81,19 @@ def test_failed_launches_are_quoted_kept_and_end_the_study(tmp_path, capsys):
     logs = sorted(out.glob("trials/*/launch.log"))
     assert len(logs) == 3  # three launches, not an endless refill
     assert "unrecognized arguments" in logs[0].read_text() and logs[0].read_text().startswith("$ ")
+
+
+def test_a_study_whose_trials_all_failed_ends_with_exit_1_not_an_empty_table():
+    import optuna
+
+    from chunkbench.errors import StudyFailed
+    from chunkbench.tune.run import no_trial_completed
+
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr("error", "LaunchError: vllm: error: unrecognized arguments: --x")
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    with pytest.raises(StudyFailed, match=r"no trial completed \(1 failed\); the last, trial 0: .*--x"):
+        no_trial_completed(study)
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    no_trial_completed(study)  # one complete trial: something to recommend

@@ -295,7 +295,7 @@ class LaunchBackend(Backend):
                                                start_new_session=True)
                 except OSError as exc:  # no such program, not executable
                     raise LaunchError(f"cannot start `{command}`: {exc.strerror}") from None
-            stack.callback(_stop, process)
+            stack.callback(stop_server, process)
             try:
                 wait_healthy(self.endpoint, self.timeout_s, process)
             except RuntimeError as exc:
@@ -307,7 +307,7 @@ class LaunchBackend(Backend):
         return f"launched server at {self.endpoint}"
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_server(process: subprocess.Popen) -> None:
     """SIGTERM to the server's process group, SIGKILL after 30 s."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)

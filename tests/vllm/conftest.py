@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from chunkbench.backends import stop_server
 from tests.conftest import REPO, free_port
 
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
@@ -66,13 +66,7 @@ def start_vllm(args: list[str], log: Path, timeout_s: float = 240.0, env: dict |
             time.sleep(1.0)
         yield base + "/v1"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_server(process)
 
 
 @pytest.fixture(scope="session")

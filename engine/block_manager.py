@@ -3,16 +3,22 @@
 Token position p of a request lives in block `table[p // block_size]` at offset `p % block_size`, so its
 cache slot is `table[p // block_size] * block_size + p % block_size`.
 
-Prefix caching (as in vLLM v1): a full block is named by a hash of its tokens chained with its parent's
-hash, so equal hashes mean equal prefixes. Blocks carry reference counts; a block whose count drops to
-zero goes to the end of the free list but keeps its contents and hash, and is evicted only when it is
-taken from the front of the free list (least recently freed first). A new request reuses the longest
-run of cached blocks its prompt starts with. No torch here.
+Prefix caching (as in vLLM v1; the details as in vLLM 0.32's block_pool.py and kv_cache_manager.py): a full
+block is named by a hash of its tokens chained with its parent's hash, so equal hashes mean equal prefixes.
+A block is cached when it is allocated for the chunk that fills it, before the step runs (a request admitted
+later in the same step reuses it: the step writes every layer's KV before that layer's attention reads it).
+Two blocks may hold the same hash (two requests computed it); a lookup finds the first cached, and the other
+serves once that one is evicted. Blocks carry reference counts; a freed block whose count drops to zero keeps
+its contents and hash and goes to the end of the free list if it is cached (evicted last, least recently
+freed first), to the front if not (reused first). A block is evicted only when it is taken from the front.
+A new request reuses the longest run of cached blocks its prompt starts with. No torch here.
 
 The free list is a deque, so blocks are taken and freed in bulk at C speed (a simulated trace takes and
 frees millions). A free cached block that a new request reuses leaves the list lazily: its entry stays,
 marked stale (`_stale[block]`), and is skipped when it reaches the front. A block's stale entries always
-precede its live one (the live one is its latest free), so the first entry met is stale while it has any.
+precede its live one (the live one is its latest free), so the first entry met is stale while it has any:
+only cached blocks get stale entries, and a block loses its hash (and may then be freed to the front) only
+when its live entry is taken, after its stale ones.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ class BlockManager:
         self._num_stale = 0
         self.block_tables: dict[str, list[int]] = {}
         self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # block hash -> block holding it
+        self.cached: dict[int, int] = {}  # block hash -> the first block cached with it
+        self._dupes: dict[int, list[int]] = {}  # block hash -> later blocks cached with it, in caching order
         self.num_registered: dict[str, int] = {}  # blocks of a request's table already hashed and cached
 
     @property
@@ -83,19 +90,40 @@ class BlockManager:
             hits.append(block)
         return hits
 
-    def _register_full_blocks(self, request: Request) -> None:
-        """Cache the request's blocks that its computed tokens have filled."""
-        full = request.num_computed_tokens // self.block_size
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's blocks that its first `num_tokens` tokens fill (at most its known tokens): called
+        when blocks are allocated for a chunk, as vLLM 0.32's allocate_slots does, and again after the step."""
+        full = min(num_tokens, request.num_tokens) // self.block_size
         start = self.num_registered.get(request.request_id, 0)
         if full <= start:
             return
         table = self.block_tables[request.request_id]
+        cached, block_hash = self.cached, self.block_hash
         for i, h in enumerate(self._block_hashes(request, full)[start:], start):
             block = table[i]
-            if self.block_hash[block] is None and h not in self.cached:
-                self.block_hash[block] = h
-                self.cached[h] = block
+            if block_hash[block] is not None:  # a prefix hit: cached already
+                continue
+            block_hash[block] = h
+            if h in cached:
+                self._dupes.setdefault(h, []).append(block)
+            else:
+                cached[h] = block
         self.num_registered[request.request_id] = full
+
+    def _evict(self, block: int) -> None:
+        """Drop a block about to be overwritten from the prefix cache; a later block with its hash takes over."""
+        h = self.block_hash[block]
+        self.block_hash[block] = None
+        dupes = self._dupes.get(h)
+        if self.cached.get(h) == block:
+            if dupes:
+                self.cached[h] = dupes.pop(0)
+            else:
+                del self.cached[h]
+        elif dupes is not None:
+            dupes.remove(block)
+        if dupes is not None and not dupes:
+            del self._dupes[h]
 
     # ---- allocation ----
 
@@ -105,9 +133,11 @@ class BlockManager:
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - have  # cdiv, inlined: hot
         return needed if needed > 0 else 0
 
-    def can_allocate(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> bool:
+    def can_allocate(self, request: Request, num_new_tokens: int, hits: list[int] = (), reserve: int = 0) -> bool:
+        """Whether blocks for `num_new_tokens` more tokens are free, leaving `reserve` blocks free (vLLM's
+        watermark)."""
         reused_free = sum(1 for b in hits if self.ref_counts[b] == 0)  # taking them shrinks the free list
-        return self.blocks_needed(request, num_new_tokens, hits) <= self.num_free - reused_free
+        return self.blocks_needed(request, num_new_tokens, hits) + reserve <= self.num_free - reused_free
 
     def allocate(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> list[int]:
         """Give a newly admitted request its cached prefix blocks `hits`, then blocks for `num_new_tokens`."""
@@ -133,6 +163,8 @@ class BlockManager:
         table = self.block_tables.setdefault(request.request_id, [])
         if needed:
             table += self._take(needed)
+        if self.enable_caching:
+            self.cache_blocks(request, request.num_computed_tokens + num_new_tokens)
         return table
 
     def append_block(self, request_id: str) -> None:
@@ -153,12 +185,10 @@ class BlockManager:
                 raise AssertionError(f"block {block} on the free list is in use")
             refs[block] = 1
         if self.enable_caching:
+            block_hash = self.block_hash
             for block in blocks:
-                h = self.block_hash[block]
-                if h is not None:  # evict: its contents are about to be overwritten
-                    if self.cached.get(h) == block:
-                        del self.cached[h]
-                    self.block_hash[block] = None
+                if block_hash[block] is not None:  # evict: its contents are about to be overwritten
+                    self._evict(block)
         return blocks
 
     def _live(self, popped: list[int]) -> list[int]:
@@ -176,20 +206,26 @@ class BlockManager:
         return live
 
     def computed(self, request: Request) -> None:
-        """The request's computed tokens advanced: cache any block they filled."""
+        """The request's computed tokens advanced: cache any block they filled (mostly cached at allocation
+        already; the simulator's fast path caches a decode's blocks here only)."""
         if self.enable_caching:
-            self._register_full_blocks(request)
+            self.cache_blocks(request, request.num_computed_tokens)
 
     def free(self, request: Request) -> None:
         """Release a request's blocks (finished, aborted or preempted). Freeing twice is a no-op.
-        Tail blocks are freed first, so they are evicted before the prefix blocks others may share."""
+        Tail blocks are freed first, so they are evicted before the prefix blocks others may share; uncached
+        blocks go to the front of the free list (reused first, as vLLM 0.32), cached ones to the end."""
         self.num_registered.pop(request.request_id, None)
-        refs, released = self.ref_counts, []
+        refs, released, uncached = self.ref_counts, [], []
+        hashed = self.block_hash if self.enable_caching else None
         for block in reversed(self.block_tables.pop(request.request_id, [])):
             left = refs[block] = refs[block] - 1
             if left == 0:
-                released.append(block)
+                (released if hashed is not None and hashed[block] is not None else uncached).append(block)
             elif left < 0:
                 raise AssertionError(f"block {block} freed more often than taken")
+        if uncached:
+            uncached.reverse()
+            self.free_blocks.extendleft(uncached)  # the tail block first in line
         self.free_blocks.extend(released)
-        self.num_free += len(released)
+        self.num_free += len(released) + len(uncached)

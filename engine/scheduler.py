@@ -6,8 +6,18 @@ scheduled `n` of its uncomputed tokens; the step that computes its last token sa
     static      admit a batch when nothing runs; prefill it whole, decode it to completion
     continuous  whole prompts in prefill-only steps that pause decodes (vLLM before chunked prefill)
     orca        whole prompts ride in the same step as the decodes
-    chunked     decodes first, then prompt chunks fill the rest of the budget (Sarathi-Serve, vLLM v1);
-                with `step_time_target_ms`, also the rest of the step's predicted time (engine/step_time.py)
+    chunked     running requests in order, a decode token or a prompt chunk each, then waiting prompts' chunks
+                fill the rest of the budget (Sarathi-Serve, vLLM v1); with `step_time_target_ms`, decodes
+                first and chunks also fill the rest of the step's predicted time (engine/step_time.py)
+
+`chunked` makes vLLM 0.32's decisions (vllm/v1/core/sched/scheduler.py; the same per-step, per-request token
+counts, preemptions and prefix-cache hits, checked against vLLM itself by tests/vllm/test_scheduler_oracle.py):
+`chunk_size` is its long_prefill_token_threshold, not applied while a single request is running or waiting
+(there is nobody to starve) and, with long_prefill_token_threshold_adaptive, raised to a fair share of the
+budget; with scheduler_reserve_full_isl a waiting request is admitted only when blocks for its whole prompt are
+free; max_num_active_seqs caps admissions; admissions leave the watermark free while others run. Its
+chunkbench-only knobs (chunk_schedule, num_chunks, tile, max_partial_prefills, step_time_target_ms) are
+extensions vLLM lacks.
 
 When KV blocks run out, the newest running request not yet in this step is preempted and later
 recomputed from scratch. Plain Python: no torch, so the simulator runs it at full speed.
@@ -88,7 +98,7 @@ class Scheduler:
         running, config = self.running, self.config
         if not running or len(running) > config.max_num_batched_tokens:
             return None
-        if self.waiting and len(running) < config.max_num_seqs and config.policy != "static":
+        if self.waiting and len(running) < config.max_active and config.policy != "static":
             return None
         if not running[-1].is_decoding:  # the newest admission, the likeliest to be mid-prefill: a quick no
             return None
@@ -109,41 +119,51 @@ class Scheduler:
             self._schedule_prefill_first(scheduled, preempted)
         return self._make_output(scheduled, preempted, now)
 
+    def _long_prefill_token_threshold(self) -> int | None:
+        """`chunk_size` as vLLM 0.32 applies its long_prefill_token_threshold this step: not at all while one
+        request is running or waiting (it has nobody to starve), and with long_prefill_token_threshold_adaptive
+        at least max_num_batched_tokens // (running + waiting)."""
+        config = self.config
+        size, eligible = config.chunk_size, len(self.running) + len(self.waiting)
+        if size is None or eligible <= 1:
+            return None
+        if config.long_prefill_token_threshold_adaptive:
+            size = max(size, config.max_num_batched_tokens // eligible)
+        return size
+
     def _schedule_chunked(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:
-        budget = self.config.max_num_batched_tokens
-        target = self.config.step_time_target_ms
+        config = self.config
+        budget = config.max_num_batched_tokens
+        target = config.step_time_target_ms
         timer = StepTimer(self.step_cost, target / 1000) if target else None
-        decodes, prefills = [], []
-        for r in self.running:
-            (decodes if r.is_decoding else prefills).append(r)
-        for request in decodes:  # one token each (what _chunk_len gives a decode), while the budget lasts
+        threshold = self._long_prefill_token_threshold()
+        if timer is None:  # vLLM: in running order
+            running = list(self.running)
+        else:  # decodes first: their time is fixed, the chunks fill what is left of the target
+            running = [r for r in self.running if r.is_decoding] + [r for r in self.running if not r.is_decoding]
+        for request in running:
             if budget == 0:
                 break
             if preempted and request in preempted:  # preempted earlier in this step (a short list, mostly empty)
                 continue
-            if self._reserve(request, 1, scheduled, preempted):
-                budget -= 1
-                self._timed(timer, request, 1)
-        for request in prefills:
-            if budget == 0:
-                break
-            if preempted and request in preempted:
-                continue
-            n = self._chunk_len(request, budget, scheduled, timer)
+            n = self._chunk_len(request, budget, scheduled, timer, threshold)
             if n and self._reserve(request, n, scheduled, preempted):
                 budget -= n
                 self._timed(timer, request, n)
         if preempted:
             return  # vLLM v1: a step that preempts admits nothing
-        cap = self.config.max_partial_prefills
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        cap = config.max_partial_prefills
+        full_isl = config.scheduler_reserve_full_isl
+        watermark = int(config.watermark * (self.block_manager.num_blocks + 1))  # vLLM counts its null block
+        while self.waiting and budget > 0 and len(self.running) < config.max_active:
             if cap is not None and cap <= sum(1 for r in self.running  # prompts still mid-prefill after this step
                                               if not r.is_decoding and scheduled.get(r, 0) < r.num_tokens_to_compute):
                 break
             request = self.waiting[0]
             hits = self._lookup_prefix(request)
-            n = self._chunk_len(request, budget, scheduled, timer)
-            if not n or not self._admit(request, n, scheduled, hits):
+            n = self._chunk_len(request, budget, scheduled, timer, threshold)
+            # vLLM's scheduler_reserve_full_isl: blocks for the whole prompt must be free, not just the chunk's
+            if not n or not self._admit(request, n, scheduled, hits, full_isl, watermark if self.running else 0):
                 break
             budget -= n
             self._timed(timer, request, n)
@@ -164,7 +184,7 @@ class Scheduler:
         """static and continuous: a step computes whole prompts only, or decodes only."""
         budget = self.config.max_num_batched_tokens
         if self.config.policy == "static" and not self.running:
-            while self.waiting and len(self.running) < self.config.max_num_seqs:
+            while self.waiting and len(self.running) < self.config.max_active:
                 request = self.waiting[0]
                 if not self._admit(request, 0, None, self._lookup_prefix(request)):  # its prefill comes below
                     break
@@ -185,7 +205,7 @@ class Scheduler:
     # ---- helpers ----
 
     def _admit_whole_prompts(self, budget: int, scheduled: dict[Request, int]) -> int:
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and len(self.running) < self.config.max_active:
             request = self.waiting[0]
             hits = self._lookup_prefix(request)
             n = request.num_tokens_to_compute
@@ -196,13 +216,14 @@ class Scheduler:
         return budget
 
     def _chunk_len(self, request: Request, budget: int, scheduled: dict[Request, int],
-                   timer: StepTimer | None = None) -> int:
+                   timer: StepTimer | None = None, threshold: int | None = None) -> int:
         """Tokens of `request` to compute this step under the chunked policy's caps: the token budget, the
-        per-request caps and, with a time target, the step's predicted time."""
+        per-request caps (`threshold`: this step's chunk_size) and, with a time target, the step's predicted
+        time."""
         if request.is_decoding:
             return 1
         remaining = request.num_tokens_to_compute
-        n = min(remaining, budget, self.config.chunk_cap(request.num_chunks, request.num_prompt_tokens))
+        n = min(remaining, budget, self.config.chunk_cap(request.num_chunks, request.num_prompt_tokens, threshold))
         if timer is not None:
             n = timer.fit(n, request.num_computed_tokens, remaining)
         tile = self.config.tile
@@ -225,9 +246,13 @@ class Scheduler:
         request.num_computed_tokens = len(hits) * self.block_manager.block_size
         return hits
 
-    def _admit(self, request: Request, n: int, scheduled: dict[Request, int] | None, hits: list[int]) -> bool:
-        """Move the head of the queue to running with blocks for `n` tokens (scheduled unless None)."""
-        if not self.block_manager.can_allocate(request, n, hits):
+    def _admit(self, request: Request, n: int, scheduled: dict[Request, int] | None, hits: list[int],
+               full: bool = False, reserve: int = 0) -> bool:
+        """Move the head of the queue to running with blocks for `n` tokens (scheduled unless None). With
+        `full`, only if blocks for all its tokens are free (vLLM's scheduler_reserve_full_isl); `reserve`
+        blocks must stay free (vLLM's watermark)."""
+        if not self.block_manager.can_allocate(request, request.num_tokens_to_compute if full else n, hits,
+                                               reserve):
             request.num_computed_tokens = 0  # undo the tentative prefix hit: it stays waiting
             return False
         self.waiting.popleft()
@@ -244,7 +269,10 @@ class Scheduler:
     def _reserve(self, request: Request, n: int, scheduled: dict[Request, int],
                  preempted: list[Request]) -> bool:
         """Blocks for `n` more tokens of a running request, preempting the newest unscheduled ones."""
-        if self.block_manager.blocks_needed(request, n) == 0:  # most decodes: their last block has room
+        bm = self.block_manager
+        if bm.blocks_needed(request, n) == 0:  # most decodes: their last block has room
+            if bm.enable_caching:  # the blocks this step fills are cached now (vLLM 0.32's allocate_slots)
+                bm.cache_blocks(request, request.num_computed_tokens + n)
             scheduled[request] = n
             return True
         while not self.block_manager.can_allocate(request, n):

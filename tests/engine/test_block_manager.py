@@ -1,5 +1,6 @@
-"""The free list keeps vLLM's LRU order (take from the front, free to the back, a reused free cached block
-leaves it) however its stale entries fall: checked against a plain OrderedDict model of it."""
+"""The free list keeps vLLM 0.32's order (take from the front; free a cached block to the back, an uncached one
+to the front; a reused free cached block leaves it) however its stale entries fall: checked against a plain
+OrderedDict model of it."""
 
 from collections import OrderedDict
 
@@ -20,12 +21,12 @@ def request(rid: str, tokens: int) -> Request:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.tuples(st.sampled_from(["admit", "grow", "free"]), st.integers(0, 7), st.integers(1, 12),
                               st.lists(st.integers(0, 5), max_size=4)), max_size=60))
-@example(ops=[("admit", 0, 1, []), ("free", 0, 1, []),  # block 0 freed last: the list is [1, 2, 3, 4, 5, 0]
-              ("admit", 1, 2, [1, 2, 3, 4]), ("free", 1, 1, []),  # four stale entries, then [5, 0, 4, 3, 2, 1]
-              ("admit", 2, 2, [2, 3, 4])])  # seven stale: compacted, keeping the order [5, 0, 1]
+@example(ops=[("admit", 0, 1, []), ("free", 0, 1, []),  # block 0, uncached, freed to the front: [0, 1, 2, 3, 4, 5]
+              ("admit", 1, 2, [1, 2, 3, 4]), ("free", 1, 1, []),  # four stale entries of cached hits, freed back
+              ("admit", 2, 2, [2, 3, 4])])  # seven stale: compacted, keeping the order
 def test_free_list_order_matches_an_ordered_dict(ops):
     num_blocks = 6  # small, so reused free blocks pile up stale entries past num_blocks (the compaction)
-    bm = BlockManager(num_blocks, BLOCK, enable_caching=False)
+    bm = BlockManager(num_blocks, BLOCK, enable_caching=True)
     model: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
     refs = [0] * num_blocks
     live: dict[str, Request] = {}
@@ -37,6 +38,9 @@ def test_free_list_order_matches_an_ordered_dict(ops):
             r = request(rid, tokens)
             r.num_computed_tokens = len(hits) * BLOCK
             n = tokens % 2  # 0: the hits cover it, nothing is taken
+            for b in hits:  # a hit is a cached block: give it a hash of its own if it has none
+                if bm.block_hash[b] is None:
+                    bm.block_hash[b] = -1 - b
             if not bm.can_allocate(r, n, hits):
                 continue
             before = len(bm.free_list())
@@ -62,10 +66,17 @@ def test_free_list_order_matches_an_ordered_dict(ops):
                 for b in taken:
                     refs[b] += 1
         elif op == "free" and rid in live:
+            front = []
             for b in reversed(bm.block_tables[rid]):
                 refs[b] -= 1
                 if refs[b] == 0:
-                    model[b] = None
+                    if bm.block_hash[b] is None:
+                        front.append(b)
+                    else:
+                        model[b] = None
+            for b in reversed(front):  # the tail block ends up first
+                model[b] = None
+                model.move_to_end(b, last=False)
             bm.free(live.pop(rid))
         assert bm.free_list() == list(model)
         assert bm.num_free == len(model) and bm.ref_counts == refs

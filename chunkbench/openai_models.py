@@ -9,10 +9,12 @@ bool, true is not 1, 2.0 is not a token id.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
+logger = logging.getLogger("chunkbench.server")
 INT64 = dict(ge=-2**63, le=2**63 - 1)  # vLLM's bounds for a seed
 MAX_STOP_STRINGS = 64
 
@@ -164,3 +166,21 @@ def _text_part(kind: str) -> str:
         raise ValueError(f"content parts of type {kind!r} are not supported: only 'text'")
     return kind
 
+
+class UnknownFields:
+    """Logs each unknown request field the first time it is seen (vLLM logs ignored fields too); bounded."""
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.seen: set[str] = set()
+        self.limit = limit
+
+    def report(self, body) -> None:
+        names = [*body.model_extra, *(f"stream_options.{k}" for k in (body.stream_options.model_extra
+                                                                      if body.stream_options else ()))]
+        names += [f"messages.{k}" for m in getattr(body, "messages", ()) for k in m.model_extra]
+        new = sorted(set(names) - self.seen)
+        if new and len(self.seen) < self.limit:
+            self.seen.update(new)
+            logger.warning("ignored request fields chunkbench serve does not use: %s",
+                           ", ".join(ascii(n[:40]) for n in new[:10]) + (f" and {len(new) - 10} more" if len(new) > 10
+                                                                         else ""))

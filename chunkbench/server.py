@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import logging
 import time
 
 from fastapi import FastAPI, Request
@@ -32,12 +31,11 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.request import SamplingError, SamplingParams
 from chunkbench.gc_pause import frozen_heap
-from chunkbench.openai_models import request_models
+from chunkbench.openai_models import UnknownFields, request_models
 from chunkbench.server_docs import POST_RESPONSES, TEXT_RESPONSES, document_errors
 from chunkbench.server_limits import BodyLimit, ServerLimits
 from chunkbench.server_text import ChatTemplateError, TextStream, chat_prompt_ids, load_tokenizer
 
-logger = logging.getLogger("chunkbench.server")
 BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
@@ -49,25 +47,6 @@ def error_body(message: str, status: int = 400, param: str | None = None) -> dic
 
 def error(message: str, status: int = 400, param: str | None = None, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content=error_body(message, status, param), headers=headers)
-
-
-class UnknownFields:
-    """Logs each unknown request field the first time it is seen (vLLM logs ignored fields too); bounded."""
-
-    def __init__(self, limit: int = 1000) -> None:
-        self.seen: set[str] = set()
-        self.limit = limit
-
-    def report(self, body) -> None:
-        names = [*body.model_extra, *(f"stream_options.{k}" for k in (body.stream_options.model_extra
-                                                                      if body.stream_options else ()))]
-        names += [f"messages.{k}" for m in getattr(body, "messages", ()) for k in m.model_extra]
-        new = sorted(set(names) - self.seen)
-        if new and len(self.seen) < self.limit:
-            self.seen.update(new)
-            logger.warning("ignored request fields chunkbench serve does not use: %s",
-                           ", ".join(ascii(n[:40]) for n in new[:10]) + (f" and {len(new) - 10} more" if len(new) > 10
-                                                                         else ""))
 
 
 def create_app(config: EngineConfig, served_name: str | None = None, limits: ServerLimits | None = None) -> FastAPI:

@@ -19,8 +19,8 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo("completed / failed", "requests that produced all their tokens / that were rejected, aborted, or "
                "(endpoint) got an HTTP error, an error event, a bad stream, a timeout", "requests",
                "same, except that vLLM counts an `error` event or a stream cut before `[DONE]` as a success"),
-    MetricInfo("duration", "engine: first arrival to last token; endpoint: clock start (after the warm-up) to "
-               "the end of the last request, failed ones too; 0 when nothing ran", "s", SAME),
+    MetricInfo("duration", "engine: first arrival to last token; endpoint: clock start (after any --num-warmups) "
+               "to the end of the last request, failed ones too; 0 when nothing ran", "s", SAME),
     MetricInfo("total_input_tokens / total_output_tokens", "prompt / output tokens of the completed requests "
                "(endpoint: the server's usage counts when it sends them)", "tokens", SAME),
     MetricInfo("request_throughput", "completed / duration (0 when duration is 0)", "req/s", SAME),
@@ -41,18 +41,24 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo("..._itl_ms", "inter-token latency: every gap between consecutive events of a request (a "
                "multi-token chunk is one gap), pooled over requests", "ms", SAME),
     MetricInfo("..._e2el_ms", "end-to-end latency: arrival (endpoint: the send) to the last event", "ms", SAME),
-    MetricInfo("..._client_queue_time_ms", "endpoint only: due arrival to the send, the wait for a "
-               "--max-concurrency slot", "ms", "same (vLLM lists it under --percentile-metrics)"),
+    MetricInfo("..._client_queue_time_ms", "endpoint only: the client's dispatch of the request to its send, "
+               "the wait for a --max-concurrency slot", "ms", "same (vLLM lists it under --percentile-metrics)"),
+    MetricInfo("..._send_lag_ms / max_send_lag_ms", "endpoint only: how late the client's loop dispatched each "
+               "request (failed ones too) after its due time", "ms", "chunkbench only"),
     MetricInfo("output_token_source", "endpoint only: usage (the server's completion_tokens), chunks (text "
                "chunks counted), or mixed", "text", "chunkbench only"),
     MetricInfo("..._scheduling_delay_ms", "arrival to the first step that computes any of the request; "
-               "endpoint: from the server's vllm:request_queue_time_seconds histogram when it has one (median "
-               "and p99 interpolated in its buckets, scheduling_delay_source 'server'), else TTFT as an upper "
-               "bound ('ttft-proxy')", "ms", "chunkbench only"),
-    MetricInfo("scheduling_delay_source / server_requests / server_mean_step_tokens", "endpoint only: where "
-               "the scheduling delay came from (server or ttft-proxy); requests the server's "
-               "vllm:request_success_total counted during the run (the warm-up included); the server's mean "
-               "tokens per engine step during the run (its vllm:iteration_tokens_total histogram, sum over count)",
+               "endpoint: from the server's vllm:request_queue_time_seconds histogram when it has one "
+               "(scheduling_delay_source 'server': mean from _sum/_count; a percentile interpolated only in a "
+               "bucket (lo, hi] with 0 < lo and hi <= 2 lo, else the bound it lies under, the smaller of the "
+               "bucket's top and the same percentile of TTFT; std null), else TTFT as an upper bound "
+               "('ttft-proxy')", "ms", "chunkbench only"),
+    MetricInfo("scheduling_delay_source / scheduling_delay_sources / server_requests / "
+               "server_requests_by_finished_reason / server_mean_step_tokens", "endpoint only: where the "
+               "scheduling delay came from (server or ttft-proxy), and each statistic's source; requests the "
+               "server's vllm:request_success_total counted during the run that finished normally (stop, "
+               "length), and every finished_reason's count; the server's mean tokens per engine step during the "
+               "run (its vllm:iteration_tokens_total histogram, sum over count)",
                "text / count / tokens", "chunkbench only"),
     MetricInfo("sla_attainment_pct", "share of completed requests meeting every SLO given; "
                "sla_attainment_<metric>_pct for each SLO alone", "%", "chunkbench only"),

@@ -1,4 +1,5 @@
-"""`chunkbench run` and `compare` end to end on `tiny`, and their user errors."""
+"""`chunkbench run` and `compare` end to end on `tiny`, `chunkbench bench` against a scripted server, and their
+user errors."""
 
 import json
 
@@ -9,6 +10,7 @@ from chunkbench.runs import compare, config_for_policy, parse_policy_spec
 from chunkbench.errors import UserError
 from chunkbench.workload import WorkloadSpec, build_workload
 from tests.conftest import run_cli
+from tests.serving.scripted_server import DONE, ScriptedServer, tok, usage
 
 TINY = ["--model", "tiny", "--num-blocks", "512", "--max-model-len", "1024", "--no-progress", "--warmup-steps", "1"]
 
@@ -98,3 +100,52 @@ def test_malformed_trace_file_is_a_user_error(tmp_path, capsys):
     for path in (bad, unreadable):
         code, _, err = run_cli(["run", "--model", "tiny", "--workload", str(path), "--no-progress"], capsys)
         assert code == 2 and err.startswith("chunkbench: error: --workload"), err
+
+
+# ---------- chunkbench bench against a scripted server (tests/serving/scripted_server.py) ----------
+
+BENCH = ["--workload", "synthetic", "--prompt-len", "fixed:8", "--output-len", "fixed:3", "--num-requests", "4",
+         "--rate", "50"]
+SCRIPT = [0.01, tok(), 0.01, tok(), 0.01, tok(), usage(3), DONE]
+
+
+def test_bench_without_a_known_vocabulary_asks_for_it_before_any_request(tmp_path, capsys):
+    with ScriptedServer({3: SCRIPT}, card={"id": "m"}) as server:  # no vocab_size, no /detokenize
+        code, _, err = run_cli(["bench", "--endpoint", server.url, *BENCH, "--out", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--vocab-size" in err, err
+    assert server.served == []
+
+
+def test_bench_bounds_prompt_ids_by_the_servers_detokenize_and_sends_no_sampling_field(tmp_path, capsys):
+    with ScriptedServer({3: SCRIPT}, card={"id": "m"}, vocab_size=300) as server:
+        code, stdout, _ = run_cli(["bench", "--endpoint", server.url, *BENCH, "--out", str(tmp_path / "o")], capsys)
+    assert code == 0, stdout
+    ids = [t for s in server.served for t in s.body["prompt"]]
+    assert len(ids) == 32 and 200 < max(ids) < 300  # every id in the vocabulary, its top used
+    assert all(not {"temperature", "top_p", "top_k"} & set(s.body) for s in server.served)
+    assert server.probes.count("/detokenize") < 40  # a search, not a scan
+
+
+def test_bench_sampling_flags_warmups_and_save_result_layout(tmp_path, capsys):
+    with ScriptedServer({3: SCRIPT}, card={"id": "org/m", "vocab_size": 1000}) as server:
+        code, stdout, _ = run_cli(["bench", "--endpoint", server.url, *BENCH, "--out", str(tmp_path / "o"),
+                                   "--temperature", "0", "--top-k", "4", "--num-warmups", "2", "--save-result",
+                                   "--result-dir", str(tmp_path / "r"), "--max-concurrency", "2"], capsys)
+    assert code == 0, stdout
+    warm, timed = server.served[:2], server.served[2:]  # 2 warm-ups, both request 0's body, before the run
+    assert len(timed) == 4 and warm[0].body == warm[1].body and sum(warm[0].body == s.body for s in timed) == 1
+    assert all(s.body["temperature"] == 0.0 and s.body["top_k"] == 4 for s in server.served)
+    (path,) = (tmp_path / "r").iterdir()
+    assert path.name.startswith("openai-50.0qps-concurrency2-m-") and path.suffix == ".json"
+    result = json.loads(path.read_text())
+    stats = {f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "client_queue_time", "e2el_including_client_queue")
+             for s in ("mean", "median", "std", "p99")}
+    assert set(result) == {"date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+                           "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+                           "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+                           "output_throughput", "total_token_throughput", "latencies", "queue_times",
+                           "max_output_tokens_per_s", "max_concurrent_requests", "rtfx"} | stats
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert result["completed"] == summary["completed"] == 4 and result["total_output_tokens"] == 12
+    assert result["mean_ttft_ms"] == summary["mean_ttft_ms"] and result["request_goodput"] is None
+    assert len(result["latencies"]) == 4 and result["model_id"] == "org/m"

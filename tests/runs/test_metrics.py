@@ -175,3 +175,54 @@ def test_the_collector_is_restored_after_a_paused_block():
             pass
         assert gc.get_freeze_count() > 0  # the inner block leaves the outer one's freeze in place
     assert gc.get_freeze_count() == 0
+
+
+# ---------- the server's /metrics (server_metrics.py) against histograms whose answer is known ----------
+
+VLLM_QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, float("inf"))  # vLLM's first ones, le in s
+
+
+def queue_samples(per_bucket: dict[float, int], total_s: float, success: dict[str, int] | None = None) -> dict:
+    """A /metrics scrape: vllm:request_queue_time_seconds with `per_bucket` requests in each bucket (cumulated
+    as Prometheus does) and _sum `total_s`, plus vllm:request_success_total by finished_reason."""
+    running, buckets = 0, []
+    for bound in VLLM_QUEUE_BUCKETS:
+        running += per_bucket.get(bound, 0)
+        buckets.append(({"le": str(bound) if bound != float("inf") else "+Inf"}, float(running)))
+    return {"vllm:request_queue_time_seconds_bucket": buckets,
+            "vllm:request_queue_time_seconds_count": [({}, float(running))],
+            "vllm:request_queue_time_seconds_sum": [({}, total_s)],
+            "vllm:request_success_total": [({"finished_reason": r}, float(n)) for r, n in (success or {}).items()]}
+
+
+def test_a_light_load_queue_time_is_its_mean_and_bounds_not_the_first_bucket_s_middle():
+    from chunkbench.server_metrics import server_figures
+
+    before = queue_samples({0.3: 5}, 2.0, {"stop": 1, "length": 4, "abort": 0})
+    after = queue_samples({0.3: 15}, 2.03, {"stop": 1, "length": 12, "abort": 2})  # 10 requests, 30 ms in all
+    figures = server_figures(before, after, ttfts_s=[0.020] * 9 + [0.040])
+    assert figures["mean_scheduling_delay_ms"] == approx(3.0)  # _sum/_count: 0.03 s / 10
+    assert figures["median_scheduling_delay_ms"] == approx(20.0)  # the median TTFT bounds it, not 150 ms
+    assert figures["p99_scheduling_delay_ms"] == approx(np.percentile([20] * 9 + [40], 99))
+    assert figures["std_scheduling_delay_ms"] is None
+    sources = figures["scheduling_delay_sources"]
+    assert sources["mean"] == "server: _sum/_count" and sources["median"].startswith("upper bound: the client's TTFT")
+    assert figures["server_requests"] == 8 and figures["server_requests_by_finished_reason"] == {
+        "abort": 2, "length": 8, "stop": 0}
+    no_ttft = server_figures(before, after)
+    assert no_ttft["median_scheduling_delay_ms"] == approx(300.0) and "(0, 0.3]" in no_ttft[
+        "scheduling_delay_sources"]["median"]
+
+
+def test_a_percentile_in_a_resolving_bucket_is_interpolated_and_one_past_the_last_is_a_lower_bound():
+    from chunkbench.server_metrics import server_figures
+
+    after = queue_samples({0.3: 10, 1.5: 80, float("inf"): 10}, 100.0)
+    figures = server_figures({}, after, ttfts_s=[5.0] * 100)
+    # rank 50 of 100: 40 of the 80 in (1.0, 1.5] -> 1.0 + 0.5 * 40 / 80 = 1.25 s
+    assert figures["median_scheduling_delay_ms"] == approx(1250.0)
+    assert figures["p90_scheduling_delay_ms"] == approx(1500.0)  # rank 90: the bucket's top
+    assert figures["p99_scheduling_delay_ms"] == approx(10000.0)  # above le=10: at least 10 s
+    assert figures["scheduling_delay_sources"]["p99"].startswith("lower bound")
+    assert figures["scheduling_delay_sources"]["median"] == "server: bucket (1, 1.5] s, interpolated"
+    assert figures["mean_scheduling_delay_ms"] == approx(1000.0)

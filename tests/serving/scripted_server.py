@@ -61,8 +61,14 @@ class Served:
 
 
 class ScriptedServer:
-    def __init__(self, scripts: dict[int, list]):
+    """Plays a script per request (keyed by its max_tokens). `card`: /v1/models answers it (else 404);
+    `vocab_size`: /detokenize decodes as vLLM's does with a Hugging Face tokenizer: ids 0-3 (special) and ids
+    past the vocabulary to "", the others to text (else 404)."""
+
+    def __init__(self, scripts: dict[int, list], card: dict | None = None, vocab_size: int | None = None):
         self.scripts = scripts
+        self.card, self.vocab_size = card, vocab_size
+        self.probes: list[str] = []  # the paths of requests that were not scripted completions
         self.served: list[Served] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -99,7 +105,12 @@ class ScriptedServer:
                 lines = head.decode().split("\r\n")
                 path = lines[0].split()[1]
                 headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
-                body = json.loads(await reader.readexactly(int(headers.get("content-length", 0))))
+                raw = await reader.readexactly(int(headers.get("content-length", 0)))
+                if not path.endswith("completions"):
+                    self.probes.append(path)
+                    await self._answer(path, json.loads(raw) if raw else {}, writer)
+                    continue
+                body = json.loads(raw)
                 served = Served(path, headers, body, time.perf_counter())
                 self.served.append(served)
                 try:
@@ -112,6 +123,18 @@ class ScriptedServer:
             return
         finally:
             writer.close()
+
+    async def _answer(self, path: str, body: dict, writer: asyncio.StreamWriter) -> None:
+        """The model card, vLLM's /detokenize, or a 404."""
+        code, answer = 404, {"detail": "Not Found"}
+        if path.endswith("/models") and self.card is not None:
+            code, answer = 200, {"object": "list", "data": [self.card]}
+        elif path == "/detokenize" and self.vocab_size is not None:
+            code, answer = 200, {"prompt": "".join("x" for t in body.get("tokens", []) if 4 <= t < self.vocab_size)}
+        text = json.dumps(answer)
+        writer.write(f"HTTP/1.1 {code} Scripted\r\ncontent-type: application/json\r\ncontent-length: "
+                     f"{len(text)}\r\n\r\n{text}".encode())
+        await writer.drain()
 
     async def _play(self, served: Served, script: list, writer: asyncio.StreamWriter) -> bool:
         """Play one response; False when the connection was dropped."""

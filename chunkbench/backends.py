@@ -1,30 +1,23 @@
 """Where a benchmark's steps run, behind one protocol: the real engine on this machine, the simulator, an
-OpenAI-compatible server that is already running, or one launched per configuration.
+OpenAI-compatible server that is already running, or one launched per configuration (launch.py).
 
 Every backend opens a *session* for one engine config (`with backend.session(config) as serve:`) and serves
 any number of workloads in it (`serve(workload, seed=..., ...)` -> RunResult): a capacity search probes many
-arrival rates against one launched server, and `compare` reuses one set of weights. `resolve()` turns the
-user's `--backend auto|engine|sim|launch` into one of them, once.
+arrival rates against one launched server, and `compare` reuses one set of weights. A server launched per configuration is
+chunkbench/launch.py's LaunchBackend; chunkbench/backend_choice.py's `resolve()` turns the user's
+`--backend auto|engine|sim|launch` into one of them, once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
-import shlex
-import signal
-import subprocess
-import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator
 
-from chunkbench.engine.config import MAX_NUM_BLOCKS, EngineConfig, ModelConfig
-from chunkbench.engine.presets import MODEL_PRESETS
+from chunkbench.engine.config import MAX_NUM_BLOCKS, EngineConfig
 from chunkbench.engine.engine import CpuClock, LLMEngine
-from chunkbench.engine.knobs import KNOBS
 from chunkbench.engine.sharding import single_device_limitation
 from chunkbench.errors import UserError
 from chunkbench.harness import RunResult, run_workload
@@ -218,195 +211,6 @@ class EndpointBackend(Backend):
         return f"server at {self.endpoint}"
 
 
-def launches_vllm(template: str) -> bool:
-    """Whether a --launch command starts vLLM: `vllm serve` (any path to the CLI), vLLM's API server module, or
-    a template filled with {vllm_flags}."""
-    return bool(re.search(r"(^|[\s/])vllm\s+serve\b|vllm\.entrypoints|\{vllm_flags\}", template))
-
-
-def launch_values(config: EngineConfig) -> dict:
-    """The placeholders of a --launch command: {model}, every knob of engine/knobs.py by name and by its vLLM
-    option (dashes as underscores), a knob the config leaves unset as 0 (vLLM's 'no cap'); and whole flag
-    lists with unset knobs left out: {vllm_flags} (vLLM's options, e.g. `vllm serve {model} {vllm_flags}`) and
-    {chunkbench_flags} (`chunkbench serve --model small {chunkbench_flags}`)."""
-    from chunkbench.tune.emit import chunkbench_flags, first_chunk_cap, vllm_option_flags
-
-    values = {"model": config.model.hf_dir or config.model.name}
-    for knob in KNOBS.values():
-        value = knob.read(config)
-        value = ",".join(map(str, value)) if isinstance(value, tuple) else value
-        values[knob.name] = 0 if value in (None, "") else value
-    values["long_prefill_token_threshold"] = first_chunk_cap(config.scheduler) or 0
-    values |= {k.vllm.replace("-", "_"): values[k.name] for k in KNOBS.values() if k.vllm}
-    values |= {"vllm_flags": vllm_option_flags(config), "chunkbench_flags": chunkbench_flags(config)}
-    return values
-
-
-def launch_command(template: str, config: EngineConfig) -> str:
-    values = launch_values(config)
-    try:
-        return template.format(**values)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise UserError(f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
-                        f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
-
-
-class LaunchError(RuntimeError):
-    """A launched server that never became healthy (a failed trial); the message quotes its last lines."""
-
-
-def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
-    """The last non-blank lines of a server's log in one line, e.g. vLLM's `vllm: error: unrecognized ...`."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no output)"
-    kept = [line.strip()[:width] for line in text if line.strip()][-lines:]
-    return " | ".join(kept) or "(no output)"
-
-
-@dataclass
-class LaunchBackend(Backend):
-    """A server started for each config from a command template, measured over HTTP, stopped after the
-    session. Its output goes to `log` (tune keeps one per trial: trials/<n>/launch.log). A server that does not
-    come up raises LaunchError quoting the log's last lines (a failed trial, not a failed study)."""
-
-    launch: str  # the command, with {knob} placeholders (launch_values)
-    endpoint: str  # its OpenAI base URL, e.g. http://127.0.0.1:8000/v1
-    timeout_s: float = 300.0  # to wait for /health
-    client_options: dict = field(default_factory=dict)
-    kind = "launch"
-
-    @contextlib.contextmanager
-    def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
-        from chunkbench.client import wait_healthy
-
-        with contextlib.ExitStack() as stack:
-            where = f" (whole log: {log})" if log else ""
-            if log is None:  # nobody keeps it: a temporary file, still quoted when the launch fails
-                log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chunkbench-launch-"))) / "launch.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            command = launch_command(self.launch, config)
-            with open(log, "w") as out:
-                out.write(f"$ {command}\n")
-                out.flush()
-                try:
-                    process = subprocess.Popen(shlex.split(command), stdout=out, stderr=subprocess.STDOUT,
-                                               start_new_session=True)
-                except OSError as exc:  # no such program, not executable
-                    raise LaunchError(f"cannot start `{command}`: {exc.strerror}") from None
-            stack.callback(stop_server, process)
-            try:
-                wait_healthy(self.endpoint, self.timeout_s, process)
-            except RuntimeError as exc:
-                raise LaunchError(f"{exc}; its output ended: {log_tail(log)}{where}") from None
-            with EndpointBackend(self.endpoint, client_options=self.client_options).session(config) as serve:
-                yield serve
-
-    def __str__(self) -> str:
-        return f"launched server at {self.endpoint}"
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after 30 s."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-# ---------- choosing one ----------
-
 def engine_limitation(config: EngineConfig | None) -> str | None:
     """Why the real engine cannot run this config (tensor parallelism, an fp8 cache), or None."""
     return None if config is None else single_device_limitation(config)
-
-
-KINDS = ("auto", "engine", "sim", "launch")
-
-
-def has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def runs_here(model: str) -> bool:
-    """Whether the real engine can run this model here in useful time: any model on CUDA, and models up to
-    `small` on the CPU."""
-    return has_cuda() or ModelConfig.from_name(model).num_params <= MODEL_PRESETS["small"].num_params
-
-
-@dataclass(frozen=True)
-class Resolved:
-    backend: Backend
-    note: str | None = None  # what the user should be told (simulated figures, calibration used)
-    verify: bool = False  # search only: re-measure the best trials on the real engine
-
-
-def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | None = None,
-            search: bool = False, launch: str | None = None, endpoint: str | None = None,
-            launch_timeout_s: float = 300.0, config: EngineConfig | None = None,
-            engine_overhead: str | None = None) -> Resolved:
-    """`auto` for a run: the real engine unless the model is too large for this machine, then the simulator
-    on a stated GPU. `auto` for a search (`search=True`): the simulator, calibrated by this machine's profile
-    of the model when there is one, with the best trials verified on the real engine when the model runs
-    here. A `config` the real engine cannot run (tensor parallelism, an fp8 cache) makes `auto` simulate, on
-    the roofline, and `engine` an error."""
-    from chunkbench.sim.roofline import gpu_spec
-
-    if kind not in KINDS or (kind == "launch" and not search):
-        allowed = KINDS if search else KINDS[:3]
-        raise UserError(f"--backend must be {', '.join(allowed[:-1])} or {allowed[-1]}, got '{kind}'")
-    if gpu is not None:
-        gpu_spec(gpu)  # validated before anything runs
-    from chunkbench.sim.engines import engine_overhead as check_overhead
-
-    check_overhead(engine_overhead)  # likewise
-    if kind == "launch":
-        if not launch or not endpoint:
-            raise UserError("--backend launch needs --launch COMMAND and --endpoint URL")
-        return Resolved(LaunchBackend(launch, endpoint, launch_timeout_s))
-    limitation = engine_limitation(config)
-    if kind == "engine":
-        if limitation:
-            raise UserError(limitation)
-        return Resolved(EngineBackend())
-    if limitation and kind == "auto":
-        chosen = _simulated(gpu, cost_model, engine_overhead)
-        return Resolved(chosen.backend, f"{limitation.split(' needs')[0]}: {chosen.note}"
-                        + ("" if gpu else "; pass --gpu to choose"))
-    if kind == "sim" or gpu or (cost_model and not search):
-        return _simulated(gpu, cost_model, engine_overhead)
-    local = runs_here(model)
-    if not search:
-        if local:
-            return Resolved(EngineBackend())
-        chosen = _simulated(None, None, engine_overhead)
-        return Resolved(chosen.backend, f"no CUDA device here and {model} is larger than 'small': {chosen.note}; "
-                                        "pass --gpu to choose")
-    from chunkbench.sim.profile import profile_path
-
-    profile = cost_model or profile_path(_device_name(), ModelConfig.from_name(model).name)
-    if cost_model or os.path.exists(profile):  # a missing --cost-model fails when it is loaded, by name
-        return Resolved(SimBackend(cost_model=profile), f"searching in simulation calibrated by {profile}"
-                        + ("; the best trials are re-measured on the real engine" if local else ""), verify=local)
-    hint = f" (run `chunkbench profile --model {model}` to calibrate for this machine)" if local else ""
-    backend = SimBackend(DEFAULT_SIM_GPU, engine_overhead=engine_overhead)
-    return Resolved(backend, f"searching SIMULATED with the {backend.roofline_label()}{hint}; no real-engine check")
-
-
-def _simulated(gpu: str | None, cost_model: str | None, engine_overhead: str | None = None) -> Resolved:
-    backend = SimBackend(gpu=None if cost_model else gpu or DEFAULT_SIM_GPU, cost_model=cost_model,
-                         engine_overhead=engine_overhead)
-    what = f"profile {cost_model}" if cost_model else f"the {backend.roofline_label()}"
-    return Resolved(backend, f"the figures below are SIMULATED with {what}")
-
-
-def _device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -71,12 +71,24 @@ def quick_profile(config: EngineConfig, executor, passes: int = 1) -> FittedCost
                                      device=str(getattr(executor, "device", "")), num_blocks=executor.num_blocks)
 
 
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """The CUDA device's name, or "cpu": what a saved profile is filed under."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 def saved_profile(config: EngineConfig) -> str | None:
     """This machine's `chunkbench profile` of the model, if there is one."""
-    from chunkbench.backends import _device_name
     from chunkbench.sim.profile import profile_path
 
-    path = profile_path(_device_name(), config.model.name)
+    path = profile_path(device_name(), config.model.name)
     return path if os.path.exists(path) else None
 
 
@@ -117,8 +129,6 @@ def default_num_requests(requests: list, cost: FittedCostModel, num_runs: int,
 
 def on_cpu(backend, config: EngineConfig) -> bool:
     """Whether the real engine runs this config on the CPU."""
-    from chunkbench.backends import has_cuda
-
     return backend.kind == "engine" and (config.device == "cpu" or (config.device == "auto" and not has_cuda()))
 
 

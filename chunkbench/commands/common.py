@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from chunkbench.backends import Resolved
+from chunkbench.backend_choice import Resolved
 from chunkbench.errors import UserError
 from chunkbench.outputs import write_json
 from chunkbench.workload import WorkloadSpec, build_workload

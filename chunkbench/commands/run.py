@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from chunkbench.backends import resolve
+from chunkbench.backend_choice import resolve
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
 from chunkbench.commands.options import ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, Model, pick, with_options
 from chunkbench.engine.config import EngineConfig

@@ -8,12 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.backends import launches_vllm, resolve
+from chunkbench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype, MaxModelLen,
                                          Model, NoProgress, NumBlocks, Seed, TensorParallelSize)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
+from chunkbench.launch import launch_command, launches_vllm
 from chunkbench.outputs import check_writable
 
 
@@ -88,7 +89,6 @@ def tune(
 ) -> None:
     """Search token budget, chunk caps, progressive chunk schedules and seats against SLAs; write the best
     config for chunkbench, vLLM and SGLang, trials.csv, plots and report.html."""
-    from chunkbench.backends import launch_command
     from chunkbench.slo import parse_slas
     from chunkbench.tune.run import study_folder, tune_and_report
     from chunkbench.tune.space import SearchSpace

@@ -27,8 +27,9 @@ import optuna
 from rich.console import Console
 from rich.markup import escape
 
-from chunkbench.backends import Backend, LaunchError, SimBackend
+from chunkbench.backends import Backend, SimBackend
 from chunkbench.errors import StudyFailed, UserError
+from chunkbench.launch import LaunchError
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs

@@ -25,9 +25,9 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from chunkbench.backends import LaunchError
 from chunkbench.engine.config import ConfigError
 from chunkbench.errors import StudyFailed, UserError
+from chunkbench.launch import LaunchError
 from chunkbench.slo import SLO
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.space import engine_kwargs

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from chunkbench.backends import EngineBackend, SimBackend, resolve
+from chunkbench.backend_choice import resolve
+from chunkbench.backends import EngineBackend, SimBackend
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import kv_bytes_per_token_per_gpu, kv_heads_per_gpu

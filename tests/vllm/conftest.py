@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chunkbench.backends import stop_server
+from chunkbench.launch import stop_server
 from tests.conftest import REPO, free_port
 
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,6 +33,9 @@ class RunResult:
     wall_seconds: float = 0.0
     server: dict | None = None  # endpoint runs: figures from the server's /metrics (client.server_figures)
     stopped: bool = False  # `stop` ended the run early: the records are partial, the summary meaningless
+    # Per step (aligned with `steps`): the requests it computed, as workload indices (their engine ids), and the
+    # tokens each computed, in step order; steps.parquet's request_ids/request_tokens. Empty for endpoint runs.
+    step_requests: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
 
 
 def prompt_ids(request_index: int, request: WorkloadRequest, vocab_size: int, seed: int) -> list[int]:
@@ -76,6 +79,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)
     requests: list[Request | None] = [None] * len(workload)
     steps: list[StepRecord] = []
+    step_requests: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    fast = getattr(engine.executor, "fast_forward", False)  # the simulator may skip decode-only stretches
     start = engine.clock.now()
     next_index = 0
     # Paused decodes per request index: how many steps left it out, and which token gaps they fell in.
@@ -113,9 +118,12 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                     continue
                 # The simulator runs decode-only stretches up to the next event in one go (0: not now).
                 next_arrival = workload[order[next_index]].arrival_time if next_index < len(order) else math.inf
+                batch = engine.scheduler.running.copy() if fast else None  # a stretch decodes these, in order
                 skipped = fast_forward(engine, start, next_arrival, steps)
                 if skipped:
                     output_tokens += skipped * steps[-1].decode_tokens  # a stretch's steps all decode as many
+                    ids = tuple(int(r.request_id) for r in batch)
+                    step_requests += [(ids, (1,) * len(ids))] * skipped
                 else:
                     step_start = engine.clock.now()
                     updated = engine.step()
@@ -137,6 +145,8 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
                             paused_steps[i] = paused_steps.get(i, 0) + 1
                             paused_gaps.setdefault(i, set()).add(len(requests[i].token_times))
                         output_tokens += len(result.sampled)
+                        step_requests.append((tuple(int(c.request_id) for c in output.chunks),
+                                              tuple(len(c.token_ids) for c in output.chunks)))
                 done = next_index - len(engine.scheduler.requests)  # added and no longer the scheduler's
                 if done != finished:
                     finished = done
@@ -152,7 +162,7 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
     first = min((rec.arrival_time for rec in records), default=0.0)
     return RunResult(requests=records, steps=steps, duration=max(ends, default=first) - first,
                      num_kv_blocks=engine.block_manager.num_blocks, interrupted=interrupted,
-                     wall_seconds=time.perf_counter() - wall_start, stopped=stopped)
+                     wall_seconds=time.perf_counter() - wall_start, stopped=stopped, step_requests=step_requests)
 
 
 def _record(request: Request, w: WorkloadRequest, start: float, num_paused: int = 0,

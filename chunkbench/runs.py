@@ -177,10 +177,17 @@ def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = 
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
-    """One row per step (StepRecord's fields: float64 and int64 columns)."""
+    """One row per step (StepRecord's fields: float64 and int64 columns), and what the step computed, so a run
+    compares step by step with another engine's log: `request_ids` (the requests, as workload indices, which
+    are their engine ids and requests.parquet's row order when every request finished) and `request_tokens`
+    (the tokens each computed), lists in step order."""
     if not result.steps:
         return pd.DataFrame([])  # endpoint runs: as before, a frame without columns
-    return pd.DataFrame(step_table(result.steps))
+    frame = pd.DataFrame(step_table(result.steps))
+    if len(result.step_requests) == len(result.steps):
+        frame["request_ids"] = [list(ids) for ids, _ in result.step_requests]
+        frame["request_tokens"] = [list(tokens) for _, tokens in result.step_requests]
+    return frame
 
 
 # In the order of requests_frame's row tuple.

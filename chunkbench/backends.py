@@ -11,7 +11,6 @@ chunkbench/launch.py's LaunchBackend; chunkbench/backend_choice.py's `resolve()`
 from __future__ import annotations
 
 import contextlib
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterator

@@ -3,7 +3,7 @@ venv, .venv-vllm, with a tiny random-weight Llama). Every test under tests/vllm/
 (tests/conftest.py) and is skipped with one line when that venv is absent. `make test-vllm` runs the tier.
 
 Fixtures: `tiny_model` (the HF directory both vLLM and chunkbench load), `vllm_server` (one `vllm serve` of it
-for the session, its OpenAI base URL), and `start_vllm` (a context manager for a server of one's own)."""
+for the session, its OpenAI base URL), and `start_server` (a context manager for a server of one's own)."""
 
 from __future__ import annotations
 
@@ -46,9 +46,10 @@ def vllm_serve_args(model: Path, port: int, *flags: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def start_vllm(args: list[str], log: Path, timeout_s: float = 240.0, env: dict | None = None):
-    """Run `args` (a vLLM server command) with its output in `log`; yield once /health answers 200; stop it
-    after. The log's tail is in the failure message if it never becomes healthy."""
+def start_server(args: list[str], log: Path, timeout_s: float = 240.0, env: dict | None = None):
+    """Run `args` (a server command with --port: vLLM's, or `chunkbench serve`) with its output in `log`; yield
+    its OpenAI base URL once /health answers 200; stop it after. The log's tail is in the failure message if it
+    never becomes healthy. `env`: vllm_env() unless given."""
     port = args[args.index("--port") + 1]
     base = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
@@ -59,7 +60,7 @@ def start_vllm(args: list[str], log: Path, timeout_s: float = 240.0, env: dict |
         while True:
             if process.poll() is not None or time.monotonic() > deadline:
                 tail = "".join(log.read_text(errors="replace").splitlines(True)[-30:])
-                pytest.fail(f"vLLM did not become healthy (exit {process.poll()}):\n{tail}")
+                pytest.fail(f"`{' '.join(args[:2])}` did not become healthy (exit {process.poll()}):\n{tail}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(base + "/health", timeout=2).status_code == 200:
                     break
@@ -81,5 +82,5 @@ def tiny_model() -> Path:
 def vllm_server(tiny_model, tmp_path_factory) -> str:
     """One `vllm serve` of the tiny model for the whole session (block size 32, eager): its OpenAI base URL."""
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with start_vllm(vllm_serve_args(tiny_model, free_port(), "--block-size", str(VLLM_BLOCK)), log) as url:
+    with start_server(vllm_serve_args(tiny_model, free_port(), "--block-size", str(VLLM_BLOCK)), log) as url:
         yield url

@@ -8,10 +8,8 @@ of the range pyproject.toml allows) gives the same prompt tokens as under the pr
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, free_port
-from tests.vllm.conftest import VLLM_CLI, VLLM_PYTHON, vllm_env
+from tests.vllm.conftest import VLLM_CLI, VLLM_PYTHON, start_server, vllm_env
 
 NUM_PROMPTS = 40
 INPUT_LEN, OUTPUT_LEN = 32, 16
@@ -29,29 +27,10 @@ INPUT_LEN, OUTPUT_LEN = 32, 16
 def chunkbench_serve(model: Path, log: Path):
     """`chunkbench serve --model DIR` as a user runs it (this venv's console script); its base URL."""
     port = free_port()
-    with open(log, "w") as out:
-        process = subprocess.Popen([str(Path(sys.executable).parent / "chunkbench"), "serve", "--model", str(model),
-                                    "--port", str(port), "--max-model-len", "2048"], stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"chunkbench serve did not start (exit {process.poll()}):\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.3)
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    args = [str(Path(sys.executable).parent / "chunkbench"), "serve", "--model", str(model), "--port", str(port),
+            "--max-model-len", "2048"]
+    with start_server(args, log, timeout_s=120, env=dict(os.environ)) as url:
+        yield url.removesuffix("/v1")
 
 
 def served_tokens(base: str) -> dict[str, float]:

@@ -14,7 +14,7 @@ import yaml
 
 from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
 from tests.conftest import free_port, run_cli
-from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, VLLM_PYTHON, start_vllm, vllm_env
+from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, VLLM_PYTHON, start_server, vllm_env
 
 VLLM_OPTIONS = """
 import json
@@ -59,7 +59,7 @@ def serves(config: str, tmp_path) -> None:
     port = free_port()
     args = [str(VLLM_CLI), "serve", "--config", config, "--port", str(port), "--host", "127.0.0.1",
             "--enforce-eager", "--dtype", "float32"]
-    with start_vllm(args, tmp_path / "serve.log") as url:
+    with start_server(args, tmp_path / "serve.log") as url:
         model = httpx.get(url + "/models", timeout=10).json()["data"][0]["id"]
         reply = httpx.post(url + "/completions", json={"model": model, "prompt": "hello world", "max_tokens": 4},
                            timeout=60).json()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chunkbench.kernels.reference import paged_attention_ref, write_kv_ref
+from chunkbench.kernels.reference import AttentionPlan, paged_attention_ref, plan_ref, write_kv_ref
 
 
 @dataclass
@@ -24,6 +24,7 @@ class AttentionMetadata:
     max_seqlen_q: int
     max_seqlen_k: int
     backend: str  # "torch" or "triton"
+    plan: AttentionPlan | None = None  # the torch path's gather indices, built by the step's first layer
 
 
 _current: ContextVar[AttentionMetadata | None] = ContextVar("attention_metadata", default=None)
@@ -52,10 +53,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     out = torch.empty_like(q)
     if m.backend == "triton":
         from chunkbench.kernels import triton_attention as kernels
-        write_kv, attend = kernels.write_kv, kernels.paged_attention
-    else:
-        write_kv, attend = write_kv_ref, paged_attention_ref
-    write_kv(k, v, k_cache, v_cache, m.slot_mapping)
-    attend(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table, m.max_seqlen_q,
-           m.max_seqlen_k, softmax_scale)
+        kernels.write_kv(k, v, k_cache, v_cache, m.slot_mapping)
+        kernels.paged_attention(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table,
+                                m.max_seqlen_q, m.max_seqlen_k, softmax_scale)
+        return out
+    if m.plan is None:  # the same slots for every layer of the step: index them once
+        m.plan = plan_ref(m.cu_seqlens_q, m.seqused_k, m.block_table, k_cache.shape[1])
+    write_kv_ref(k, v, k_cache, v_cache, m.slot_mapping)
+    paged_attention_ref(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table, m.max_seqlen_q,
+                        m.max_seqlen_k, softmax_scale, plan=m.plan)
     return out

@@ -2,7 +2,9 @@
 
 All tokens scheduled in a step go through the linear layers as one `[num_tokens, hidden]` tensor; only
 attention knows which request a token belongs to, through the paged KV cache (see attention.py).
-Module names mirror Hugging Face's `LlamaForCausalLM`, so a safetensors checkpoint loads as it is.
+Module names mirror Hugging Face's `LlamaForCausalLM`, so a safetensors checkpoint loads as it is; once loaded,
+`fuse_projections` packs q/k/v and gate/up into one weight each (the modules' weights become views of it, so
+the state dict keeps Hugging Face's names and memory is not doubled): one GEMM instead of three, and of two.
 """
 
 from __future__ import annotations
@@ -64,12 +66,24 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(config.q_size, h, bias=False)
         self.scale = self.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)  # set by the executor
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse_projections
+        self.qkv_bias: torch.Tensor | None = None
+
+    def fuse_projections(self) -> None:
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = _fuse([p.weight for p in projections])
+        if self.q_proj.bias is not None:
+            self.qkv_bias = _fuse([p.bias for p in projections])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        n, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
+        if self.qkv_weight is None:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        else:
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = qkv.view(n, heads + 2 * kv_heads, self.head_dim)
+        qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)  # q and k heads rotated in one pass
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
         out = paged_attention(q, k, v, self.k_cache, self.v_cache, self.scale)
         return self.o_proj(out.view(n, -1))
 
@@ -80,9 +94,27 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        self.gate_up_weight = _fuse([self.gate_proj.weight, self.up_proj.weight])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
+    """Concatenate parameters along dim 0 and make each a view of the result (copy once, share after)."""
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for p in params:
+        p.data = fused[start: start + p.shape[0]]
+        start += p.shape[0]
+    return fused
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -157,4 +189,7 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, s
         model.load_hf_weights(config.hf_dir)
     model = model.to(dtype=dtype).eval()
     model.inv_freq = model.inv_freq.float()  # RoPE angles stay fp32 whatever the weights' dtype
+    for layer in model.model.layers:  # last: a later .to() would copy the views apart from the fused weight
+        layer.self_attn.fuse_projections()
+        layer.mlp.fuse_projections()
     return model

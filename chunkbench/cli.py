@@ -1,11 +1,16 @@
-"""The `chunkbench` command line: registers the commands (chunkbench/commands/, one module per group) and
-turns user errors into one line on stderr and exit code 2."""
+"""The `chunkbench` command line: registers the commands (chunkbench/commands/, one module per group),
+reflows their help into paragraphs, turns user errors into one line on stderr and exit code 2, and Python
+warnings into one `chunkbench: warning: ...` line each."""
 
 from __future__ import annotations
 
+import inspect
 import sys
+import typing
+import warnings
 
 import typer
+import typer.models
 from typer.exceptions import TyperException
 
 from chunkbench.commands import gate, generate, kernels, profile, run, serve, tune
@@ -21,6 +26,45 @@ for module in (generate, run, profile, tune, gate, serve, kernels):
     module.register(app)
 
 
+def reflow(text: str | None) -> str | None:
+    """Join the hard-wrapped lines of each paragraph (paragraphs are separated by a blank line), so that rich
+    wraps the text to the terminal instead of breaking it where the source line ended. A paragraph that
+    starts with click's \\b marker keeps its lines. Idempotent."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+                       for p in paragraphs)
+
+
+def _parameter_infos(callback: typing.Callable[..., typing.Any]) -> list[typer.models.ParameterInfo]:
+    """The typer.Option/typer.Argument objects of a command: in Annotated metadata or as defaults."""
+    hints = typing.get_type_hints(callback, include_extras=True)
+    infos = []
+    for name, parameter in inspect.signature(callback).parameters.items():
+        metadata = getattr(hints.get(name), "__metadata__", ())
+        infos += [m for m in metadata if isinstance(m, typer.models.ParameterInfo)]
+        if isinstance(parameter.default, typer.models.ParameterInfo):
+            infos.append(parameter.default)
+    return infos
+
+
+def _reflow_app(typer_app: typer.Typer) -> None:
+    """Reflow every command's and option's help once, here, so no command module has to."""
+    for command in typer_app.registered_commands:
+        command.help = reflow(command.help or inspect.getdoc(command.callback))
+        for info in _parameter_infos(command.callback):
+            info.help = reflow(info.help)
+    for group in typer_app.registered_groups:
+        if isinstance(group.help, str):
+            group.help = reflow(group.help)
+        if group.typer_instance is not None:
+            _reflow_app(group.typer_instance)
+
+
+_reflow_app(app)
+
+
 @app.callback()
 def _root() -> None:
     """Measure and tune chunked prefill for LLM serving."""
@@ -28,6 +72,7 @@ def _root() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
+    warnings.showwarning = _show_warning
     try:
         code = app(args=argv, standalone_mode=False)  # returns the code of a typer.Exit
     except typer.Exit as exc:
@@ -42,6 +87,20 @@ def main(argv: list[str] | None = None) -> None:
     except StudyFailed as exc:
         _error(str(exc), code=1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_warned: set[str] = set()
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: typing.TextIO | None = None, line: str | None = None) -> None:
+    """warnings.showwarning for the CLI: one line in the tool's voice, each message once per process
+    (Python's default names the module's file and repeats its source line, which means nothing to a user)."""
+    text = " ".join(str(message).split())
+    if text in _warned:
+        return
+    _warned.add(text)
+    print("chunkbench: warning: " + text, file=file or sys.stderr)
 
 
 def _error(message: str, code: int = 2) -> None:

@@ -182,6 +182,10 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
 
     with frozen_heap():  # no ~130 ms collection of the imports inside a timed request (gc_pause.py)
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+            # One GET of /metrics before the clock, as vLLM's session does: httpx's lazy imports and the first
+            # connection (~25 ms here) then block no timed send. No generation: the server is not warmed.
+            with contextlib.suppress(httpx.HTTPError):
+                await client.get(endpoint.rstrip("/").removesuffix("/v1") + "/metrics")
             warmups = await asyncio.gather(*(limited(-1, bodies[0]) for _ in range(num_warmups if bodies else 0)))
             warmup_error = next((error for *_, error in warmups if error), None)
             tasks: dict[int, asyncio.Task] = {}

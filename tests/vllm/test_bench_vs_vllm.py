@@ -1,0 +1,150 @@
+"""`chunkbench bench` against the real vLLM 0.32 and its own `vllm bench serve`: the same schedule, the same
+figures (issue 30's acceptance).
+
+One comparison (~2 minutes): both clients pinned off core 0 (vLLM's CPU engine binds its OpenMP thread there)
+with taskset, alternating, 3 runs each, of one light-load schedule: 32 requests of 64 prompt and 16 output
+tokens at 8 req/s, seed 0 (chunkbench's default arrival for bench is vLLM's get_request, so both send at the
+same times; vLLM reads the lengths from a timed_trace file of token ids, --no-self-timed). Counts and token totals must be equal, durations within 2%, and the medians over the runs of the
+mean TTFT, ITL, TPOT and E2EL within 10% or 2 ms. The same runs check the --save-result key set against the
+file vLLM wrote, and that the scheduling delay read from vLLM's queue-time histogram (whose first bucket is
+le=0.3 s) is not larger than the TTFT it is part of.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.vllm.conftest import VLLM_CLI, VLLM_PYTHON, vllm_env
+
+CHUNKBENCH = Path(sys.executable).with_name("chunkbench")
+N, RATE, PROMPT, OUTPUT, SEED = 32, 8.0, 64, 16, 0
+METRICS = "ttft,tpot,itl,e2el"
+FIGURES = ("mean_ttft_ms", "mean_itl_ms", "mean_tpot_ms", "mean_e2el_ms")
+RUNS = 3
+
+# vLLM's get_request run in vLLM's venv on a clock that stands still at 0: each sleep it asks for is then its
+# request's due time. Prints the due times of each case as JSON.
+VLLM_SCHEDULES = """
+import asyncio, json, random, sys
+import numpy as np
+from vllm.benchmarks import serve
+
+def due_times(n, rate, burstiness, seed):
+    random.seed(seed)
+    np.random.seed(seed)  # as vllm bench serve's main does before its dataset and get_request
+    asked = []
+    async def sleep(seconds):
+        asked.append(seconds)
+    serve.asyncio.sleep, serve.time.time = sleep, lambda: 0.0
+    async def run():
+        return [r async for r, _ in serve.get_request(list(range(n)), rate, burstiness)]
+    asyncio.run(run())
+    return asked
+
+print(json.dumps([due_times(*case) for case in json.loads(sys.argv[1])]))
+"""
+
+
+def pinned(args: list[str]) -> list[str]:
+    """The command on core 1 (off vLLM's engine core 0) when the machine has one."""
+    return ["taskset", "-c", "1", *args] if (os.cpu_count() or 1) > 1 else args
+
+
+def test_arrivals_are_vllm_get_request_s_for_the_same_seed():
+    from chunkbench.workload import vllm_arrivals
+
+    cases = [(8, 4.0, 1.0, 0), (50, 16.0, 1.0, 7), (20, 2.0, 0.25, 3), (20, 50.0, 4.0, 12345)]
+    done = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SCHEDULES, json.dumps(cases)], capture_output=True,
+                          text=True, env=vllm_env(), timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for case, due in zip(cases, theirs):
+        assert list(vllm_arrivals(*case)) == due, case  # exactly: the same draws, sums and rescaling
+
+
+def run_chunkbench(url: str, out: Path) -> tuple[dict, dict]:
+    args = [str(CHUNKBENCH), "bench", "--endpoint", url, "--workload", "synthetic", "--prompt-len",
+            f"fixed:{PROMPT}", "--output-len", f"fixed:{OUTPUT}", "--num-requests", str(N), "--rate", str(RATE),
+            "--seed", str(SEED), "--out", str(out), "--save-result", "--result-dir", str(out),
+            "--result-filename", "result.json", "--percentile-metrics", METRICS]
+    done = subprocess.run(pinned(args), capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads((out / "summary.json").read_text()), json.loads((out / "result.json").read_text())
+
+
+def token_trace(path: Path) -> Path:
+    """vLLM's timed_trace of the same lengths: token-id prompts of exactly PROMPT tokens (its random dataset
+    decodes and re-encodes text, and here came out 11 tokens longer over 32 prompts), distinct hash chunks
+    (no shared prefix, as chunkbench's random ids). --no-self-timed sends them on get_request's schedule."""
+    chunks = -(-PROMPT // 16)
+    path.write_text("".join(json.dumps({"timestamp": 0, "input_length": PROMPT, "output_length": OUTPUT,
+                                        "hash_ids": list(range(i * chunks, (i + 1) * chunks))}) + "\n"
+                            for i in range(N)))
+    return path
+
+
+def run_vllm(url: str, model: Path, out: Path, trace: Path) -> dict:
+    args = [str(VLLM_CLI), "bench", "serve", "--backend", "openai", "--base-url", url.removesuffix("/v1"),
+            "--model", str(model), "--dataset-name", "timed_trace", "--dataset-path", str(trace),
+            "--no-self-timed", "--num-prompts", str(N), "--request-rate", str(RATE), "--seed", str(SEED),
+            "--ignore-eos", "--save-result", "--result-dir", str(out), "--result-filename", "result.json",
+            "--percentile-metrics", METRICS]
+    done = subprocess.run(pinned(args), capture_output=True, text=True, timeout=180, env=vllm_env())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def close(ours: float, theirs: float) -> bool:
+    return abs(ours - theirs) <= max(0.10 * abs(theirs), 2.0)
+
+
+def test_bench_measures_what_vllm_bench_serve_measures(vllm_server, tiny_model, tmp_path):
+    ours, theirs, summaries, saved = [], [], [], []
+    trace = token_trace(tmp_path / "trace.jsonl")
+    for i in range(RUNS):  # alternating, so a drift of the machine touches both
+        summary, result = run_chunkbench(vllm_server, tmp_path / f"chunkbench-{i}")
+        summaries.append(summary)
+        saved.append(result)
+        ours.append(summary)
+        theirs.append(run_vllm(vllm_server, tiny_model, tmp_path / f"vllm-{i}", trace))
+    table = {key: ([round(r[key], 3) for r in ours], [round(r[key], 3) for r in theirs])
+             for key in ("duration", *FIGURES)}
+    print("\nchunkbench vs vllm bench serve:", json.dumps(table))
+    print("chunkbench send lag (mean, p99, max ms):",
+          [(round(s["mean_send_lag_ms"], 2), round(s["p99_send_lag_ms"], 2), round(s["max_send_lag_ms"], 2))
+           for s in summaries])
+    print("chunkbench scheduling delay (mean, median) vs median TTFT (ms):",
+          [(round(s["mean_scheduling_delay_ms"], 3), round(s["median_scheduling_delay_ms"], 3),
+            round(s["median_ttft_ms"], 3)) for s in summaries], summaries[0]["scheduling_delay_sources"])
+    for a, b in zip(ours, theirs):
+        for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
+            assert a[key] == b[key], (key, a[key], b[key])
+        assert a["completed"] == N
+    for a, b in zip(ours, theirs):
+        assert a["duration"] == pytest.approx(b["duration"], rel=0.02)
+    for key in FIGURES:
+        assert close(statistics.median(r[key] for r in ours), statistics.median(r[key] for r in theirs)), \
+            (key, table[key])
+    assert set(saved[0]) == set(theirs[0]), set(saved[0]) ^ set(theirs[0])  # --save-result: vLLM's key set
+    for summary in summaries:  # light load: the delay, part of the TTFT, is not reported above it
+        assert summary["scheduling_delay_source"] == "server"
+        assert summary["median_scheduling_delay_ms"] <= summary["median_ttft_ms"]
+        assert 0 <= summary["mean_scheduling_delay_ms"] <= summary["mean_ttft_ms"]
+        assert summary["server_requests"] == N and summary["server_requests_by_finished_reason"]["length"] == N
+
+
+def test_the_vocabulary_bound_from_vllm_s_detokenize_is_the_tokenizer_s(vllm_server, tiny_model):
+    """vLLM's /v1/models has no vocabulary size; its /detokenize bounds it, no id past the tokenizer's."""
+    from transformers import AutoTokenizer
+
+    from chunkbench.vocab import detokenize_vocab_size
+
+    assert detokenize_vocab_size(vllm_server, str(tiny_model)) == len(AutoTokenizer.from_pretrained(tiny_model))

@@ -1,11 +1,12 @@
 """`chunkbench bench` against the real vLLM 0.32 and its own `vllm bench serve`: the same schedule, the same
 figures (issue 30's acceptance).
 
-One comparison (~2 minutes): both clients pinned off core 0 (vLLM's CPU engine binds its OpenMP thread there)
-with taskset, alternating, 3 runs each, of one light-load schedule: 32 requests of 64 prompt and 16 output
-tokens at 8 req/s, seed 0 (chunkbench's default arrival for bench is vLLM's get_request, so both send at the
-same times; vLLM reads the lengths from a timed_trace file of token ids, --no-self-timed). Counts and token totals must be equal, durations within 2%, and the medians over the runs of the
-mean TTFT, ITL, TPOT and E2EL within 10% or 2 ms. The same runs check the --save-result key set against the
+One comparison (~80 s): both clients pinned off core 0 (vLLM's CPU engine binds its OpenMP thread there) with
+taskset, alternating, 3 runs each, of one light-load schedule: 32 requests of 64 prompt and 16 output tokens at
+8 req/s, seed 0 (chunkbench's default arrival for bench is vLLM's get_request, so both send at the same times;
+vLLM reads the lengths from a timed_trace file of token ids, --no-self-timed). Counts and token totals must be
+equal, durations within 2%, and the medians over the runs of the mean TTFT, ITL, TPOT and E2EL within 10% or
+2 ms. The same runs check the --save-result key set against the
 file vLLM wrote, and that the scheduling delay read from vLLM's queue-time histogram (whose first bucket is
 le=0.3 s) is not larger than the TTFT it is part of.
 """

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-vllm install clean
+.PHONY: demo test test-vllm docs install clean
 
 install: $(STAMP)
 
@@ -31,6 +31,15 @@ test: $(STAMP)
 test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh
 	$(PY) -m pytest -q -m vllm tests/vllm
+
+# The documentation site (mkdocs-material) into build/site/; --strict: a broken link or page fails. The CLI
+# reference and the knob table are generated from the code by scripts/docs_hooks.py.
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/mkdocs build --strict
+
+$(VENV)/.installed-docs: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
 
 clean:
 	rm -rf $(VENV) results/runs

@@ -1,4 +1,4 @@
-"""The README's metric table is metrics.METRIC_TABLE, and the table names every key a summary can hold."""
+"""docs/concepts/metrics.md's table is metrics.METRIC_TABLE, and the table names every key a summary can hold."""
 
 import re
 
@@ -6,7 +6,7 @@ from chunkbench.metric_table import METRIC_TABLE, metric_table_markdown
 from chunkbench.metrics import RequestRecord, StepRecord, summarize
 from tests.conftest import REPO
 
-README = REPO / "README.md"
+README = REPO / "docs" / "concepts" / "metrics.md"
 
 
 def readme_table() -> str:

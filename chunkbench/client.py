@@ -32,7 +32,8 @@ from chunkbench.gc_pause import frozen_heap
 from chunkbench.harness import prompt_ids
 from chunkbench.metrics import RequestRecord
 from chunkbench.server_metrics import histogram_quantile, scrape_metrics, server_figures  # noqa: F401 (API)
-from chunkbench.workload import WorkloadRequest, check_real_time
+from chunkbench.arrivals import check_real_time
+from chunkbench.workload import WorkloadRequest
 
 APIS = {"completions": "/completions", "chat": "/chat/completions"}
 # vllm bench serve's sampling flags (all unset by default, so none is sent) and their request fields.

@@ -20,7 +20,8 @@ from chunkbench.engine.request import Request, SamplingParams
 from chunkbench.gc_pause import paused_gc
 from chunkbench.metrics import RequestRecord, StepRecord
 from chunkbench.sim.fastforward import fast_forward
-from chunkbench.workload import WorkloadRequest, check_real_time
+from chunkbench.arrivals import check_real_time
+from chunkbench.workload import WorkloadRequest
 
 
 @dataclass

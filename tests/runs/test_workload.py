@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from chunkbench.errors import UserError
-from chunkbench.workload import (NAMED, WorkloadSpec, build_workload, clip_to_model, sample_arrivals,
-                                 sample_lengths)
+from chunkbench.arrivals import sample_arrivals
+from chunkbench.workload import NAMED, WorkloadSpec, build_workload, clip_to_model, sample_lengths
 
 
 @pytest.mark.parametrize("name", [*NAMED, "synthetic"])

@@ -60,7 +60,7 @@ def pinned(args: list[str]) -> list[str]:
 
 
 def test_arrivals_are_vllm_get_request_s_for_the_same_seed():
-    from chunkbench.workload import vllm_arrivals
+    from chunkbench.arrivals import vllm_arrivals
 
     cases = [(8, 4.0, 1.0, 0), (50, 16.0, 1.0, 7), (20, 2.0, 0.25, 3), (20, 50.0, 4.0, 12345)]
     done = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SCHEDULES, json.dumps(cases)], capture_output=True,

@@ -19,8 +19,11 @@ MARKER = re.compile(r"<!-- generated: ([a-z-]+) -->")
 
 
 def _cell(text: str) -> str:
-    """Table-cell safe: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Table-cell safe: one line; pipes, HTML brackets (`<str>`, `<model>`) and asterisks escaped."""
+    text = " ".join(str(text).split())
+    for char, escaped in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("*", "\\*")):
+        text = text.replace(char, escaped)
+    return text
 
 
 def _commands() -> list[tuple[str, typer.core.TyperCommand]]:
@@ -72,9 +75,10 @@ def cli_reference() -> str:
     for name, command in _commands():
         ctx = typer.Context(command, info_name=name)
         usage = " ".join([name, *command.collect_usage_pieces(ctx)])
-        out += [f"## `{name}`", "", command.help or "", "", "```", usage, "```", "",
+        paragraphs = "\n\n".join(_cell(p) for p in (command.help or "").split("\n\n"))
+        out += [f"## `{name}`", "", paragraphs, "", "```", usage, "```", "",
                 "| option | type | help |", "|---|---|---|"]
-        out += [f"| `{_cell(f)}` | {_cell(k)} | {_cell(h)} |" for f, k, h in option_rows(command)]
+        out += [f"| `{f}` | {_cell(k)} | {_cell(h)} |" for f, k, h in option_rows(command)]
         out.append("")
     return "\n".join(out)
 

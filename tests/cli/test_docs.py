@@ -1,4 +1,4 @@
-"""The README's commands run, the generated CLI reference says what `--help` says, help text renders as
+"""The README's and the docs' commands parse with the CLI, the generated CLI reference says what `--help` says, help
 paragraphs, warnings reach the user as one line in the tool's voice, and the docs site builds strictly."""
 
 import importlib.util
@@ -55,6 +55,26 @@ def test_the_readme_shows_the_three_card_commands():
 def test_each_readme_command_parses(line):
     ctx = parse(line)
     assert ctx.command.name == line.split()[1]
+
+
+PLACEHOLDERS = {"M": "small", "N": "1", "URL": "http://127.0.0.1:8000/v1"}
+
+
+def docs_commands() -> list[tuple[str, str]]:
+    """(page, command line) for the docs' fenced `chunkbench ...` lines, shell syntax and placeholders resolved:
+    a trailing `&` dropped, an optional `[--flag]` taken, M/N/URL given a value."""
+    found = []
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        for line in fenced_commands(page.read_text()):
+            line = re.sub(r"\[(--[^\]]+)\]", r"\1", line.removesuffix("&").strip())
+            found.append((str(page.relative_to(REPO)),
+                          shlex.join(PLACEHOLDERS.get(word, word) for word in shlex.split(line))))
+    return found
+
+
+@pytest.mark.parametrize("page,line", docs_commands())
+def test_each_docs_command_parses(page, line):
+    assert parse(line).command.name == line.split()[1]
 
 
 @pytest.mark.parametrize("line", ["chunkbench tune --model llama-3-8b --sla-ttfx 300ms",

@@ -1,5 +1,5 @@
 """The README's and the docs' commands parse with the CLI, the generated CLI reference says what `--help` says, help
-paragraphs, warnings reach the user as one line in the tool's voice, and the docs site builds strictly."""
+renders as paragraphs, warnings reach the user as one line in the tool's voice, and the docs site builds strictly."""
 
 import importlib.util
 import re

@@ -59,6 +59,8 @@ def _reflow_app(typer_app: typer.Typer) -> None:
         if isinstance(group.help, str):
             group.help = reflow(group.help)
         if group.typer_instance is not None:
+            if isinstance(group.typer_instance.info.help, str):
+                group.typer_instance.info.help = reflow(group.typer_instance.info.help)
             _reflow_app(group.typer_instance)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from chunkbench.backends import DEFAULT_SIM_GPU, Backend, EngineBackend, SimBackend, engine_limitation
 from chunkbench.device_defaults import device_name, has_cuda
 from chunkbench.engine.config import EngineConfig, ModelConfig
-from chunkbench.engine.presets import MODEL_PRESETS
+from chunkbench.engine.model_config import MODEL_PRESETS
 from chunkbench.errors import UserError
 from chunkbench.launch import LaunchBackend
 

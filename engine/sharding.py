@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import math
 
-from .config import ConfigError, EngineConfig, ModelConfig
+from typing import TYPE_CHECKING
+
+from .model_config import ConfigError, ModelConfig
+
+if TYPE_CHECKING:  # annotations only: config.py imports this module
+    from .config import EngineConfig
 
 ALL_REDUCES_PER_LAYER = 2  # after the attention's o_proj and after the MLP's down_proj
 

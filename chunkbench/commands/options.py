@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.engine.presets import MODEL_PRESETS
+from chunkbench.engine.model_config import MODEL_PRESETS
 from chunkbench.engine.knobs import KNOBS, Knob
 from chunkbench.workload import LENGTH_HELP, WorkloadSpec
 

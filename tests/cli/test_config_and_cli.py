@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import run_cli
 from chunkbench.engine.config import ConfigError, EngineConfig, ModelConfig
-from chunkbench.engine.presets import MODEL_PRESETS
+from chunkbench.engine.model_config import MODEL_PRESETS
 
 
 @pytest.mark.parametrize("kwargs, flag", [

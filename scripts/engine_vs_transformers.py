@@ -1,7 +1,15 @@
-"""Tokens/s of the chunkbench engine against transformers on the same model, weights and inputs.
+"""Tokens/s of the chunkbench engine against transformers, and vLLM's CPU engine, on the same model and inputs.
 
-Prefill: one prompt of --prompt-len tokens. Decode: --batch requests of 128-token prompts, one token each
-per step. Median over --repeats after a warm-up; fp32.
+Prefill: one prompt of --prompt-len tokens (transformers computes the last token's logits only, as the engine
+and as its own generate() do). Decode: --batch requests of 128-token prompts, then 8 steps in
+which all of them decode one token each (tokens/s of the median step). fp32 everywhere. The engines take
+turns within each of --repeats rounds (after a warm-up round), so load that comes and goes hits them alike;
+each round gives a ratio, and the table prints the median ratio with its spread (lowest to highest round).
+
+vLLM (when .venv-vllm exists; --no-vllm skips it) runs in its own process, an in-process `LLM` with
+enforce_eager=True, dtype float32, VLLM_CPU_KVCACHE_SPACE=1, on the same weights saved as a Hugging Face
+directory, fed token ids, prefix caching off; it takes its turn after the other two in each round. Its decode step is the batch's time from its last
+first token to its last token over 8, from vLLM's own request timestamps (log stats on).
 
     .venv/bin/python scripts/engine_vs_transformers.py --model small
 """
@@ -9,37 +17,80 @@ per step. Median over --repeats after a warm-up; fp32.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import torch
-import transformers
-
-from chunkbench.engine.config import EngineConfig
-from chunkbench.engine.engine import LLMEngine
-from chunkbench.engine.request import SamplingParams
-
-
-def hf_model(engine: LLMEngine) -> transformers.LlamaForCausalLM:
-    m = engine.config.model
-    config = transformers.LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
-        head_dim=m.head_dim, max_position_embeddings=m.max_model_len, rope_theta=m.rope_theta,
-        rms_norm_eps=m.rms_norm_eps, tie_word_embeddings=m.tie_word_embeddings, attention_bias=m.qkv_bias)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.load_state_dict(engine.executor.model.state_dict(), strict=False)  # the very same weights
-    return model
+REPO = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+DECODE_STEPS = 8
+SHORT_PROMPT = 128
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
+def vllm_worker(model_dir: str) -> None:
+    """Runs under .venv-vllm's python: answers 'prefill' / 'decode' lines on stdin with seconds as JSON."""
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    spec = json.loads(Path(model_dir, "requests.json").read_text())
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+              max_model_len=4096, block_size=32, max_num_batched_tokens=max(4096, len(spec["prompt"])),
+              max_num_seqs=max(256, len(spec["short"])),
+              enable_prefix_caching=False, disable_log_stats=False)  # repeated prompts are computed each time, as in the other two
+    prompts = {"prefill": [TokensPrompt(prompt_token_ids=spec["prompt"])],
+               "decode": [TokensPrompt(prompt_token_ids=row) for row in spec["short"]]}
+
+    def seconds(name: str) -> float:
+        """Prefill: the call's wall time. Decode: from the batch's last first token to its last token (the
+        engine core's own timestamps), per step."""
+        params = SamplingParams(max_tokens=1 if name == "prefill" else 1 + DECODE_STEPS, temperature=0.0,
+                                ignore_eos=True, detokenize=False)
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        outputs = llm.generate(prompts[name], params, use_tqdm=False)
+        if name == "prefill":
+            return time.perf_counter() - start
+        first = max(o.metrics.first_token_ts for o in outputs)
+        return (max(o.metrics.last_token_ts for o in outputs) - first) / DECODE_STEPS
+
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        print(json.dumps({"seconds": seconds(line.strip())}), flush=True)
+
+
+class VllmPeer:
+    """The worker process; `time(name)` asks it for one measurement."""
+
+    def __init__(self, model_dir: str) -> None:
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                   VLLM_ENABLE_V1_MULTIPROCESSING="0")  # the engine core in the worker: nothing busy between turns
+        env.pop("TRITON_INTERPRET", None)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-peer-", suffix=".log", delete=False)
+        self.process = subprocess.Popen([str(VLLM_PYTHON), __file__, "--vllm-worker", model_dir],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                        text=True, env=env)
+        self._read()  # ready
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        while line and not line.startswith("{"):  # vLLM may print to stdout too
+            line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the vLLM worker exited (exit code {self.process.wait()}); see {self.log.name}")
+        return json.loads(line)
+
+    def time(self, name: str) -> float:
+        self.process.stdin.write(name + "\n")
+        self.process.stdin.flush()
+        return self._read()["seconds"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def main() -> None:
@@ -47,63 +98,135 @@ def main() -> None:
     parser.add_argument("--model", default="small")
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds after one warm-up round")
+    parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's CPU engine even if .venv-vllm exists")
+    parser.add_argument("--vllm-worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.vllm_worker:
+        return vllm_worker(args.vllm_worker)
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    from chunkbench.engine.config import EngineConfig, ModelConfig
+    from chunkbench.engine.engine import LLMEngine
+    from chunkbench.engine.request import SamplingParams
+
     torch.manual_seed(0)
-    engine = LLMEngine(EngineConfig.create(args.model, policy="chunked", max_num_batched_tokens=args.prompt_len,
-                                           max_model_len=4096, num_blocks=2048, dtype="float32"))
+    budget = max(args.prompt_len, args.batch * SHORT_PROMPT)  # the decode batch's prompts in one step
+    engine = LLMEngine(EngineConfig.create(args.model, policy="chunked", max_num_batched_tokens=budget,
+                                           max_num_seqs=max(256, args.batch),
+                                           max_model_len=min(4096, ModelConfig.from_name(args.model).max_model_len),
+                                           num_blocks=2048, dtype="float32"))
     vocab = engine.config.model.vocab_size
     prompt = torch.randint(0, vocab, (args.prompt_len,)).tolist()
-    short = torch.randint(0, vocab, (args.batch, 128))
+    short = torch.randint(0, vocab, (args.batch, SHORT_PROMPT))
+    model = hf_model(engine, transformers)
 
-    def engine_prefill():
+    def engine_prefill() -> float:
         engine.add_request(prompt, SamplingParams(max_tokens=1))
+        start = time.perf_counter()
         engine.step()
+        return time.perf_counter() - start
 
-    decode_steps = []
-
-    def engine_decode():
+    def engine_decode() -> float:
         for row in short.tolist():
-            engine.add_request(row, SamplingParams(max_tokens=9))
-        engine.step()  # the prompts
-        for _ in range(8):
+            engine.add_request(row, SamplingParams(max_tokens=1 + DECODE_STEPS))
+        engine.step()  # all the prompts
+        steps = []
+        for _ in range(DECODE_STEPS):  # every request decodes in each
             start = time.perf_counter()
             engine.step()
-            decode_steps.append(time.perf_counter() - start)
-
-    model = hf_model(engine)
-
-    @torch.inference_mode()
-    def hf_prefill():
-        model(torch.tensor([prompt]), use_cache=False)
-
-    hf_steps = []
+            steps.append(time.perf_counter() - start)
+        assert not engine.has_unfinished()
+        return statistics.median(steps)
 
     @torch.inference_mode()
-    def hf_decode():
-        out = model(short, use_cache=True)
+    def hf_prefill() -> float:
+        start = time.perf_counter()
+        model(torch.tensor([prompt]), use_cache=False, logits_to_keep=1)  # the last token's logits, as ours
+        return time.perf_counter() - start
+
+    @torch.inference_mode()
+    def hf_decode() -> float:
+        out = model(short, use_cache=True, logits_to_keep=1)
         cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(8):
+        steps = []
+        for _ in range(DECODE_STEPS):
             start = time.perf_counter()
             out = model(token, past_key_values=cache, use_cache=True)
             cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            hf_steps.append(time.perf_counter() - start)
+            steps.append(time.perf_counter() - start)
+        return statistics.median(steps)
 
-    rows = []
-    for name, fn, steps, tokens in [("prefill", engine_prefill, None, args.prompt_len),
-                                    ("decode", engine_decode, decode_steps, args.batch)]:
-        hf_fn, hf_list = (hf_prefill, None) if name == "prefill" else (hf_decode, hf_steps)
-        ours = timed(fn, args.repeats)
-        theirs = timed(hf_fn, args.repeats)
-        if steps is not None:
-            ours, theirs = statistics.median(steps), statistics.median(hf_list)
-        rows.append((name, tokens / ours, tokens / theirs))
-    print(f"model {args.model}, fp32, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("| phase | chunkbench tokens/s | transformers tokens/s | ratio |")
-    print("|---|---|---|---|")
-    for name, ours, theirs in rows:
-        label = f"prefill ({args.prompt_len}-token prompt)" if name == "prefill" else f"decode (batch {args.batch})"
-        print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |")
+    peer = start_vllm(args, model, prompt, short.tolist())
+    phases = {"prefill": (args.prompt_len, engine_prefill, hf_prefill),
+              "decode": (args.batch, engine_decode, hf_decode)}
+    seconds: dict[tuple[str, str], list[float]] = {(p, e): [] for p in phases for e in ("ours", "hf", "vllm")}
+    try:
+        for round_ in range(args.repeats + 1):  # round 0 warms up
+            for phase, (_, ours, theirs) in phases.items():
+                times = {"ours": ours(), "hf": theirs()}
+                if peer:
+                    times["vllm"] = peer.time(phase)
+                if round_:
+                    for name, value in times.items():
+                        seconds[(phase, name)].append(value)
+    finally:
+        if peer:
+            peer.close()
+    print_table(args, torch.__version__, torch.get_num_threads(), phases, seconds)
+
+
+def hf_model(engine, transformers):
+    m = engine.config.model
+    config = transformers.LlamaConfig(
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim, max_position_embeddings=m.max_model_len, rope_theta=m.rope_theta,
+        rms_norm_eps=m.rms_norm_eps, tie_word_embeddings=m.tie_word_embeddings, attention_bias=m.qkv_bias)
+    model = transformers.LlamaForCausalLM(config).eval()
+    missing, _ = model.load_state_dict(engine.executor.model.state_dict(), strict=False)  # the same weights
+    missing = [k for k in missing if k != "lm_head.weight" or not m.tie_word_embeddings]
+    if missing:
+        raise SystemExit(f"transformers' model has weights the engine's lacks: {missing[:3]}")
+    return model
+
+
+def start_vllm(args, model, prompt: list[int], short: list[list[int]]) -> VllmPeer | None:
+    if args.no_vllm or not VLLM_PYTHON.exists():
+        return None
+    folder = tempfile.mkdtemp(prefix="engine-vs-vllm-")
+    model.save_pretrained(folder)  # the same weights, as a Hugging Face directory
+    Path(folder, "requests.json").write_text(json.dumps({"prompt": prompt, "short": short}))
+    return VllmPeer(folder)
+
+
+def print_table(args, torch_version: str, threads: int, phases, seconds) -> None:
+    have_vllm = bool(seconds[("prefill", "vllm")])
+    print(f"model {args.model}, fp32, torch {torch_version}, {threads} threads; {args.repeats} interleaved rounds"
+          f" after a warm-up; medians, spread = lowest-highest round" + ("; vLLM 0.32 CPU, float32, eager"
+                                                                         if have_vllm else ""))
+    head = "| phase | chunkbench tokens/s | transformers tokens/s | ratio (spread) |"
+    print(head + (" vLLM CPU tokens/s | ratio to vLLM (spread) |" if have_vllm else ""))
+    print("|---" * (6 if have_vllm else 4) + "|")
+    for phase, (tokens, _, _) in phases.items():
+        ours, hf, vllm = (seconds[(phase, name)] for name in ("ours", "hf", "vllm"))
+        label = f"prefill ({args.prompt_len}-token prompt)" if phase == "prefill" else f"decode (batch {args.batch})"
+        cells = [label, f"{tokens / statistics.median(ours):,.0f}", f"{tokens / statistics.median(hf):,.0f}",
+                 ratio_cell(hf, ours)]
+        if have_vllm:
+            cells += [f"{tokens / statistics.median(vllm):,.0f}", ratio_cell(vllm, ours)]
+        print("| " + " | ".join(cells) + " |")
+
+
+def ratio_cell(theirs: list[float], ours: list[float]) -> str:
+    """Speed of ours over theirs: the median of the per-round ratios and their range."""
+    ratios = sorted(t / o for t, o in zip(theirs, ours))
+    return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ LENGTH_KINDS = {  # kind -> (required parameter names, help)
     "zipf": (["A", "MAX"], "Zipf with exponent A > 1, clamped to MAX"),
 }
 LENGTH_HELP = ("Length distribution: " + "; ".join(f"{k}:{':'.join(p)} ({h})" for k, (p, h) in LENGTH_KINDS.items())
-               + ". normal, lognormal and zipf take an optional :MIN:MAX clamp. Tokens.")
+               + "; normal, lognormal and zipf take an optional :MIN:MAX clamp (tokens).")
 
 
 def sample_lengths(spec: str, n: int, rng: np.random.Generator, flag: str = "--prompt-len") -> np.ndarray:

@@ -62,12 +62,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("max_partial_prefills", int, None, "chunked: most prompts mid-prefill at once (requests). Default: "
          "no cap.", "scheduler", short="partial", searchable=True, chunked_only=True, label="partial",
          vllm_before="max-num-partial-prefills (vLLM 0.7.3 until vllm#49244 in 2026; only the V0 engine read it)"),
-    Knob("step_time_target_ms", float, None, "chunked: time budget per step (ms). After the decodes, prompt "
-         "chunks get the most tokens whose predicted step time stays within it (the simulator's cost model; on "
-         "the real engine a profile or a quick calibration, corrected online by measured steps); "
-         "--max-num-batched-tokens stays a hard cap and the first chunk gets at least 16 tokens so prefills "
-         "progress. Default: none on CUDA (vLLM's token budget); on the CPU, when no budget is given, a "
-         "multiple of the decode step.", "scheduler", flags=("--step-time-target",), short="target",
+    Knob("step_time_target_ms", float, None, "chunked: time budget per step (ms): after the decodes, prompt "
+         "chunks get the most tokens whose predicted step time stays within it, under --max-num-batched-tokens "
+         "(the simulator's cost model; on the real engine a profile or quick calibration, corrected online). "
+         "Default: none on CUDA; on the CPU without a budget, a multiple of the decode step.", "scheduler", flags=("--step-time-target",), short="target",
          searchable=True, chunked_only=True, label="target ms"),
     Knob("num_chunks", int, None, "chunked: split each prompt into this many chunks: a request's chunk cap is "
          "ceil(prompt_len / N), within the other caps (chunks). Default: no such cap.", "scheduler",

@@ -15,7 +15,7 @@ from typer.exceptions import TyperException
 
 from chunkbench.commands import gate, generate, kernels, profile, run, serve, tune
 from chunkbench.engine.config import ConfigError
-from chunkbench.errors import StudyFailed
+from chunkbench.errors import StudyFailed, show_warning
 
 app = typer.Typer(
     name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -74,7 +74,7 @@ def _root() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
-    warnings.showwarning = _show_warning
+    warnings.showwarning = show_warning
     try:
         code = app(args=argv, standalone_mode=False)  # returns the code of a typer.Exit
     except typer.Exit as exc:
@@ -89,20 +89,6 @@ def main(argv: list[str] | None = None) -> None:
     except StudyFailed as exc:
         _error(str(exc), code=1)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-_warned: set[str] = set()
-
-
-def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: typing.TextIO | None = None, line: str | None = None) -> None:
-    """warnings.showwarning for the CLI: one line in the tool's voice, each message once per process
-    (Python's default names the module's file and repeats its source line, which means nothing to a user)."""
-    text = " ".join(str(message).split())
-    if text in _warned:
-        return
-    _warned.add(text)
-    print("chunkbench: warning: " + text, file=file or sys.stderr)
 
 
 def _error(message: str, code: int = 2) -> None:

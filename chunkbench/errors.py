@@ -1,7 +1,9 @@
 """Errors a user can cause. The CLI prints them as one line on stderr and exits with code 2."""
 
 import math
+import sys
 import tomllib
+import typing
 from pathlib import Path
 
 from chunkbench.engine.config import ConfigError
@@ -43,3 +45,18 @@ def check_number(flag: str, value, *, low: float | None = None, high: float | No
     if high is not None and value > high:
         raise UserError(f"{flag} must be <= {high:g}, got {value!r}")
     return value
+
+
+_warned: set[str] = set()
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: typing.TextIO | None = None, line: str | None = None) -> None:
+    """warnings.showwarning for the CLI (and its worker processes): one line in the tool's voice, each message
+    once per process (Python's default names the module's file and repeats its source line, which means
+    nothing to a user)."""
+    text = " ".join(str(message).split())
+    if text in _warned:
+        return
+    _warned.add(text)
+    print("chunkbench: warning: " + text, file=file or sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import re
+import warnings
 from pathlib import Path
 
 import optuna
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chunkbench.backends import EngineBackend
-from chunkbench.errors import StudyFailed
+from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import OUTPUTS, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
@@ -42,6 +43,7 @@ def no_trial_completed(study: optuna.Study) -> None:
 
 def _worker(spec: TuneSpec, name: str, url: str, worker: int, out: Path) -> None:
     """One more process on the study (--jobs): trials until the study holds n_trials, counted over all."""
+    warnings.showwarning = show_warning  # a spawned process starts with Python's format
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(url)
     run_study(spec, create_study(spec, name, storage, worker), storage, url, out=out)

@@ -14,7 +14,7 @@ import typer.rich_utils
 from typer.exceptions import TyperException
 from typer.testing import CliRunner
 
-from chunkbench import cli
+from chunkbench import cli, errors
 from tests.conftest import REPO
 
 spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "scripts" / "docs_hooks.py")
@@ -123,7 +123,7 @@ def test_a_warning_is_one_line_in_the_tools_voice(capsys):
         with pytest.raises(SystemExit):
             cli.main(["--help"])
         capsys.readouterr()
-        cli._warned.clear()
+        errors._warned.clear()
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             for _ in range(2):

@@ -3,9 +3,9 @@ OpenAI-compatible server that is already running, or one launched per configurat
 
 Every backend opens a *session* for one engine config (`with backend.session(config) as serve:`) and serves
 any number of workloads in it (`serve(workload, seed=..., ...)` -> RunResult): a capacity search probes many
-arrival rates against one launched server, and `compare` reuses one set of weights. A server launched per configuration is
-chunkbench/launch.py's LaunchBackend; chunkbench/backend_choice.py's `resolve()` turns the user's
-`--backend auto|engine|sim|launch` into one of them, once.
+arrival rates against one launched server, and `compare` reuses one set of weights. A server launched per
+configuration is chunkbench/launch.py's LaunchBackend; chunkbench/backend_choice.py's `resolve()` turns the
+user's `--backend auto|engine|sim|launch` into one of them, once.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 from chunkbench.engine.config import MAX_NUM_BLOCKS, EngineConfig
@@ -30,8 +31,10 @@ class Backend(ABC):
     kind: str  # "engine", "sim", "endpoint" or "launch"
 
     @abstractmethod
-    def session(self, config: EngineConfig | None) -> contextlib.AbstractContextManager[Serve]:
-        """A context in which workloads run on `config` (None: a server as it is)."""
+    def session(self, config: EngineConfig | None,
+                log: Path | None = None) -> contextlib.AbstractContextManager[Serve]:
+        """A context in which workloads run on `config` (None: a server as it is). `log`: where a server this
+        session starts writes its output (LaunchBackend); the other backends start none and ignore it."""
 
     def run(self, config: EngineConfig, workload: list[WorkloadRequest], **options) -> RunResult:
         with self.session(config) as serve:
@@ -56,7 +59,7 @@ class EngineBackend(Backend):
     _executors: dict = field(default_factory=dict, repr=False)
 
     @contextlib.contextmanager
-    def session(self, config: EngineConfig) -> Iterator[Serve]:
+    def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
         limitation = engine_limitation(config)
         if limitation:
             raise UserError(limitation)
@@ -132,7 +135,7 @@ class SimBackend(Backend):
         return RooflineCostModel.for_config(config, gpu_spec(self.gpu or DEFAULT_SIM_GPU), self.engine_overhead)
 
     @contextlib.contextmanager
-    def session(self, config: EngineConfig) -> Iterator[Serve]:
+    def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
         from chunkbench.sim.executor import sim_engine
 
         cost = self.cost(config)
@@ -190,7 +193,7 @@ class EndpointBackend(Backend):
         return cls(endpoint, name, vocab, client_options, card.get("max_model_len"))
 
     @contextlib.contextmanager
-    def session(self, config: EngineConfig) -> Iterator[Serve]:
+    def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
         import asyncio
 
         from chunkbench.client import bench_endpoint

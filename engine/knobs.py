@@ -65,8 +65,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("step_time_target_ms", float, None, "chunked: time budget per step (ms): after the decodes, prompt "
          "chunks get the most tokens whose predicted step time stays within it, under --max-num-batched-tokens "
          "(the simulator's cost model; on the real engine a profile or quick calibration, corrected online). "
-         "Default: none on CUDA; on the CPU without a budget, a multiple of the decode step.", "scheduler", flags=("--step-time-target",), short="target",
-         searchable=True, chunked_only=True, label="target ms"),
+         "Default: none on CUDA; on the CPU without a budget, a multiple of the decode step.", "scheduler",
+         flags=("--step-time-target",), short="target", searchable=True, chunked_only=True, label="target ms"),
     Knob("num_chunks", int, None, "chunked: split each prompt into this many chunks: a request's chunk cap is "
          "ceil(prompt_len / N), within the other caps (chunks). Default: no such cap.", "scheduler",
          short="nchunks", searchable=True, chunked_only=True, label="chunks"),

@@ -127,7 +127,7 @@ def measure_design(backend: Backend, spec: TuneSpec, design: Design, log: Path |
     """Run one design on the (launched) server: its figures, with the design to simulate it again. `log`:
     where a launched server's output goes."""
     config = spec.base_config(**design.knobs)
-    with (backend.session(config, log=log) if log else backend.session(config)) as serve:
+    with backend.session(config, log=log) as serve:
         return run_design(serve, spec, design, config.scheduler.max_model_len)
 
 

@@ -78,7 +78,8 @@ def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
 
 def vllm_yaml(config: EngineConfig, header: list[str]) -> str:
     options, notes = vllm_options(config)
-    return comment(header + [f"for vLLM {VLLM_VERSION}: vllm serve --config vllm.yaml"] + notes) + yaml.safe_dump({"model": model_id(config), **options}, sort_keys=False)
+    return (comment(header + [f"for vLLM {VLLM_VERSION}: vllm serve --config vllm.yaml"] + notes)
+            + yaml.safe_dump({"model": model_id(config), **options}, sort_keys=False))
 
 
 def vllm_option_flags(config: EngineConfig) -> str:

@@ -45,7 +45,7 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
             return _capacity(spec, run, workload, knobs, capacity_hint)
         return _score(spec, knobs, measure(serve, config, workload, progress=progress, **options).summary)
 
-    with (backend.session(config, log=log) if log else backend.session(config)) as serve:
+    with backend.session(config, log=log) as serve:
         outcomes = [once(serve) for _ in range(repeats)]
     return outcomes[0] if repeats == 1 else median_outcome(outcomes)
 

@@ -58,8 +58,7 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
             continue  # launched before this process: its figures are in presearch.json
         console.print(f"calibrating: launching the server for the {design.name} run ...")
         try:
-            run = cal.measure_design(launch, spec, design, out / "calibration" / design.name / "launch.log"
-                                     if launch.kind == "launch" else None)
+            run = cal.measure_design(launch, spec, design, out / "calibration" / design.name / "launch.log")
         except LaunchError as exc:  # nothing to calibrate on: the tune cannot go on
             raise StudyFailed(f"calibration: the server for the {design.name} run never became healthy: {exc}") \
                 from None

@@ -110,7 +110,7 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             try:
                 log = state.path.parent / "verify" / str(trial.number) / "launch.log"
                 outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats,
-                                   log=log if launch.kind == "launch" else None)
+                                   log=log)
             except TRIAL_FAILURES as exc:  # as a trial's: said, and the tune goes on
                 console.print(f"[yellow]warning:[/] trial {trial.number} could not be re-measured "
                               f"({type(exc).__name__}: {exc}); left out", soft_wrap=True)

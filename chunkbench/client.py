@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from chunkbench.arrivals import check_real_time
 from chunkbench.gc_pause import frozen_heap
 from chunkbench.harness import prompt_ids
 from chunkbench.metrics import RequestRecord
-from chunkbench.server_metrics import histogram_quantile, scrape_metrics, server_figures  # noqa: F401 (API)
-from chunkbench.arrivals import check_real_time
 from chunkbench.workload import WorkloadRequest
 
 APIS = {"completions": "/completions", "chat": "/chat/completions"}

@@ -32,7 +32,7 @@ class RunResult:
     num_kv_blocks: int
     interrupted: bool = False
     wall_seconds: float = 0.0
-    server: dict | None = None  # endpoint runs: figures from the server's /metrics (client.server_figures)
+    server: dict | None = None  # endpoint runs: figures from the server's /metrics (server_metrics.server_figures)
     stopped: bool = False  # `stop` ended the run early: the records are partial, the summary meaningless
     # Per step (aligned with `steps`): the requests it computed, as workload indices (their engine ids), and the
     # tokens each computed, in step order; steps.parquet's request_ids/request_tokens. Empty for endpoint runs.

@@ -133,6 +133,8 @@ def bench(
                 {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                  "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
                  "repetition_penalty": repetition_penalty}.items() if value is not None}
+    for name, value in sampling.items():  # finite, before any request (JSON has no NaN; the server judges ranges)
+        check_number("--" + name.replace("_", "-"), value)
     headers = {}
     for item in header or []:
         name, sep, value = item.partition(":")

@@ -92,6 +92,12 @@ def test_bench_user_errors(args, message, capsys):
     assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.parametrize("flag, value", [("--temperature", "nan"), ("--top-p", "inf"), ("--min-p", "-inf")])
+def test_bench_refuses_a_sampling_value_json_cannot_carry_before_any_request(flag, value, capsys):
+    code, _, err = run_cli(["bench", "--endpoint", "http://127.0.0.1:1/v1", flag, value], capsys)
+    assert code == 2 and err.count("\n") == 1 and f"{flag} must be a finite number" in err, err
+
+
 def test_malformed_trace_file_is_a_user_error(tmp_path, capsys):
     bad = tmp_path / "trace.csv"
     bad.write_text("prompt_len,output_len\n12,seven\n")

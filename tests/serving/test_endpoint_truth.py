@@ -179,7 +179,7 @@ def test_failures_are_counted_and_kept_and_the_run_goes_on(tmp_path):
     errors = dict(zip(scripts, result.errors))
     assert errors[21] is None and "boom" in errors[22] and "not JSON" in errors[23]
     assert errors[24].startswith("HTTP 500") and "internal trouble" in errors[24]
-    assert "RemoteProtocolError" in errors[25] and "timed out after 0.4 s" in errors[26]
+    assert "ClientPayloadError" in errors[25] and "timed out after 0.4 s" in errors[26]
     assert "before [DONE]" in errors[27]
     assert_matches(summary, expected(workload, result, server, {21}, timeout_s=0.4))
     assert summary["duration"] == pytest.approx(0.4, abs=TOL_S)  # the timed-out request ended last

@@ -137,11 +137,13 @@ class SimBackend(Backend):
     @contextlib.contextmanager
     def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
         from chunkbench.sim.executor import sim_engine
+        from chunkbench.sim.server_calibration import delayed
 
         cost = self.cost(config)
         num_blocks = (config.cache.num_blocks or getattr(self.server_calibration, "num_blocks", None)
                       or min(cost.kv_blocks(config), MAX_NUM_BLOCKS))  # more blocks than that are never used
-        yield engine_runner(lambda: sim_engine(config, cost, num_blocks, self.fast_forward))
+        serve = engine_runner(lambda: sim_engine(config, cost, num_blocks, self.fast_forward))
+        yield delayed(serve, self.server_calibration)  # a linear calibration's client latency, if any
 
     def __str__(self) -> str:
         if self.server_calibration is not None:

@@ -16,6 +16,12 @@ The reference is a GPU of sim/gpus.py (a GPU server: the scales then read as "th
 the datasheet") or `cpu`, a nominal host (1 TFLOP/s, 100 GB/s, one-row token tile, no kernel floors: a CPU
 does not pad GEMMs to tensor-core tiles and its per-op dispatch cost lands in the step overhead); it is not
 in `--gpu`'s list because its peaks mean nothing until a fit scales them.
+
+That is the `roofline` family. The `linear` family (sim/linear_cost.py) prices a step as a sum of per-step,
+per-prefill-step, per-token, per-attention-pair, per-sequence and per-decode-key terms, in `coefficients`; the
+fit (tune/calibrate.py) uses it on the cpu reference, where the roofline's shape does not fit a real server
+(sim/linear_cost.py says why and what was measured). Memory (KV blocks, activation peaks) stays the reference
+roofline's in both. A file without `family` is a roofline one (written before the linear family).
 """
 
 from __future__ import annotations
@@ -50,13 +56,16 @@ def reference(device: str) -> tuple[GPUSpec, Calibration]:
     return GPUS[device], calibration_for(device)
 
 
+FAMILIES = ("roofline", "linear")
+
+
 @dataclass
 class ServerCalibration:
     device: str  # the reference: "cpu" or a GPU of sim/gpus.py
-    flops_scale: float
-    bandwidth_scale: float
-    step_overhead_s: float
-    seq_overhead_s: float = 0.0
+    flops_scale: float = 1.0  # roofline only, as bandwidth_scale
+    bandwidth_scale: float = 1.0
+    step_overhead_s: float = 0.0  # the linear family's step_s (also kept here for reports)
+    seq_overhead_s: float = 0.0  # the linear family's seq_s
     model: str = ""
     server: str = ""  # the --launch template it was fitted on, for the record
     num_blocks: int | None = None  # the server's KV blocks, when known (--num-blocks)
@@ -64,6 +73,18 @@ class ServerCalibration:
     max_error_pct: float | None = None
     runs: list[dict] = field(default_factory=list)  # per calibration run: design, measured and fitted figures
     workload_error_pct: float | None = None  # the same RMS on the run of the tune's own workload alone
+    family: str = "roofline"  # FAMILIES: which cost model the constants are of
+    coefficients: dict | None = None  # linear: sim/linear_cost.COEFFICIENTS -> seconds per unit
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise UserError(f"server calibration: unknown family '{self.family}'; use {' or '.join(FAMILIES)}")
+        if self.family == "linear":
+            from chunkbench.sim.linear_cost import COEFFICIENTS, check_coefficients
+
+            values = check_coefficients(self.coefficients or {}, "server calibration")
+            self.coefficients = dict(zip(COEFFICIENTS, values))
+            self.step_overhead_s, self.seq_overhead_s = self.coefficients["step_s"], self.coefficients["seq_s"]
 
     @property
     def judged_error_pct(self) -> float | None:
@@ -90,6 +111,10 @@ class ServerCalibration:
         error = f", fit error {self.fit_error_pct:.1f}%" if self.fit_error_pct is not None else ""
         if self.workload_error_pct is not None:
             error += f" ({self.workload_error_pct:.1f}% on the tune's workload)"
+        if self.family == "linear":
+            from chunkbench.sim.linear_cost import linear_text
+
+            return f"fitted to the server, linear step cost: {linear_text(self.coefficients)}{error}"
         return (f"fitted to the server on the {self.device} reference: compute x{self.flops_scale:.3g}, bandwidth "
                 f"x{self.bandwidth_scale:.3g}, step overhead {self.step_overhead_s * 1e3:.3g} ms + "
                 f"{self.seq_overhead_s * 1e3:.3g} ms per sequence{error}")
@@ -101,6 +126,10 @@ class ServerCalibration:
         roofline = RooflineCostModel(config.model, self.spec(), tensor_parallel_size=config.tensor_parallel_size,
                                  kv_dtype_bytes=config.cache.kv_dtype_bytes(2), step_overhead_s=self.step_overhead_s,
                                  engine="fitted", calibration=Calibration(base.constants, True, self.label()))
+        if self.family == "linear":
+            from chunkbench.sim.linear_cost import STEP_COEFFICIENTS, LinearStepCost
+
+            return LinearStepCost(tuple(self.coefficients[k] for k in STEP_COEFFICIENTS), roofline, self.label())
         return PerSequenceOverhead(roofline, self.seq_overhead_s) if self.seq_overhead_s else roofline
 
     def save(self, path: Path) -> None:
@@ -118,7 +147,30 @@ class ServerCalibration:
             raise UserError(f"--calibration: {path} is not a server calibration ({FORMAT}); it is written by "
                             "`chunkbench tune --presearch sim`")
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})
+        except UserError as exc:
+            raise UserError(f"--calibration: {path}: {exc}") from None
+        except TypeError as exc:  # a required field missing
+            raise UserError(f"--calibration: {path} is incomplete: {exc}") from None
+
+
+def delayed(serve, calibration: ServerCalibration | None):
+    """`serve` with the calibration's client latency (sim/linear_cost.py, `latency_s`) added to every token
+    time of its results; `serve` itself when there is none. SimBackend.session wraps its runs in it."""
+    latency = (calibration.coefficients or {}).get("latency_s", 0.0) if calibration is not None else 0.0
+    if not latency:
+        return serve
+
+    def run(*args, **kwargs):
+        result = serve(*args, **kwargs)
+        for record in result.requests:
+            record.token_times = [t + latency for t in record.token_times]
+        ends = [r.token_times[-1] for r in result.requests if r.ok]
+        first = min((r.arrival_time for r in result.requests), default=0.0)
+        result.duration = max(ends, default=first) - first
+        return result
+    return run
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""`tune --presearch sim` (issue 18): the fit recovers the constants that generated its runs, a killed
-calibrate/search/verify tune resumes without repeating launches, and a bad fit falls back to launching every
-trial. The "launched server" here is the simulator itself at known constants, counting its sessions."""
+"""`tune --presearch sim` (issue 18): the fit recovers the constants that generated its runs (the roofline's, and
+the linear step cost's of issue 31), a killed calibrate/search/verify tune resumes without repeating launches,
+and a bad fit falls back to launching every trial. The "launched server" here is the simulator itself at known
+constants, counting its sessions."""
 
 from __future__ import annotations
 
@@ -9,28 +10,37 @@ import dataclasses
 import itertools
 import json
 
+import numpy as np
 import optuna
 import pytest
 
 from chunkbench.backends import SimBackend
 from chunkbench.errors import UserError
 from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.sim.shape import StepShape
 from chunkbench.tune.calibrate import designs, fit, simulate_design
 from chunkbench.tune.presearch import presearch_tune
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.study import feasible_trials
 from tests.conftest import run_cli
-from tests.tune.servers import TRUTH, FakeServer, make_spec
+from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec
+
+
+def truth_runs(spec, truth: ServerCalibration) -> list[dict]:
+    """The calibration runs as a server whose step costs are `truth`'s would give them."""
+    runs = []
+    for design in designs(spec):
+        run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload),
+               "take": design.take, "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted)}
+        runs.append(run | simulate_design(truth, spec, run))
+    return runs
 
 
 def test_the_fit_recovers_the_constants_that_generated_its_runs():
     spec = make_spec()
-    runs = []
-    for design in designs(spec):
-        run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload),
-               "take": design.take, "primer": design.primer}
-        runs.append(run | simulate_design(TRUTH, spec, run))
-    fitted = fit(runs, spec, "cpu", num_blocks=1024)
+    runs = truth_runs(spec, TRUTH)
+    fitted = fit(runs, spec, "cpu", num_blocks=1024, family="roofline")
+    assert fitted.family == "roofline"
     for name in ("flops_scale", "bandwidth_scale", "step_overhead_s", "seq_overhead_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(TRUTH, name), rel=0.05), name
     assert fitted.fit_error_pct < 2 and fitted.workload_error_pct < 2 and fitted.fits
@@ -205,9 +215,16 @@ def test_bursts_are_one_prompt_length_behind_a_primer():
 
     spec = make_spec()
     for design in designs(spec):
-        requests = design_requests(dataclasses.asdict(design.workload), design.take, design.primer, 2048)
-        if design.workload.arrival != "all-at-once":
-            assert design.primer == 0 and len(requests) == min(design.take, spec.workload.num_requests)
+        requests = design_requests(dataclasses.asdict(design.workload), design.take, design.primer, 2048,
+                                   design.repeat)
+        if design.workload.arrival != "all-at-once":  # the workload's 12 requests, again and again up to 32
+            assert design.primer == 0 and len(requests) == design.take > spec.workload.num_requests
+            once = design_requests(dataclasses.asdict(design.workload), design.take, 0, 2048)
+            assert len(once) == spec.workload.num_requests  # a run recorded before `repeat` is simulated as it ran
+            period = requests[len(once)].arrival_time
+            assert period > once[-1].arrival_time
+            assert [(w.prompt_len, w.output_len, w.arrival_time + period) for w in once] == \
+                [(w.prompt_len, w.output_len, w.arrival_time) for w in requests[len(once):2 * len(once)]]
             continue
         primer, burst = requests[0], requests[1:]
         assert (primer.prompt_len, primer.output_len, primer.arrival_time) == (design.primer, 1, 0.0)
@@ -222,3 +239,84 @@ def test_a_primer_that_finished_before_its_burst_is_noticed():
     assert not primer_outran_burst(run)  # the burst was sent 27 ms in, while the primer's 900 ms step ran
     assert primer_outran_burst(run | {"ttft_ms": [12.0, 30.0, 30.0, 31.0]})  # a fast server: done at 12 ms
     assert not primer_outran_burst(run | {"primer": 0, "ttft_ms": [12.0, 30.0, 30.0, 31.0]})  # no primer
+
+
+def test_the_linear_fit_recovers_a_linear_servers_constants():
+    """Issue 31: a server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
+    linear family on the cpu reference, its constants found within a few per cent (the decode-key term, the
+    smallest contribution here, within a fifth) and its runs reproduced."""
+    spec = make_spec()
+    fitted = fit(truth_runs(spec, LINEAR_TRUTH), spec, "cpu", num_blocks=1024)
+    assert fitted.family == "linear"
+    for name, truth in LINEAR_TRUTH.coefficients.items():
+        assert fitted.coefficients[name] == pytest.approx(truth, rel=0.25 if name == "key_s" else 0.08), name
+    assert fitted.fit_error_pct < 2 and fitted.workload_error_pct < 3 and fitted.fits
+    assert fitted.step_overhead_s == fitted.coefficients["step_s"]  # what the report shows as the step overhead
+
+
+def test_a_roofline_server_still_fits_the_linear_family():
+    spec = make_spec()
+    fitted = fit(truth_runs(spec, TRUTH), spec, "cpu", num_blocks=1024)
+    assert fitted.family == "linear" and fitted.fits and fitted.fit_error_pct < 10
+
+
+def test_a_trace_prices_its_schedule_as_the_simulator_does():
+    """The linear fit's fast objective (calibrate_linear.Trace) against the simulator: under the coefficients
+    the schedule was recorded with, every TTFT, ITL and E2EL is the simulator's, idle gaps between arrivals
+    included (the workload run)."""
+    from chunkbench.sim.linear_cost import COEFFICIENTS
+    from chunkbench.tune.calibrate_linear import trace
+
+    spec = make_spec()
+    coefficients = np.array([LINEAR_TRUTH.coefficients[k] for k in COEFFICIENTS])
+    for run in truth_runs(spec, LINEAR_TRUTH):
+        priced = trace(spec, LINEAR_TRUTH, run).figures(coefficients)
+        for key in ("ttft_ms", "itl_ms", "e2el_ms"):
+            assert priced[key] == pytest.approx(run[key], rel=1e-9, abs=1e-9), (run["name"], key)
+    assert trace(spec, LINEAR_TRUTH, run).idle.sum() > 1  # the workload run idled, and restarted
+
+
+def test_the_linear_cost_prices_decode_stretches_bit_for_bit():
+    """The fast path (sim/fastforward.py) asks decode_step_cost: the same seconds as predict(), so a simulated run
+    is the same with the fast path on or off."""
+    config = make_spec().base_config()
+    cost = LINEAR_TRUTH.cost_model(config)
+    for batch, keys in ((1, 40), (7, 900), (32, 12345)):
+        decodes = tuple([keys // batch] * (batch - 1) + [keys - (keys // batch) * (batch - 1)])
+        assert cost.decode_step_cost(batch)(keys) == cost.predict(StepShape((), decodes, batch))
+    assert cost.predict(StepShape(((100, 0),), (), 1)) == pytest.approx(2e-3 + 0.7e-3 + 100 * 30e-6
+                                                                      + 5050 * 15e-9 + 50e-6)
+    workload = make_spec().workload
+
+    def summary(fast: bool) -> dict:
+        from chunkbench.metrics import summarize
+        from chunkbench.workload import build_workload
+
+        with SimBackend(server_calibration=LINEAR_TRUTH, fast_forward=fast).session(config) as serve:
+            result = serve(build_workload(workload), seed=0, warmup_steps=0, progress=False)
+            return summarize(result.requests, result.steps, result.duration)
+    assert summary(True) == summary(False)
+
+
+def test_calibration_files_load_old_and_new(tmp_path):
+    """A file written before the linear family (no `family`) loads as a roofline and simulates; a linear one
+    round-trips; a bad family or a negative coefficient is one clear line."""
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": "chunkbench-server-calibration/1", "device": "cpu", "flops_scale": 0.08,
+                               "bandwidth_scale": 0.15, "step_overhead_s": 0.008, "seq_overhead_s": 0.002,
+                               "model": "small", "num_blocks": 1024}))
+    loaded = ServerCalibration.load(old)
+    assert loaded.family == "roofline" and loaded.coefficients is None
+    config, step = make_spec().base_config(), StepShape(((100, 30),), (64, 200), 3)
+    assert loaded.cost_model(config).predict(step) == TRUTH.cost_model(config).predict(step) > 0
+    new = tmp_path / "new.json"
+    LINEAR_TRUTH.save(new)
+    assert ServerCalibration.load(new) == LINEAR_TRUTH
+    for change, message in (({"family": "cubic"}, "unknown family 'cubic'"),
+                            ({"coefficients": {**LINEAR_TRUTH.coefficients, "token_s": -1.0}}, "finite and >= 0"),
+                            ({"coefficients": {"step_s": 1e-3}}, "needs the coefficients")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(json.loads(new.read_text()) | change))
+        with pytest.raises(UserError, match=message) as raised:
+            ServerCalibration.load(bad)
+        assert "\n" not in str(raised.value)

@@ -1,0 +1,102 @@
+"""A step cost that is linear in what the scheduler put in the step: the `linear` family of a server
+calibration (sim/server_calibration.py, fitted by tune/calibrate_linear.py). No torch.
+
+Why a second family: on a CPU server the roofline's shape is wrong. vLLM 0.32's CPU engine on the tier's tiny
+Llama (fp32, eager, in-process) took 2.62/3.99/9.92/56.38 ms to prefill 16/128/512/2000 tokens and
+1.72/2.14/3.34/4.82 ms to decode batches of 1/8/32/64: ~1.7 ms fixed per step, ~0.7 ms more for a step that
+carries a prefill chunk, ~11 us per token, ~16 ns per causal attention pair and ~40-50 us per decode sequence.
+The roofline has no prefill-step term and its compute/bandwidth split cannot make a 1.7 ms floor and a 11 us
+token at once; fitted to that server it found 4.5 us of step overhead and 263 us per sequence (22% error). A
+sum of per-step, per-token, per-pair and per-sequence terms, each >= 0, takes that shape directly.
+
+A step's seconds = sum of COEFFICIENTS[k] * feature k:
+
+- `step_s`: every step (scheduling, the forward's fixed launches, sampling, the output's IPC);
+- `prefill_step_s`: a step with at least one prefill chunk (its input preparation and attention metadata);
+- `token_s`: per token computed (the GEMMs' rows);
+- `pair_s`: per causal (query, key) pair of the prefill chunks (StepShape.prefill_attention_pairs);
+- `seq_s`: per sequence in the step (per-request input preparation, detokenizing and streaming its token);
+- `key_s`: per key the decodes read (StepShape.decode_keys).
+
+And one term outside the steps, `latency_s`: every token reaches the client this long after its step ends
+(the server's request and response path: HTTP, input processing, the engine core's IPC, detokenizing and
+streaming). It moves TTFT and E2EL, never an ITL: on the tier's vLLM (2 cores, the engine's torch thread bound to
+one, the API server, engine core and client sharing the other) the decode burst's TTFTs were 7.6 ms and a light
+workload's median TTFT 9.5 ms above what the fitted steps alone gave. The simulator adds it to each request's
+token times (server_calibration.delayed), after the schedule, which it does not change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from chunkbench.engine.config import EngineConfig
+from chunkbench.errors import UserError
+from chunkbench.sim.shape import StepShape
+
+STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s")
+COEFFICIENTS = STEP_COEFFICIENTS + ("latency_s",)
+
+
+def step_features(step: StepShape) -> tuple[float, ...]:
+    """The features STEP_COEFFICIENTS multiply, in their order."""
+    sequences = len(step.prefills) + len(step.decodes)
+    return (1.0, float(bool(step.prefills)), float(step.num_tokens), float(step.prefill_attention_pairs),
+            float(sequences), float(step.decode_keys))
+
+
+def check_coefficients(coefficients: dict, where: str) -> tuple[float, ...]:
+    """The coefficients in COEFFICIENTS order; a missing, negative or non-finite one is refused (it would
+    predict a negative or NaN step time). `latency_s` may be missing (0)."""
+    try:
+        values = tuple(float(coefficients[name] if name != "latency_s" else coefficients.get(name, 0.0))
+                       for name in COEFFICIENTS)
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{where}: a linear calibration needs the coefficients {', '.join(COEFFICIENTS)}") from None
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise UserError(f"{where}: linear coefficients must be finite and >= 0, got {coefficients}")
+    return values
+
+
+@dataclass(frozen=True)
+class LinearStepCost:
+    """The CostModel protocol of sim/shape.py over STEP_COEFFICIENTS. Memory questions (KV blocks, activation
+    peaks) go to `memory`, the reference roofline, as they did before this family existed."""
+
+    coefficients: tuple[float, ...]
+    memory: object  # a RooflineCostModel on the calibration's reference device
+    label: str = ""
+    idle_factor: float = 1.0  # measured request latencies cannot separate a cold step from a slow one
+
+    def predict(self, step: StepShape) -> float:
+        return math.fsum(c * f for c, f in zip(self.coefficients, step_features(step)))
+
+    def decode_step_cost(self, batch: int) -> Callable[[int], float]:
+        """predict() of a decode-only step of `batch` decodes as a function of the keys it reads, bit for bit
+        (the fast path, sim/fastforward.py)."""
+        step_s, _, token_s, pair_s, seq_s, key_s = self.coefficients
+        fixed = (step_s * 1.0, 0.0, token_s * float(batch), pair_s * 0.0, seq_s * float(batch))
+        return lambda keys: math.fsum(fixed + (key_s * float(keys),))
+
+    def rows_activation_bytes(self, rows: int, sampled: int) -> int:
+        return self.memory.rows_activation_bytes(rows, sampled)
+
+    def activation_bytes(self, step: StepShape) -> int:
+        return self.memory.activation_bytes(step)
+
+    def kv_blocks(self, config: EngineConfig) -> int:
+        return self.memory.kv_blocks(config)
+
+    def __str__(self) -> str:
+        return self.label or "linear step cost"
+
+
+def linear_text(coefficients: dict) -> str:
+    """The coefficients in words, for labels and reports."""
+    c = {k: float(coefficients.get(k, 0.0)) for k in COEFFICIENTS}
+    return (f"{c['step_s'] * 1e3:.3g} ms per step + {c['prefill_step_s'] * 1e3:.3g} ms per prefill step + "
+            f"{c['token_s'] * 1e6:.3g} us per token + {c['pair_s'] * 1e9:.3g} ns per attention pair + "
+            f"{c['seq_s'] * 1e6:.3g} us per sequence + {c['key_s'] * 1e9:.3g} ns per decode key; "
+            f"{c['latency_s'] * 1e3:.3g} ms to the client")

@@ -1,0 +1,225 @@
+"""Fit the linear step cost (sim/linear_cost.py) to a server's calibration runs (tune/calibrate.py).
+
+The roofline's fit simulates every run afresh for every point it tries (~0.1 s a run, ~1,000 points: 456 s on
+the tier's vLLM runs). A linear cost does not need that. Simulate a run once and record, per step, its features
+and the latest arrival among the requests it admits; per request, the steps that gave its tokens. While that
+schedule holds, any coefficients price every step's end in one pass, end = max(previous end, release) +
+features . coefficients, and from the ends every TTFT, ITL and E2EL (a `Trace`). A burst's schedule hardly
+depends on the step times (everything arrived by the primer's step). A run at its own arrivals does: priced far
+from where it was recorded, its schedule is wrong, so each round moves the coefficients by at most a factor
+e^TRUST, then simulates every run afresh under them and records again, while the real objective improves by 1%
+(ROUNDS at most). calibrate.fit scores the answer by simulating every run once more.
+
+Start point: non-negative least squares over per-request sums of step features, in relative error: each
+request's decode span (E2EL - TTFT: the steps after its first token up to its last) and its TTFT (the steps
+from the engine's last start after idling up to its first token, plus the client latency). Then, per round,
+Nelder-Mead over the log coefficients (each in units of its typical contribution to a step) on calibrate.fit's
+own objective: the log ratios of the mean, median, p90 and p99 of TTFT, ITL and E2EL, per run. The server's own
+/metrics figures are left out here: they are histogram buckets, and the client's figures pin the linear terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from chunkbench.backends import SimBackend
+from chunkbench.sim.linear_cost import COEFFICIENTS, STEP_COEFFICIENTS, step_features
+from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.tune.calibration_runs import residuals, run_figures, simulate_run
+from chunkbench.tune.spec import TuneSpec
+
+ROUNDS = 10  # re-simulate and refit at most this often
+# Each round moves every coefficient by at most this factor (e^0.4, x1.5) from where its schedule was recorded:
+# a run at its own arrivals priced far from there is wrong (measured: steps 2x slower than recorded held a late
+# request behind 50 steps it would have joined, TTFT 335 ms against 20 simulated).
+TRUST = 0.4
+FLOOR = 1e-3  # a coefficient NNLS set to 0 starts at this share of its typical contribution (logs need > 0)
+
+
+class Recorder:
+    """A cost model that writes down each step's features before the real one prices it."""
+
+    def __init__(self, model) -> None:
+        self.model, self.rows = model, []
+        self.idle_factor = model.idle_factor
+
+    def predict(self, step) -> float:
+        self.rows.append(step_features(step))
+        return self.model.predict(step)
+
+    def kv_blocks(self, config) -> int:
+        return self.model.kv_blocks(config)
+
+    def activation_bytes(self, step) -> int:
+        return self.model.activation_bytes(step)
+
+
+@dataclass
+class RecordingBackend(SimBackend):
+    """The simulator of a calibration, step by step (no fast path: every step is priced and recorded)."""
+
+    recorder: Recorder | None = None
+
+    def cost(self, config):
+        self.recorder = Recorder(super().cost(config))
+        return self.recorder
+
+
+@dataclass
+class Trace:
+    """One simulated run's schedule, for pricing it again under other coefficients (module docstring)."""
+
+    features: np.ndarray  # [steps, len(STEP_COEFFICIENTS)]
+    release: np.ndarray  # per step: the latest arrival among the requests it admits (-inf: none)
+    idle: np.ndarray  # per step: the engine waited for an arrival before it (as recorded)
+    token_steps: list[np.ndarray]  # per simulated request: the step of each of its tokens
+    arrivals: np.ndarray  # per simulated request (s)
+    measured_order: list[int]  # per simulated request: its index among the measured run's requests
+
+    def ends(self, c: np.ndarray) -> np.ndarray:
+        """Each step's end under coefficients `c` (COEFFICIENTS: the step terms, then the client latency)."""
+        seconds = self.features @ c[:len(STEP_COEFFICIENTS)]
+        total = np.cumsum(seconds)
+        before = np.concatenate(([0.0], total[:-1]))
+        return total + np.maximum.accumulate(self.release - before)
+
+    def figures(self, c: np.ndarray) -> dict:
+        """TTFT, pooled ITL and E2EL (ms) under coefficients `c`, as run_figures gives them."""
+        ends = self.ends(c) + c[len(STEP_COEFFICIENTS)]  # when the client sees each step's tokens
+        ttft, itl, e2el = [], [], []
+        for steps, arrival in zip(self.token_steps, self.arrivals):
+            times = ends[steps]
+            ttft.append(1e3 * (times[0] - arrival))
+            e2el.append(1e3 * (times[-1] - arrival))
+            itl.extend(1e3 * np.diff(times))
+        return {"ttft_ms": ttft, "itl_ms": itl, "e2el_ms": e2el}
+
+
+def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
+    """Simulate `run` under `calibration` once, recording its schedule."""
+    backend = RecordingBackend(server_calibration=calibration, fast_forward=False)
+    result, workload, _ = simulate_run(calibration, spec, run, backend)
+    rows = backend.recorder.rows
+    if not len(rows) == len(result.steps) == len(result.step_requests):
+        raise RuntimeError(f"recorded {len(rows)} steps' features for {len(result.steps)} steps")
+    starts = np.array([s.start for s in result.steps])
+    seconds = np.array([s.seconds for s in result.steps])
+    ends = starts + seconds
+    tolerance = 0.25 * float(seconds.min()) if len(seconds) else 0.0
+    # A step cannot start before the requests it admits arrived: priced faster than recorded, it waits for them.
+    arrivals = np.array([r.arrival_time for r in result.requests])
+    release, seen = np.full(len(starts), -np.inf), set()
+    for step, (ids, _) in enumerate(result.step_requests):
+        for i in set(ids) - seen:
+            release[step] = max(release[step], arrivals[i])
+        seen.update(ids)
+    idle = starts > np.concatenate(([-np.inf], ends[:-1])) + tolerance  # the engine waited for an arrival
+    release = np.where(idle, np.maximum(release, starts), release)
+    latency = calibration.coefficients.get("latency_s", 0.0)  # delayed() added it to the token times
+    token_steps = [np.searchsorted(ends, np.asarray(r.token_times) - latency - tolerance) for r in result.requests]
+    sends = run.get("send_s", ())
+    order = list(range(len(workload)))
+    if len(sends) == len(workload) and run["workload"].get("arrival") != "all-at-once":  # as simulate_run sorts
+        order = sorted(order, key=lambda i: sends[i])
+    return Trace(np.asarray(rows, dtype=float), release, idle, token_steps, arrivals, order)
+
+
+def request_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
+    """Per request, (summed features, measured seconds) of its decode span and of its TTFT (module docstring).
+    A burst's TTFTs are matched by rank (its requests are alike: which one the server took first the client
+    cannot see); spans and a run at its own arrivals by request."""
+    rows, targets = [], []
+    n = len(t.token_steps)
+    if len(run["ttft_ms"]) != n or len(run["e2el_ms"]) != n:  # a request failed: no request-by-request match
+        return rows, targets
+    # the step features summed over steps, and the client latency (in a TTFT once, in a decode span never)
+    cumulative = np.vstack([np.zeros(t.features.shape[1]), np.cumsum(t.features, axis=0)])
+    releases = np.flatnonzero(t.idle)
+    burst = run["workload"].get("arrival") == "all-at-once"
+    ttft_rank = np.argsort(np.argsort([s[0] for s in t.token_steps], kind="stable"), kind="stable")
+    measured_ttft = sorted(run["ttft_ms"]) if burst else None
+    for j, steps in enumerate(t.token_steps):
+        i = t.measured_order[j]
+        span = 1e-3 * (run["e2el_ms"][i] - run["ttft_ms"][i])
+        if len(steps) > 1 and span > 0:
+            rows.append(np.append(cumulative[steps[-1] + 1] - cumulative[steps[0] + 1], 0.0))
+            targets.append(span)
+        first = steps[0]
+        k = releases[np.searchsorted(releases, first, side="right") - 1]
+        ttft = 1e-3 * (measured_ttft[ttft_rank[j]] if burst else run["ttft_ms"][i])
+        target = ttft + t.arrivals[j] - t.release[k]
+        if target > 0:
+            rows.append(np.append(cumulative[first + 1] - cumulative[k], 1.0))
+            targets.append(target)
+    return rows, targets
+
+
+def direct_estimate(traces: list[Trace], runs: list[dict]) -> np.ndarray | None:
+    """Non-negative least squares of the per-request rows, each weighted by 1/its measured seconds."""
+    from scipy.optimize import nnls
+
+    rows, targets = [], []
+    for t, run in zip(traces, runs):
+        r, y = request_rows(t, run)
+        rows += r
+        targets += y
+    if len(rows) < len(COEFFICIENTS):
+        return None
+    x, y = np.asarray(rows), np.asarray(targets)
+    x, scale = x / y[:, None], np.abs(x / y[:, None]).max(axis=0)
+    scale[scale == 0] = 1.0
+    coefficients, _ = nnls(x / scale, np.ones(len(y)), maxiter=50 * x.shape[1])
+    return coefficients / scale
+
+
+def residual(run: dict, figures: dict) -> np.ndarray:
+    """calibrate.fit's log ratios of the TTFT, ITL and E2EL figures (the server's figures left out)."""
+    return np.asarray(residuals(run | {"server": {}}, figures)[0])
+
+
+def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration,
+               max_evaluations: int = 1500) -> ServerCalibration:
+    """The linear calibration that best reproduces `runs` (module docstring). `first`: the linear calibration
+    the first schedules are simulated under."""
+    from scipy.optimize import minimize
+
+    def calibration(c: np.ndarray) -> ServerCalibration:
+        return dataclasses.replace(first, family="linear", coefficients=dict(zip(COEFFICIENTS, c.tolist())))
+
+    current, best, best_value = first, None, math.inf
+    for _ in range(ROUNDS):
+        traces = [trace(spec, current, run) for run in runs]
+
+        def fast(c: np.ndarray) -> float:  # the objective on this round's schedules
+            return float(sum(np.sum(np.square(residual(run, t.figures(c)))) for t, run in zip(traces, runs)))
+        candidates = [c for c in (direct_estimate(traces, runs), best) if c is not None]
+        c = min(candidates, key=fast) if candidates else np.array([current.coefficients[k] for k in COEFFICIENTS])
+        # Each coefficient in units of its typical share of a step: a step's median seconds over the
+        # feature's mean, so the simplex moves every term by comparable amounts.
+        means = np.append(np.vstack([t.features for t in traces]).mean(axis=0), 1.0)  # latency: one per token
+        typical = np.median(np.concatenate([t.features @ c[:len(STEP_COEFFICIENTS)] for t in traces])) or 1e-3
+        unit = typical / np.where(means > 0, means, 1.0)
+        start = np.log(np.maximum(c / unit, FLOOR))
+
+        def objective(x: np.ndarray) -> float:
+            return 1e6 if np.any(np.abs(x - start) > TRUST) else fast(np.exp(x) * unit)
+
+        simplex = start + 0.5 * TRUST * np.vstack([np.zeros(len(start)), np.eye(len(start))])
+        solution = minimize(objective, start, method="Nelder-Mead", options={
+            "xatol": 1e-4, "fatol": 1e-10, "maxfev": max_evaluations, "adaptive": True, "initial_simplex": simplex})
+        c = np.exp(solution.x) * unit
+        value = sum(float(np.sum(np.square(residual(run, run_figures(simulate_run(calibration(c), spec, run)[0])))))
+                    for run in runs)  # afresh: the schedule free to move
+        if value < best_value * (1 - 1e-2):
+            best, best_value = c, value
+            current = calibration(c)
+            continue
+        if best is None:
+            best = c
+        break
+    return calibration(best)
+

@@ -1,0 +1,200 @@
+"""The calibration runs of `tune --presearch sim` (tune/calibrate.py): what each is, the warm-up before it,
+and the same run again in the simulator, with the figures a fit compares.
+
+The designs separate the cost terms: a *prefill* run (long prompts, a few tokens out, arriving together: TTFT
+is a queue of compute-bound prefills -> the compute scale), a *decode* run (short prompts, answers of many
+lengths: a batch that drains from a dozen to one, ITL at every batch size -> bandwidth and step overhead) and
+a *mixed* run (prompts of up to three chunks at the space's smallest budget, so chunks share steps with
+decodes), and a *workload* run: the tune's own workload (its first WORKLOAD_REQUESTS requests, at their own
+arrivals, repeated up to that many when it has fewer) at the space's middle budget, so the constants also fit
+the load the trials will run at. Each run follows an untimed warm-up on its launch (warmup_requests).
+
+A burst is built so that what the client cannot see does not matter. Its prompts are all one length, so the
+order in which the server took them (measured on `chunkbench serve`: a mixed burst sent in order 0..9 was
+served 3..9 first, then 0..2) cannot change its figures. And a *primer* goes first, a long prompt (up to a
+step of the design's budget) with one token out, PRIMER_LEAD_S ahead of the burst: the burst arrives while the
+server is busy with it and joins the queue behind it together (without it, the server's first step caught
+however many requests had arrived by then: three of a decode burst of twelve in one measured run, all twelve
+in another). A server fast enough to finish the primer before the burst is sent is told so
+(`primer_outran_burst`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from chunkbench.backends import SimBackend
+from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.workload import WorkloadRequest, WorkloadSpec, build_workload
+
+STAT_PCTS = (50, 90, 99)
+QUEUE_FLOOR_MS = 50.0  # relative error of a near-zero queue time means nothing: below this, absolute
+WORKLOAD_REQUESTS = 32  # the fourth calibration run: at most this many of the tune's own requests
+WARMUP_OUTPUT = 8  # tokens out of the warm-up's long request (warmup_requests); its decodes take twice that
+PRIMER_LEAD_S = 0.02  # a burst follows its primer by this much: longer than the client's spread of sends (~8 ms)
+
+
+@dataclass(frozen=True)
+class Design:
+    name: str
+    knobs: dict  # engine keyword arguments on top of the tune's fixed flags
+    workload: WorkloadSpec
+    # The prefill run's ITLs are bimodal (a gap behind a 2k-token prefill step, or a plain decode step) with a
+    # couple of dozen gaps in all: its percentiles jump between the modes, so it is fitted without them (its E2EL,
+    # the TTFT plus three such gaps, is mostly the TTFT, and is fitted).
+    # E2EL (first send to last token) is what a run's duration, and so goodput, hangs on: pooled ITL
+    # percentiles are mostly the big batches' gaps, a request's end also counts its last, small-batch steps.
+    fitted: tuple[str, ...] = ("ttft_ms", "itl_ms", "e2el_ms")
+    take: int | None = None  # run the workload's first `take` requests (None: all it builds)
+    primer: int = 0  # a burst's primer: a request of this many prompt tokens, one out, PRIMER_LEAD_S ahead
+    repeat: bool = False  # a workload of fewer than `take` requests runs again after itself (design_requests)
+
+
+def design_requests(workload: dict, take: int | None, primer: int, max_model_len: int,
+                    repeat: bool = False) -> list[WorkloadRequest]:
+    """A design's requests (its fields as recorded in a run): the workload, cut, behind its primer. `repeat`: a
+    workload of fewer than `take` requests runs again after itself until it has `take` (each copy one mean
+    gap after the last arrival of the one before): the same load, with tails of more than a dozen requests (a
+    p99 of 12 TTFTs is their maximum)."""
+    requests = build_workload(WorkloadSpec(**workload), max_model_len)
+    if repeat and take and requests and len(requests) < take:
+        last = max(w.arrival_time for w in requests)
+        period = last + (last / (len(requests) - 1) if len(requests) > 1 else 1.0)
+        requests = [dataclasses.replace(w, arrival_time=w.arrival_time + k * period)
+                    for k in range(-(-take // len(requests))) for w in requests]
+    requests = requests[:take]
+    if not primer:
+        return requests
+    return [WorkloadRequest(primer, 1, 0.0)] + [dataclasses.replace(w, arrival_time=w.arrival_time + PRIMER_LEAD_S)
+                                                 for w in requests]
+
+
+def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
+    """The four calibration runs for this tune. In the three designed ones every request arrives at once,
+    behind its primer: the schedule then does not hinge on where an arrival falls against a step boundary, so
+    the figures move smoothly with the constants (Poisson arrivals make the fit's objective jagged; the workload
+    run adds them back, anchored by the three). Budgets come from the search space so the server
+    accepts them; only the token budget varies (a --launch template may not pass other knobs through)."""
+    budgets = sorted(spec.space.values.get("max_num_batched_tokens", [512]))
+    max_len = spec.base_config().scheduler.max_model_len
+    big = max([b for b in budgets if b <= 2048] or budgets[:1])
+    long_prompt = max(64, min(1024, max_len // 2, big))
+
+    def burst(n: int, prompt: str, output: str) -> WorkloadSpec:
+        return WorkloadSpec(name="synthetic", num_requests=n, arrival="all-at-once", seed=spec.seed,
+                            prompt_len=prompt, output_len=output)
+    # The tune's own workload, its first requests at its own arrivals, at the space's middle budget: the load
+    # the trials will see. Bursts alone fitted a per-step overhead that was too high at light load (measured:
+    # simulated p99 TTFT 3.3 s against 2.0 s on the verified configuration).
+    # Built whole, then cut: a synthetic workload of fewer requests would draw other lengths and arrivals.
+    # Mixed: prompts of up to three of the smallest budget's chunks, sharing steps with the decodes of the prompts
+    # before them; one output length, so the order of the burst cannot matter.
+    mixed_prompt = max(16, min(long_prompt, 3 * budgets[0]))
+    return [Design("prefill", {"max_num_batched_tokens": big}, burst(num_requests, f"fixed:{long_prompt}", "fixed:4"),
+                   ("ttft_ms", "e2el_ms"), primer=long_prompt),
+            Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "fixed:32", "uniform:16:96"),
+                   primer=long_prompt),
+            Design("mixed", {"max_num_batched_tokens": budgets[0]}, burst(num_requests + 2, f"fixed:{mixed_prompt}",
+                                                                          "fixed:32"), primer=long_prompt),
+            Design("workload", {"max_num_batched_tokens": budgets[len(budgets) // 2]}, spec.workload,
+                   take=WORKLOAD_REQUESTS, repeat=True)]
+
+
+def primer_outran_burst(run: dict) -> bool:
+    """The run's primer got its token before its burst's last request was sent: the server was idle when
+    the burst came, and its first step may have caught only part of it (the client cannot see which)."""
+    sends, ttfts = run.get("send_s") or [], run["ttft_ms"]
+    return bool(run.get("primer")) and bool(sends) and bool(ttfts) and ttfts[0] < 1e3 * (max(sends) - sends[0])
+
+
+def run_figures(result) -> dict:
+    """Per-request TTFTs and E2ELs and pooled ITLs (ms) of one run, and the server's figures when it had any."""
+    done = [r for r in result.requests if r.error is None and r.token_times]
+    return {"ttft_ms": [1e3 * r.ttft for r in done], "itl_ms": [1e3 * g for r in done for g in r.itls],
+            "e2el_ms": [1e3 * r.e2el for r in done],
+            "server": dict(result.server or {}),
+            "send_s": [r.arrival_time if r.send_time is None else r.send_time for r in result.requests]}
+
+
+def warmup_requests(budget: int, max_model_len: int) -> list[WorkloadRequest]:
+    """An untimed run before each design on its launch: a budget-sized prompt among a batch of decodes. A fresh
+    vLLM 0.32 CPU server's first large steps are slow (measured on the tier's tiny Llama: a 1024-token first
+    step 144 ms where the same step later took ~40, the next two 2048-token steps 195 and 115 ms against 80 warm):
+    a cost that depends on what the server has not run yet, which no step cost describes."""
+    prompt = max(1, min(budget, max_model_len - WARMUP_OUTPUT))
+    return [WorkloadRequest(prompt, WARMUP_OUTPUT, 0.0)] + [WorkloadRequest(32, 2 * WARMUP_OUTPUT, 0.0)] * 8
+
+
+def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -> dict:
+    """The same run in the simulator under `calibration`, with the server-style figures it can give."""
+    result, workload, config = simulate_run(calibration, spec, run)
+    return simulated_figures(result, workload, config)
+
+
+def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, backend: SimBackend | None = None):
+    """(the simulated RunResult, its requests, its engine config) of the same run under `calibration`, on
+    `backend` (a SimBackend of that calibration unless given: tune/calibrate_linear.py records its steps)."""
+    config = spec.base_config(**run["knobs"])
+    workload = design_requests(run["workload"], run.get("take"), run.get("primer", 0), config.scheduler.max_model_len,
+                               run.get("repeat", False))
+    if len(run.get("send_s", ())) == len(workload) and run["workload"].get("arrival") != "all-at-once":
+        # Simulate the arrivals the server saw (the client's send times), not the ones the workload planned.
+        # Not for a burst: its sends spread over a few milliseconds, and which of them the server's steps
+        # caught the client cannot see; a burst is simulated as designed (its primer, then the burst at once).
+        first = min(run["send_s"])
+        workload = sorted((dataclasses.replace(w, arrival_time=t - first) for w, t in zip(workload, run["send_s"])),
+                          key=lambda w: w.arrival_time)
+    with (backend or SimBackend(server_calibration=calibration)).session(config) as serve:
+        result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=run["name"])
+    return result, workload, config
+
+
+def simulated_figures(result, workload: list[WorkloadRequest], config) -> dict:
+    """run_figures of a simulated run, and the server's figures as the simulator can give them."""
+    figures = run_figures(result)
+    delays = [1e3 * (r.first_scheduled_time - r.arrival_time) for r in result.requests
+              if r.first_scheduled_time is not None]
+    tokens = [s.prefill_tokens + s.decode_tokens for s in result.steps]
+    # The client's untimed warm-up (request 0's lengths, alone) is inside the server's counters: count its
+    # steps (whole-budget prefill chunks, then one token a step) and tokens here too.
+    first = workload[0] if workload else None
+    warm_steps = -(-first.prompt_len // config.scheduler.max_num_batched_tokens) + first.output_len - 1 if first else 0
+    warm_tokens = first.prompt_len + first.output_len - 1 if first else 0
+    figures["server"] = {"median_scheduling_delay_ms": float(np.median(delays)) if delays else 0.0,
+                         "server_mean_step_tokens": (sum(tokens) + warm_tokens) / max(1, len(tokens) + warm_steps)}
+    return figures
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    array = np.asarray(values)
+    return {"mean": float(array.mean())} | {f"p{p}": float(np.percentile(array, p)) for p in STAT_PCTS}
+
+
+def relative(simulated: float, measured: float) -> float:
+    """log(simulated / measured): the relative error near zero, but symmetric, so 10x too slow does not weigh
+    nine times 10x too fast (which would let one bimodal percentile steer the whole fit)."""
+    return math.log(max(simulated, 1e-9) / measured)
+
+
+def residuals(measured: dict, simulated: dict) -> tuple[list[float], list[float]]:
+    """(TTFT/ITL/E2EL relative errors, server-figure errors) of one run."""
+    main = []
+    for key in measured.get("fitted", ("ttft_ms", "itl_ms")):
+        m, s = stats(measured[key]), stats(simulated[key])
+        main += [relative(s.get(k, 0.0), v) for k, v in m.items() if v > 0]
+    extra = []
+    server, sim_server = measured.get("server", {}), simulated.get("server", {})
+    if "median_scheduling_delay_ms" in server:
+        m = server["median_scheduling_delay_ms"]
+        extra.append((sim_server["median_scheduling_delay_ms"] - m) / max(m, QUEUE_FLOOR_MS))
+    if server.get("server_mean_step_tokens"):
+        m = server["server_mean_step_tokens"]
+        extra.append((sim_server["server_mean_step_tokens"] - m) / m)
+    return main, extra

@@ -5,6 +5,13 @@ attention knows which request a token belongs to, through the paged KV cache (se
 Module names mirror Hugging Face's `LlamaForCausalLM`, so a safetensors checkpoint loads as it is; once loaded,
 `fuse_projections` packs q/k/v and gate/up into one weight each (the modules' weights become views of it, so
 the state dict keeps Hugging Face's names and memory is not doubled): one GEMM instead of three, and of two.
+
+On the CPU in fp32, `pack_for_cpu` also keeps each linear layer's weight in oneDNN's blocked layout, reordered
+once (as vLLM's CPU build does), for the steps of at most PACKED_MAX_ROWS tokens: a plain F.linear re-packs its
+weight on every call. Measured on this 2-core machine (one thread, `small`'s four layer GEMMs and LM head):
+1.38x faster at 32 rows (20.2 vs 27.9 ms), 2.2x at 8, 1.05x at 100, and none at prefill sizes (0.97x at 2048
+rows), which keep the dense weight. It costs a second copy of the weights, so it is done only below
+PACK_MAX_BYTES of them.
 """
 
 from __future__ import annotations
@@ -18,6 +25,22 @@ from torch import nn
 
 from .attention import paged_attention
 from .config import ModelConfig
+
+
+PACKED_MAX_ROWS = 128  # steps of more rows use the dense weights: packed ones are no faster there (docstring)
+PACK_MAX_BYTES = 2 << 30  # `small` has 0.4 GiB of fp32 weights; a 1B model's 5 GiB are not copied
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            packed: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, through the pre-packed oneDNN weight when there is one and the step is decode-sized."""
+    if packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
 class RMSNorm(nn.Module):
@@ -68,6 +91,7 @@ class LlamaAttention(nn.Module):
         self.k_cache = self.v_cache = torch.empty(0)  # set by the executor
         self.qkv_weight: torch.Tensor | None = None  # set by fuse_projections
         self.qkv_bias: torch.Tensor | None = None
+        self.packed: dict[str, torch.Tensor] = {}  # set by pack_for_cpu
 
     def fuse_projections(self) -> None:
         projections = (self.q_proj, self.k_proj, self.v_proj)
@@ -80,12 +104,12 @@ class LlamaAttention(nn.Module):
         if self.qkv_weight is None:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         else:
-            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+            qkv = _linear(x, self.qkv_weight, self.qkv_bias, self.packed.get("qkv"))
         qkv = qkv.view(n, heads + 2 * kv_heads, self.head_dim)
         qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)  # q and k heads rotated in one pass
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
         out = paged_attention(q, k, v, self.k_cache, self.v_cache, self.scale)
-        return self.o_proj(out.view(n, -1))
+        return _linear(out.view(n, -1), self.o_proj.weight, None, self.packed.get("o"))
 
 
 class LlamaMLP(nn.Module):
@@ -95,6 +119,7 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up_weight: torch.Tensor | None = None  # set by fuse_projections
+        self.packed: dict[str, torch.Tensor] = {}  # set by pack_for_cpu
 
     def fuse_projections(self) -> None:
         self.gate_up_weight = _fuse([self.gate_proj.weight, self.up_proj.weight])
@@ -103,10 +128,10 @@ class LlamaMLP(nn.Module):
         if self.gate_up_weight is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            gate, up = _linear(x, self.gate_up_weight, None, self.packed.get("gate_up")).chunk(2, dim=-1)
         # SiLU's output times up in place: three [n, intermediate] widths at the peak, as vLLM's fused
         # gate_up + act and engine/activation.py's formula (a new product tensor would make it four)
-        return self.down_proj(F.silu(gate).mul_(up))
+        return _linear(F.silu(gate).mul_(up), self.down_proj.weight, None, self.packed.get("down"))
 
 
 def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
@@ -149,6 +174,7 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.lm_head_packed: torch.Tensor | None = None  # set by pack_for_cpu
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states `[num_tokens, hidden]` after the final norm."""
@@ -160,7 +186,22 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return _linear(hidden, self.lm_head.weight, None, self.lm_head_packed).float()
+
+    def pack_for_cpu(self) -> bool:
+        """Keep oneDNN-packed copies of the linear weights (module docstring); False where it does not apply:
+        not the CPU, not fp32, no oneDNN, or weights of PACK_MAX_BYTES or more."""
+        weight = self.lm_head.weight
+        size = sum(p.numel() * p.element_size() for p in self.parameters())
+        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or size >= PACK_MAX_BYTES
+                or not torch.backends.mkldnn.is_available()):
+            return False
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.packed = {"qkv": _pack(attn.qkv_weight), "o": _pack(attn.o_proj.weight)}
+            mlp.packed = {"gate_up": _pack(mlp.gate_up_weight), "down": _pack(mlp.down_proj.weight)}
+        self.lm_head_packed = _pack(weight)
+        return True
 
     def load_hf_weights(self, path: str | Path) -> None:
         """Load every `*.safetensors` file of a Hugging Face checkpoint directory."""
@@ -194,4 +235,5 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, s
     for layer in model.model.layers:  # last: a later .to() would copy the views apart from the fused weight
         layer.self_attn.fuse_projections()
         layer.mlp.fuse_projections()
+    model.pack_for_cpu()
     return model

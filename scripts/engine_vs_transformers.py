@@ -12,6 +12,7 @@ directory, fed token ids, prefix caching off; it takes its turn after the other 
 first token to its last token over 8, from vLLM's own request timestamps (log stats on).
 
     .venv/bin/python scripts/engine_vs_transformers.py --model small
+    .venv/bin/python scripts/engine_vs_transformers.py --model .venv-vllm/tiny-llama --prompt-len 1024
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def vllm_worker(model_dir: str) -> None:
 
     spec = json.loads(Path(model_dir, "requests.json").read_text())
     llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
-              max_model_len=4096, block_size=32, max_num_batched_tokens=max(4096, len(spec["prompt"])),
+              max_model_len=spec["max_model_len"], block_size=32,
+              max_num_batched_tokens=max(4096, len(spec["prompt"])),
               max_num_seqs=max(256, len(spec["short"])),
               enable_prefix_caching=False, disable_log_stats=False)  # repeated prompts are computed each time, as in the other two
     prompts = {"prefill": [TokensPrompt(prompt_token_ids=spec["prompt"])],
@@ -162,7 +164,7 @@ def run(args: argparse.Namespace) -> None:
             steps.append(time.perf_counter() - start)
         return statistics.median(steps)
 
-    peer = start_vllm(args, model, prompt, short.tolist())
+    peer = start_vllm(args, model, prompt, short.tolist(), engine.config.scheduler.max_model_len)
     phases = {"prefill": (args.prompt_len, engine_prefill, hf_prefill),
               "decode": (args.batch, engine_decode, hf_decode)}
     seconds: dict[tuple[str, str], list[float]] = {(p, e): [] for p in phases for e in ("ours", "hf", "vllm")}
@@ -196,12 +198,13 @@ def hf_model(engine, transformers):
     return model
 
 
-def start_vllm(args, model, prompt: list[int], short: list[list[int]]) -> VllmPeer | None:
+def start_vllm(args, model, prompt: list[int], short: list[list[int]], max_model_len: int) -> VllmPeer | None:
     if args.no_vllm or not VLLM_PYTHON.exists():
         return None
     folder = tempfile.mkdtemp(prefix="engine-vs-vllm-")
     model.save_pretrained(folder)  # the same weights, as a Hugging Face directory
-    Path(folder, "requests.json").write_text(json.dumps({"prompt": prompt, "short": short}))
+    Path(folder, "requests.json").write_text(json.dumps({"prompt": prompt, "short": short,
+                                                         "max_model_len": max_model_len}))
     return VllmPeer(folder)
 
 

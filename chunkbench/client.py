@@ -196,11 +196,13 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
         async with semaphore:
             return await _request(session, url, body, all_headers, timeout_s, disconnect_after)
 
-    # vllm bench serve's session: a pool of at most max_concurrency connections (0: no limit), kept alive 60 s.
+    # vllm bench serve's session: a pool of at most max_concurrency connections (0: no limit), kept alive 60 s,
+    # proxies from the environment (HTTP_PROXY, NO_PROXY) as there.
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0, limit_per_host=max_concurrency or 0,
                                      keepalive_timeout=60, enable_cleanup_closed=True)
+    timeout = aiohttp.ClientTimeout(total=None)  # each request's own limit is asyncio.timeout in _request
     with frozen_heap():  # no ~130 ms collection of the imports inside a timed request (gc_pause.py)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=True) as session:
             # One GET of /metrics before the clock: the client's lazy imports and the first connection then
             # block no timed send. No generation: the server is not warmed.
             with contextlib.suppress(aiohttp.ClientError, OSError):

@@ -7,16 +7,24 @@ Llama (fp32, eager, in-process) took 2.62/3.99/9.92/56.38 ms to prefill 16/128/5
 carries a prefill chunk, ~11 us per token, ~16 ns per causal attention pair and ~40-50 us per decode sequence.
 The roofline has no prefill-step term and its compute/bandwidth split cannot make a 1.7 ms floor and a 11 us
 token at once; fitted to that server it found 4.5 us of step overhead and 263 us per sequence (22% error). A
-sum of per-step, per-token, per-pair and per-sequence terms, each >= 0, takes that shape directly.
+sum of per-step, per-token, per-pair and per-sequence terms, each >= 0, takes that shape directly. (Served, the
+same build is slower: `vllm serve` binds torch to one of the two cores and keeps the other for itself, so the
+fitted terms describe the server, not the in-process engine.)
 
-A step's seconds = sum of COEFFICIENTS[k] * feature k:
+A step's seconds = sum of STEP_COEFFICIENTS[k] * feature k:
 
 - `step_s`: every step (scheduling, the forward's fixed launches, sampling, the output's IPC);
 - `prefill_step_s`: a step with at least one prefill chunk (its input preparation and attention metadata);
 - `token_s`: per token computed (the GEMMs' rows);
 - `pair_s`: per causal (query, key) pair of the prefill chunks (StepShape.prefill_attention_pairs);
 - `seq_s`: per sequence in the step (per-request input preparation, detokenizing and streaming its token);
-- `key_s`: per key the decodes read (StepShape.decode_keys).
+- `key_s`: per key the decodes read (StepShape.decode_keys);
+- `stall_s`: a step takes this much longer each time the session's count of sequences stepped passes a
+  multiple of `stall_every`: the server's periodic work, paced by how much it does (Python's collector runs
+  every so many allocations). On the tier's vLLM, decode steps of a burst (a dozen sequences down to one)
+  stalled ~2 ms once in ~9 steps, the same step for every request, at irregular intervals (7, 9, 2, 4, 14, 3,
+  17, 10 steps), its pooled ITL p90 and p99 1.5x and 1.8x the median; a light load's (two or three sequences a
+  step) stalled too rarely to reach its p90. Deterministic, so a simulated run stays repeatable.
 
 And one term outside the steps, `latency_s`: every token reaches the client this long after its step ends
 (the server's request and response path: HTTP, input processing, the engine core's IPC, detokenizing and
@@ -29,35 +37,48 @@ token times (server_calibration.delayed), after the schedule, which it does not 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
+
+import numpy as np
 
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim.shape import StepShape
 
-STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s")
+STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s", "stall_s")
 COEFFICIENTS = STEP_COEFFICIENTS + ("latency_s",)
+OPTIONAL = ("stall_s", "latency_s", "stall_every")  # 0 when a file lacks them
+STALL, SEQUENCES = STEP_COEFFICIENTS.index("stall_s"), STEP_COEFFICIENTS.index("seq_s")
 
 
 def step_features(step: StepShape) -> tuple[float, ...]:
-    """The features STEP_COEFFICIENTS multiply, in their order."""
+    """The features STEP_COEFFICIENTS multiply, in their order; the stall's is 0 (it depends on the step's place
+    in the session, which LinearStepCost counts)."""
     sequences = len(step.prefills) + len(step.decodes)
     return (1.0, float(bool(step.prefills)), float(step.num_tokens), float(step.prefill_attention_pairs),
-            float(sequences), float(step.decode_keys))
+            float(sequences), float(step.decode_keys), 0.0)
 
 
-def check_coefficients(coefficients: dict, where: str) -> tuple[float, ...]:
-    """The coefficients in COEFFICIENTS order; a missing, negative or non-finite one is refused (it would
-    predict a negative or NaN step time). `latency_s` may be missing (0)."""
+def stalls(sequences, every: int):
+    """Which of a session's steps, with these many sequences each (in order), stall."""
+    done = np.cumsum(sequences)
+    return (done // every > (done - np.asarray(sequences)) // every) if every else np.zeros(len(done), dtype=bool)
+
+
+def check_coefficients(coefficients: dict, where: str) -> dict:
+    """The coefficients, COEFFICIENTS and `stall_every` (a whole number of steps, 0: no stall); a missing,
+    negative or non-finite one is refused (it would predict a negative or NaN step time). OPTIONAL ones may be
+    missing (0)."""
     try:
-        values = tuple(float(coefficients[name] if name != "latency_s" else coefficients.get(name, 0.0))
-                       for name in COEFFICIENTS)
+        values = {name: float(coefficients[name] if name not in OPTIONAL else coefficients.get(name, 0.0))
+                  for name in COEFFICIENTS + ("stall_every",)}
     except (KeyError, TypeError, ValueError):
         raise UserError(f"{where}: a linear calibration needs the coefficients {', '.join(COEFFICIENTS)}") from None
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        raise UserError(f"{where}: linear coefficients must be finite and >= 0, got {coefficients}")
-    return values
+    if not all(math.isfinite(v) and v >= 0 for v in values.values()) or values["stall_every"] % 1:
+        raise UserError(f"{where}: linear coefficients must be finite and >= 0 (stall_every a whole number), "
+                        f"got {coefficients}")
+    return values | {"stall_every": int(values["stall_every"])}
 
 
 @dataclass(frozen=True)
@@ -65,20 +86,31 @@ class LinearStepCost:
     """The CostModel protocol of sim/shape.py over STEP_COEFFICIENTS. Memory questions (KV blocks, activation
     peaks) go to `memory`, the reference roofline, as they did before this family existed."""
 
-    coefficients: tuple[float, ...]
+    coefficients: tuple[float, ...]  # STEP_COEFFICIENTS
     memory: object  # a RooflineCostModel on the calibration's reference device
     label: str = ""
+    stall_every: int = 0
     idle_factor: float = 1.0  # measured request latencies cannot separate a cold step from a slow one
+    # Sequences stepped so far (a session's cost model prices its steps in order; --step-time-target's
+    # candidate steps would count too, a chunkbench-only knob that a vLLM calibration never searches).
+    _stepped: list = field(default_factory=lambda: [0], compare=False, repr=False)
+
+    def _stall(self, sequences: int) -> float:
+        before = self._stepped[0]
+        self._stepped[0] = before + sequences
+        every = self.stall_every
+        return self.coefficients[STALL] if every and (before + sequences) // every > before // every else 0.0
 
     def predict(self, step: StepShape) -> float:
-        return math.fsum(c * f for c, f in zip(self.coefficients, step_features(step)))
+        return (math.fsum(c * f for c, f in zip(self.coefficients, step_features(step)))
+                + self._stall(len(step.prefills) + len(step.decodes)))
 
     def decode_step_cost(self, batch: int) -> Callable[[int], float]:
         """predict() of a decode-only step of `batch` decodes as a function of the keys it reads, bit for bit
         (the fast path, sim/fastforward.py)."""
-        step_s, _, token_s, pair_s, seq_s, key_s = self.coefficients
+        step_s, _, token_s, pair_s, seq_s, key_s, _ = self.coefficients
         fixed = (step_s * 1.0, 0.0, token_s * float(batch), pair_s * 0.0, seq_s * float(batch))
-        return lambda keys: math.fsum(fixed + (key_s * float(keys),))
+        return lambda keys: math.fsum(fixed + (key_s * float(keys),)) + self._stall(batch)
 
     def rows_activation_bytes(self, rows: int, sampled: int) -> int:
         return self.memory.rows_activation_bytes(rows, sampled)
@@ -98,5 +130,6 @@ def linear_text(coefficients: dict) -> str:
     c = {k: float(coefficients.get(k, 0.0)) for k in COEFFICIENTS}
     return (f"{c['step_s'] * 1e3:.3g} ms per step + {c['prefill_step_s'] * 1e3:.3g} ms per prefill step + "
             f"{c['token_s'] * 1e6:.3g} us per token + {c['pair_s'] * 1e9:.3g} ns per attention pair + "
-            f"{c['seq_s'] * 1e6:.3g} us per sequence + {c['key_s'] * 1e9:.3g} ns per decode key; "
-            f"{c['latency_s'] * 1e3:.3g} ms to the client")
+            f"{c['seq_s'] * 1e6:.3g} us per sequence + {c['key_s'] * 1e9:.3g} ns per decode key"
+            + (f" + {c['stall_s'] * 1e3:.3g} ms every {int(coefficients['stall_every'])} sequences stepped"
+               if coefficients.get("stall_every") else "") + f"; {c['latency_s'] * 1e3:.3g} ms to the client")

@@ -80,10 +80,9 @@ class ServerCalibration:
         if self.family not in FAMILIES:
             raise UserError(f"server calibration: unknown family '{self.family}'; use {' or '.join(FAMILIES)}")
         if self.family == "linear":
-            from chunkbench.sim.linear_cost import COEFFICIENTS, check_coefficients
+            from chunkbench.sim.linear_cost import check_coefficients
 
-            values = check_coefficients(self.coefficients or {}, "server calibration")
-            self.coefficients = dict(zip(COEFFICIENTS, values))
+            self.coefficients = check_coefficients(self.coefficients or {}, "server calibration")
             self.step_overhead_s, self.seq_overhead_s = self.coefficients["step_s"], self.coefficients["seq_s"]
 
     @property
@@ -129,7 +128,8 @@ class ServerCalibration:
         if self.family == "linear":
             from chunkbench.sim.linear_cost import STEP_COEFFICIENTS, LinearStepCost
 
-            return LinearStepCost(tuple(self.coefficients[k] for k in STEP_COEFFICIENTS), roofline, self.label())
+            return LinearStepCost(tuple(self.coefficients[k] for k in STEP_COEFFICIENTS), roofline, self.label(),
+                                  self.coefficients["stall_every"])
         return PerSequenceOverhead(roofline, self.seq_overhead_s) if self.seq_overhead_s else roofline
 
     def save(self, path: Path) -> None:

@@ -77,9 +77,11 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         family: str = "auto") -> ServerCalibration:
     """Least squares of the runs' relative errors over a family's constants (module docstring), scored by
     simulating every run again. `family` "auto": linear on the cpu reference, roofline on a GPU's. Measured
-    against the tier's vLLM 0.32 CPU server: the roofline fitted 22.1% over its runs (20.1% on the workload run),
-    the linear step cost 4-8%; on a GPU the roofline's kernel shapes come from measured operator profiles
-    (sim/calibration.py), which a handful of request latencies cannot improve on."""
+    against the tier's vLLM 0.32 CPU server (2026-12-02): the roofline fitted 22.1% over its runs (20.1% on the
+    workload run; 768% on runs whose workload run caught a server pause), the linear step cost 13.8% and 15.6%
+    (13.2% and 18.1% on the workload run) on two sets of runs, in ~100 s against the roofline's 456; on a GPU the
+    roofline's kernel shapes come from measured operator profiles (sim/calibration.py), which a handful of
+    request latencies cannot improve on."""
     if family == "auto":
         family = "linear" if device == "cpu" else "roofline"
     meta = dict(model=spec.model, server=server, num_blocks=num_blocks)

@@ -1,0 +1,79 @@
+"""Issue 31: the simulator describes a real vLLM. Calibrate on the tier's vLLM 0.32 CPU server (the four launched
+runs of `tune --presearch sim`), then predict a workload none of them ran, at a budget none of them used, and
+launch vLLM to measure it: median TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. Output
+throughput must be; median TTFT and p99 ITL beyond it are reported as an expected failure with the figures
+(issue 31's acceptance is not met yet: a calibration whose workload run caught a server pause, TTFTs of 121-584
+ms among 13-27 ms, fitted a 38 ms client latency and predicted the held-out median TTFT 78% high)."""
+
+from __future__ import annotations
+
+import pytest
+
+from chunkbench.backends import SimBackend
+from chunkbench.launch import LaunchBackend
+from chunkbench.metrics import summarize
+from chunkbench.slo import parse_slas
+from chunkbench.tune import calibrate as cal
+from chunkbench.tune.space import SearchSpace
+from chunkbench.tune.spec import TuneSpec
+from chunkbench.workload import WorkloadSpec, build_workload
+from tests.conftest import free_port
+from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, vllm_env
+
+HELD_OUT_TOLERANCE = 0.15  # issue 31's acceptance
+# What the calibration runs (the tune's workload: chat, 12 requests at 6/s; budgets 256, 1536 and 2048) did not:
+# uniform prompt lengths of up to two 512-token chunks, at 8/s, 40 requests, at budget 512 (in the space).
+HELD_OUT = WorkloadSpec(name="synthetic", num_requests=40, rate=8.0, prompt_len="uniform:32:1024",
+                        output_len="uniform:16:128", seed=7)
+HELD_OUT_BUDGET = 512
+FIGURES = ("median_ttft_ms", "p99_itl_ms", "output_throughput")
+
+
+@pytest.fixture
+def vllm_environment(monkeypatch):
+    for key, value in vllm_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def tune_spec(model: str, backend) -> TuneSpec:
+    space, _ = SearchSpace.load("default").for_vllm()
+    workload = WorkloadSpec(**{**space.workload, "name": "chat", "num_requests": 12, "rate": 6.0})
+    return TuneSpec(model=model, slos=parse_slas({"ttft": "5s", "tbt": None, "tpot": None, "e2el": None}, 99.0),
+                    space=space, workload=workload, backend=backend, n_trials=1)
+
+
+def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model, tmp_path, vllm_environment):
+    port = free_port()
+    flags = [f for f in VLLM_FIXED_FLAGS if f not in ("--max-model-len", "2048")]
+    launch = LaunchBackend(" ".join([str(VLLM_CLI), "serve", "{model}", "{vllm_flags}", "--port", str(port),
+                                     "--host", "127.0.0.1", *flags]), f"http://127.0.0.1:{port}/v1")
+    spec = tune_spec(str(tiny_model), launch)
+    runs = [cal.measure_design(launch, spec, d, tmp_path / d.name / "launch.log") for d in cal.designs(spec)]
+    calibration = cal.fit(runs, spec, "cpu", launch.launch)
+    calibration.save(tmp_path / "calibration.json")  # its runs, measured and fitted, for a look after
+    assert HELD_OUT_BUDGET not in [run["knobs"]["max_num_batched_tokens"] for run in runs]
+    assert HELD_OUT_BUDGET in spec.space.values["max_num_batched_tokens"]
+
+    config = spec.base_config(max_num_batched_tokens=HELD_OUT_BUDGET)
+    workload = build_workload(HELD_OUT, config.scheduler.max_model_len)
+    with launch.session(config, log=tmp_path / "held-out" / "launch.log") as serve:
+        # warmed up as the calibration runs were (calibrate.warmup_requests): a fresh server's first large
+        # steps cost what no step cost describes
+        serve(cal.warmup_requests(HELD_OUT_BUDGET, config.scheduler.max_model_len), seed=1, progress=False)
+        measured = serve(workload, seed=spec.seed, progress=False)
+    with SimBackend(server_calibration=calibration).session(config) as serve:
+        simulated = serve(workload, seed=spec.seed, warmup_steps=0, progress=False)
+    assert all(r.ok for r in measured.requests) and len(measured.requests) == HELD_OUT.num_requests
+    m = summarize(measured.requests, measured.steps, measured.duration, endpoint=True)
+    s = summarize(simulated.requests, simulated.steps, simulated.duration)
+    errors = {k: s[k] / m[k] - 1 for k in FIGURES}
+    print(f"held-out workload on vLLM: {calibration.label()}; "
+          + ", ".join(f"{k} measured {m[k]:.2f} simulated {s[k]:.2f} ({100 * errors[k]:+.1f}%)" for k in FIGURES))
+    assert calibration.family == "linear"
+    assert abs(errors["output_throughput"]) <= HELD_OUT_TOLERANCE  # measured: -0.9% and -1.1% (2026-12-02)
+    missed = {k: e for k, e in errors.items() if abs(e) > HELD_OUT_TOLERANCE}
+    if missed:  # a known gap of issue 31 (measured: median TTFT +59% and +78%, p99 ITL +41% and +1%)
+        pytest.xfail("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
+                     + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
+                     f"{calibration.workload_error_pct:.1f}% on its workload run)")

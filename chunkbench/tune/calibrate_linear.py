@@ -37,6 +37,7 @@ STALL_RATIO = 1.4  # stall_period: a decode gap this many times the decode run's
 MAX_STALL_PERIOD = 30  # stall_period: a decode run's longest request stalled in fewer gaps: none modelled
 MIN_STALL_GAPS = 20  # stall_period: a longest request with fewer gaps tells nothing
 MIN_DECODE_GAPS = 5  # decode_rows: a request with fewer lone decode gaps gives no row
+BUNCHED = 0.2  # decode_rows: a gap below this share of the run's median is tokens sent together
 # Each round moves every coefficient by at most this factor (e^0.4, x1.5) from where its schedule was recorded:
 # a run at its own arrivals priced far from there is wrong (measured: steps 2x slower than recorded held a late
 # request behind 50 steps it would have joined, TTFT 335 ms against 20 simulated).
@@ -177,11 +178,13 @@ def decode_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
         return [], []
     gaps = np.asarray(run["itl_ms"]) * 1e-3
     offsets = np.concatenate(([0], np.cumsum([lengths[i] - 1 for i in range(len(lengths))])))
-    slow = STALL_RATIO * np.median(gaps)
+    # below BUNCHED of the median: tokens the server sent together after a pause (measured: 0.0-0.01 ms gaps
+    # behind a 0.5 s one on a loaded machine), not a step
+    slow, bunched = STALL_RATIO * np.median(gaps), BUNCHED * np.median(gaps)
     rows, targets = [], []
     for j, steps in enumerate(t.token_steps):
         own = gaps[offsets[t.measured_order[j]]:][:len(steps) - 1]
-        keep = [k for k in range(1, len(steps)) if steps[k] == steps[k - 1] + 1 and own[k - 1] < slow
+        keep = [k for k in range(1, len(steps)) if steps[k] == steps[k - 1] + 1 and bunched < own[k - 1] < slow
                 and not t.features[steps[k], 1] and not t.features[steps[k], STALL]]
         if len(keep) >= MIN_DECODE_GAPS:
             rows.append(np.append(t.features[[steps[k] for k in keep]].mean(axis=0), 0.0))
@@ -201,6 +204,10 @@ def direct_estimate(traces: list[Trace], runs: list[dict]) -> np.ndarray | None:
     if len(rows) < len(COEFFICIENTS):
         return None
     x, y = np.asarray(rows), np.asarray(targets)
+    usable = (y > 0) & np.isfinite(y) & np.all(np.isfinite(x), axis=1)
+    x, y = x[usable], y[usable]
+    if len(y) < len(COEFFICIENTS):
+        return None
     x, scale = x / y[:, None], np.abs(x / y[:, None]).max(axis=0)
     scale[scale == 0] = 1.0
     coefficients, _ = nnls(x / scale, np.ones(len(y)), maxiter=50 * x.shape[1])

@@ -342,3 +342,17 @@ def test_tokens_delivered_together_do_not_break_the_linear_fit():
             run["itl_ms"] = [0.0 if i % 3 else g for i, g in enumerate(run["itl_ms"])]
     fitted = fit(runs, spec, "cpu", num_blocks=1024)
     assert fitted.family == "linear" and all(np.isfinite(v) for v in fitted.coefficients.values())
+
+
+def test_a_server_pause_is_told_from_slow_steps():
+    """calibrate.server_paused: a stream that stopped and then came all at once (as measured on the tier's vLLM:
+    a 431 ms gap, then gaps of ~0 ms) against ones whose gaps are only uneven (a prefill run's 75 ms steps among
+    7 ms ones; a workload run's 48 ms prefill step among 2.5 ms decodes)."""
+    from chunkbench.tune.calibrate import server_paused
+
+    steady = [2.5] * 200
+    assert not server_paused({"itl_ms": steady + [48.0]})
+    assert not server_paused({"itl_ms": [7.0] * 20 + [75.0] * 4})
+    assert server_paused({"itl_ms": steady + [431.0] + [0.01] * 40})
+    assert not server_paused({"itl_ms": steady + [431.0]})  # one slow gap, nothing held back behind it
+    assert not server_paused({"itl_ms": [431.0] + [0.01] * 10})  # too few gaps to tell

@@ -25,6 +25,7 @@ class AttentionMetadata:
     max_seqlen_k: int
     backend: str  # "torch" or "triton"
     plan: AttentionPlan | None = None  # the torch path's gather indices, built by the step's first layer
+    sampled: AttentionMetadata | None = None  # the sampled requests' last tokens alone, as one query each
 
 
 _current: ContextVar[AttentionMetadata | None] = ContextVar("attention_metadata", default=None)
@@ -47,19 +48,26 @@ def current_metadata() -> AttentionMetadata:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """Write this step's K/V into the cache, then attend every query to its request's cached keys."""
+                    v_cache: torch.Tensor, softmax_scale: float, sampled_only: bool = False) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend every query to its request's cached keys.
+    `sampled_only`: `q` holds only the sampled requests' last tokens (the last layer: model.py), attended as
+    `metadata.sampled` says."""
     m = current_metadata()
-    out = torch.empty_like(q)
-    if m.backend == "triton":
+    triton = m.backend == "triton"
+    if triton:
         from chunkbench.kernels import triton_attention as kernels
-        kernels.write_kv(k, v, k_cache, v_cache, m.slot_mapping)
+    (kernels.write_kv if triton else write_kv_ref)(k, v, k_cache, v_cache, m.slot_mapping)
+    out = torch.empty_like(q)
+    if sampled_only:
+        m = m.sampled
+        if m is None:  # nothing sampled this step: the K/V was all the last layer had to give
+            return out
+    if triton:
         kernels.paged_attention(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table,
                                 m.max_seqlen_q, m.max_seqlen_k, softmax_scale)
         return out
     if m.plan is None:  # the same slots for every layer of the step: index them once
         m.plan = plan_ref(m.cu_seqlens_q, m.seqused_k, m.block_table, k_cache.shape[1])
-    write_kv_ref(k, v, k_cache, v_cache, m.slot_mapping)
     paged_attention_ref(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table, m.max_seqlen_q,
                         m.max_seqlen_k, softmax_scale, plan=m.plan)
     return out

@@ -212,6 +212,21 @@ class ModelExecutor:
             max_seqlen_k=max(lens_k), backend=self.backend)
         return tensor(input_ids, torch.int64), tensor(positions, torch.int64), metadata
 
+    def _sampled(self, chunks: list[ScheduledChunk],
+                 metadata: AttentionMetadata) -> tuple[torch.Tensor, AttentionMetadata | None]:
+        """The rows of the tokens the step samples (each sampling chunk's last), and their attention metadata
+        as one query per request (the model's last layer attends those alone)."""
+        which = torch.tensor([i for i, c in enumerate(chunks) if c.sample], dtype=torch.long, device=self.device)
+        rows = metadata.cu_seqlens_q[1:].long()[which] - 1
+        if not len(which):
+            return rows, None
+        seqused_k = metadata.seqused_k[which]
+        return rows, AttentionMetadata(
+            slot_mapping=metadata.slot_mapping[rows], cu_seqlens_q=torch.arange(len(which) + 1, dtype=torch.int32,
+                                                                                 device=self.device),
+            seqused_k=seqused_k, block_table=metadata.block_table[which], max_seqlen_q=1,
+            max_seqlen_k=max(c.context_len for c in chunks if c.sample), backend=self.backend)
+
     def _activation_start(self) -> int:
         if self.device.type != "cuda":
             return 0
@@ -235,14 +250,15 @@ class ModelExecutor:
         start = self.timer()
         chunks = output.chunks
         input_ids, positions, metadata = self._metadata(chunks)
-        with attention_context(metadata):
-            hidden = self.model(input_ids, positions)
         sampling_chunks = [c for c in chunks if c.sample]
+        rows = None  # every token is sampled (a decode step): the last layer computes them all anyway
+        if len(sampling_chunks) < len(input_ids):
+            rows, metadata.sampled = self._sampled(chunks, metadata)
+        with attention_context(metadata):
+            hidden = self.model(input_ids, positions, rows)
         sampled: dict[str, int] = {}
         if sampling_chunks:
-            last = metadata.cu_seqlens_q[1:].long() - 1
-            rows = torch.tensor([i for i, c in enumerate(chunks) if c.sample], device=self.device)
-            logits = self.model.compute_logits(hidden[last[rows]])
+            logits = self.model.compute_logits(hidden)
             tokens = sample(logits, sampling_chunks, self.model_config.eos_token_id)
             sampled = {c.request_id: t for c, t in zip(sampling_chunks, tokens)}
             if self.keep_logits:

@@ -5,6 +5,8 @@ attention knows which request a token belongs to, through the paged KV cache (se
 Module names mirror Hugging Face's `LlamaForCausalLM`, so a safetensors checkpoint loads as it is; once loaded,
 `fuse_projections` packs q/k/v and gate/up into one weight each (the modules' weights become views of it, so
 the state dict keeps Hugging Face's names and memory is not doubled): one GEMM instead of three, and of two.
+The last layer computes only K/V for the tokens no logit is taken from (`LlamaForCausalLM.forward`): exact,
+and 1/num_layers of a prefill step's work saved (vLLM computes every row and then selects).
 
 On the CPU in fp32, `pack_for_cpu` also keeps each linear layer's weight in oneDNN's blocked layout, reordered
 once (as vLLM's CPU build does), for the steps of at most PACKED_MAX_ROWS tokens: a plain F.linear re-packs its
@@ -34,7 +36,7 @@ PACK_MAX_BYTES = 2 << 30  # `small` has 0.4 GiB of fp32 weights; a 1B model's 5 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             packed: torch.Tensor | None) -> torch.Tensor:
     """F.linear, through the pre-packed oneDNN weight when there is one and the step is decode-sized."""
-    if packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
+    if packed is not None and 0 < x.shape[0] <= PACKED_MAX_ROWS:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
@@ -99,17 +101,21 @@ class LlamaAttention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = _fuse([p.bias for p in projections])
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        n, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`rows`: every token's K/V is cached, but only these tokens attend (the rows of the output)."""
+        heads, kv_heads = self.num_heads, self.num_kv_heads
         if self.qkv_weight is None:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         else:
             qkv = _linear(x, self.qkv_weight, self.qkv_bias, self.packed.get("qkv"))
-        qkv = qkv.view(n, heads + 2 * kv_heads, self.head_dim)
+        qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
         qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)  # q and k heads rotated in one pass
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
-        out = paged_attention(q, k, v, self.k_cache, self.v_cache, self.scale)
-        return _linear(out.view(n, -1), self.o_proj.weight, None, self.packed.get("o"))
+        if rows is not None:
+            q = q[rows]
+        out = paged_attention(q, k, v, self.k_cache, self.v_cache, self.scale, sampled_only=rows is not None)
+        return _linear(out.flatten(1), self.o_proj.weight, None, self.packed.get("o"))
 
 
 class LlamaMLP(nn.Module):
@@ -152,8 +158,10 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, rows)
+        x = (x if rows is None else x[rows]) + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -176,14 +184,19 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self.lm_head_packed: torch.Tensor | None = None  # set by pack_for_cpu
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states `[num_tokens, hidden]` after the final norm."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states `[num_tokens, hidden]` after the final norm; with `rows` (the tokens whose logits the
+        step samples, each its request's last), those rows only. No other token's last-layer output reaches
+        a logit, so the last layer computes only their K/V: its attention, o_proj and MLP run on `rows` alone
+        (a 2048-token prompt's last layer: one row instead of 2048; a chunk that samples nothing: none)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]  # broadcast over heads
         x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
+        *layers, last = self.model.layers
+        for layer in layers:
             x = layer(x, cos, sin)
-        return self.model.norm(x)
+        return self.model.norm(last(x, cos, sin, rows))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return _linear(hidden, self.lm_head.weight, None, self.lm_head_packed).float()

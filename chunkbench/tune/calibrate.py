@@ -26,8 +26,8 @@ from chunkbench.backends import Backend
 from chunkbench.sim.server_calibration import ServerCalibration
 # Re-exported: presearch.py, presearch_report.py and the tests take the runs' names from here.
 from chunkbench.tune.calibration_runs import (PRIMER_LEAD_S, WORKLOAD_REQUESTS, Design, design_requests,  # noqa: F401
-                                              designs, primer_outran_burst, residuals, run_figures, simulate_design,
-                                              stats, warmup_requests)
+                                              designs, from_burst_end, primer_outran_burst, residuals, run_figures,
+                                              simulate_design, stats, warmup_requests)
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import WorkloadSpec
 
@@ -56,6 +56,8 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
     for attempt in range(1 + PAUSE_REMEASURES):  # another seed: other prompt ids, no prefix-cache hits
         figures = run_figures(serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False,
                                     label=design.name))
+        if design.primer:
+            figures = from_burst_end(figures)
         if not server_paused(figures):
             break
         paused += 1
@@ -101,9 +103,10 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
     simulating every run again. `family` "auto": linear on the cpu reference, roofline on a GPU's. Measured
     against the tier's vLLM 0.32 CPU server (2026-12-02): the roofline fitted 22.1% over its runs (20.1% on the
     workload run; 768% on runs whose workload run caught a server pause), the linear step cost 13.8% and 15.6%
-    (13.2% and 18.1% on the workload run) on two sets of runs, in ~100 s against the roofline's 456; on a GPU the
-    roofline's kernel shapes come from measured operator profiles (sim/calibration.py), which a handful of
-    request latencies cannot improve on."""
+    (13.2% and 18.1% on the workload run) on two sets of runs, in ~100 s against the roofline's 456; on a third
+    set 21.6% (27.3%), and 13.0% (13.4%) once its bursts were measured from their last send (from_burst_end).
+    On a GPU the roofline's kernel shapes come from measured operator profiles (sim/calibration.py), which a
+    handful of request latencies cannot improve on."""
     if family == "auto":
         family = "linear" if device == "cpu" else "roofline"
     meta = dict(model=spec.model, server=server, num_blocks=num_blocks)

@@ -241,6 +241,21 @@ def test_a_primer_that_finished_before_its_burst_is_noticed():
     assert not primer_outran_burst(run | {"primer": 0, "ttft_ms": [12.0, 30.0, 30.0, 31.0]})  # no primer
 
 
+def test_a_bursts_figures_count_from_its_last_send():
+    """As measured on the tier's vLLM (2026-12-02): a decode burst sent in groups 21-106 ms after its primer, all
+    first tokens in one step at ~149 ms: from the burst's end they are one TTFT, as the simulator's burst."""
+    from chunkbench.tune.calibrate import from_burst_end
+
+    run = {"send_s": [0.0, 0.0212, 0.0504, 0.1064], "ttft_ms": [114.0, 128.0, 99.0, 43.0],
+           "e2el_ms": [114.0, 300.0, 250.0, 200.0], "itl_ms": [3.0, 4.0]}
+    rebased = from_burst_end(run)
+    assert rebased["ttft_ms"] == pytest.approx([114.0, 42.8, 43.0, 43.0])  # the primer's is its own
+    assert rebased["e2el_ms"] == pytest.approx([114.0, 214.8, 194.0, 200.0])
+    assert rebased["itl_ms"] == run["itl_ms"] and rebased["send_s"] == run["send_s"]
+    failed = run | {"ttft_ms": [114.0, 128.0, 43.0]}  # a request failed: whose figure is whose is unknown
+    assert from_burst_end(failed) == failed
+
+
 def test_the_linear_fit_recovers_a_linear_servers_constants():
     """Issue 31: a server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
     linear family on the cpu reference, its main constants found within 8% (measured: step, prefill step,

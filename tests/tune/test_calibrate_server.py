@@ -232,6 +232,32 @@ def test_bursts_are_one_prompt_length_behind_a_primer():
         assert len({w.prompt_len for w in burst}) == 1 and {w.arrival_time for w in burst} == {PRIMER_LEAD_S}
 
 
+def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(monkeypatch):
+    """calibrate.run_design on a scripted server: each attempt's longest gap as given; a gap of 100 ms or more
+    with tokens sent together after it is a pause (server_paused)."""
+    from types import SimpleNamespace
+
+    from chunkbench.tune import calibrate as cal
+
+    def result(longest_ms: float):
+        gaps = [3.0] * 30 + [longest_ms] + ([0.05] * 3 if longest_ms >= 100 else [])  # bunched after a pause
+        seconds = [g / 1e3 for g in gaps]
+        times = np.cumsum([0.01] + seconds).tolist()
+        request = SimpleNamespace(error=None, token_times=times, ttft=0.01, itls=seconds, e2el=times[-1],
+                                  arrival_time=0.0, send_time=0.0)
+        return SimpleNamespace(requests=[request], server={})
+
+    spec = make_spec(TRUTH)
+    design = next(d for d in designs(spec) if d.name == "workload")
+    for script, kept, paused in (([500, 40], 40, 1), ([500, 200, 400, 350, 300], 200, 5), ([40], 40, 0)):
+        calls = iter(script)
+        serve = lambda workload, label, **_: result(3.0 if label.endswith("warm-up") else next(calls))  # noqa: E731
+        run = cal.run_design(serve, spec, design, 2048)
+        assert max(run["itl_ms"]) == pytest.approx(kept) and run["paused_runs"] == paused, script
+        assert next(calls, None) is None  # measured no more often than scripted: 1 + PAUSE_REMEASURES at most
+    assert cal.PAUSE_REMEASURES == 4
+
+
 def test_a_primer_that_finished_before_its_burst_is_noticed():
     from chunkbench.tune.calibrate import primer_outran_burst
 

@@ -63,7 +63,7 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
     figures = min(attempts, key=lambda f: (server_paused(f), max(f["itl_ms"], default=0.0)))  # else the least
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted),
-            "warmed_up": True, "paused_runs": paused} | figures
+            "warmed_up": True, "paused_runs": paused, "paused": server_paused(figures)} | figures
 
 
 def server_paused(figures: dict) -> bool:

@@ -199,11 +199,14 @@ def relative(simulated: float, measured: float) -> float:
 
 
 def residuals(measured: dict, simulated: dict) -> tuple[list[float], list[float]]:
-    """(TTFT/ITL/E2EL relative errors, server-figure errors) of one run."""
+    """(TTFT/ITL/E2EL relative errors, server-figure errors) of one run. A run whose stream paused every time it
+    was measured (calibrate.run_design: `paused`) gives its medians only: a pause of a few hundred ms moves the
+    means and tails of a few dozen requests, which no step cost should be fitted to."""
     main = []
     for key in measured.get("fitted", ("ttft_ms", "itl_ms")):
         m, s = stats(measured[key]), stats(simulated[key])
-        main += [relative(s.get(k, 0.0), v) for k, v in m.items() if v > 0]
+        kept = {k: v for k, v in m.items() if v > 0 and (k == "p50" or not measured.get("paused"))}
+        main += [relative(s.get(k, 0.0), v) for k, v in kept.items()]
     extra = []
     server, sim_server = measured.get("server", {}), simulated.get("server", {})
     if "median_scheduling_delay_ms" in server:

@@ -254,8 +254,18 @@ def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(mo
         serve = lambda workload, label, **_: result(3.0 if label.endswith("warm-up") else next(calls))  # noqa: E731
         run = cal.run_design(serve, spec, design, 2048)
         assert max(run["itl_ms"]) == pytest.approx(kept) and run["paused_runs"] == paused, script
+        assert run["paused"] == (paused == len(script))  # the kept run paused too: fitted on its medians
         assert next(calls, None) is None  # measured no more often than scripted: 1 + PAUSE_REMEASURES at most
     assert cal.PAUSE_REMEASURES == 4
+
+
+def test_a_run_that_paused_every_time_is_fitted_on_its_medians():
+    from chunkbench.tune.calibrate import residuals
+
+    measured = {"fitted": ["ttft_ms"], "ttft_ms": [10.0, 20.0, 300.0], "server": {}}
+    simulated = {"ttft_ms": [10.0, 20.0, 30.0], "server": {}}
+    assert len(residuals(measured, simulated)[0]) == 4  # mean, p50, p90, p99
+    assert residuals(measured | {"paused": True}, simulated)[0] == [0.0]  # the median alone: the same
 
 
 def test_a_primer_that_finished_before_its_burst_is_noticed():

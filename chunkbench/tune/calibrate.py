@@ -107,7 +107,8 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
     against the tier's vLLM 0.32 CPU server (2026-12-02): the roofline fitted 22.1% over its runs (20.1% on the
     workload run; 768% on runs whose workload run caught a server pause), the linear step cost 13.8% and 15.6%
     (13.2% and 18.1% on the workload run) on two sets of runs, in ~100 s against the roofline's 456; on a third
-    set 21.6% (27.3%), and 13.0% (13.4%) once its bursts were measured from their last send (from_burst_end).
+    set 21.6% (27.3%), and 13.0% (13.4%) once its bursts were measured from their last send (from_burst_end);
+    then, fitting a run that paused every time on its medians, 10.8% (4.3%) on a fresh launch.
     On a GPU the roofline's kernel shapes come from measured operator profiles (sim/calibration.py), which a
     handful of request latencies cannot improve on."""
     if family == "auto":

@@ -160,8 +160,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, rows)
-        x = (x if rows is None else x[rows]) + attended
+        # one expression, so the attention's output is freed before the MLP runs (engine/activation.py's peak)
+        x = (x if rows is None else x[rows]) + self.self_attn(self.input_layernorm(x), cos, sin, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -220,11 +220,10 @@ class ModelExecutor:
         rows = metadata.cu_seqlens_q[1:].long()[which] - 1
         if not len(which):
             return rows, None
-        seqused_k = metadata.seqused_k[which]
         return rows, AttentionMetadata(
             slot_mapping=metadata.slot_mapping[rows], cu_seqlens_q=torch.arange(len(which) + 1, dtype=torch.int32,
                                                                                  device=self.device),
-            seqused_k=seqused_k, block_table=metadata.block_table[which], max_seqlen_q=1,
+            seqused_k=metadata.seqused_k[which], block_table=metadata.block_table[which], max_seqlen_q=1,
             max_seqlen_k=max(c.context_len for c in chunks if c.sample), backend=self.backend)
 
     def _activation_start(self) -> int:

@@ -52,18 +52,18 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
     serve(warmup_requests(budget, max_model_len), seed=spec.seed + 1, warmup_steps=0, progress=False,
           label=f"{design.name} warm-up")
     workload = design_requests(asdict(design.workload), design.take, design.primer, max_model_len, design.repeat)
-    attempts = []
+    attempts = []  # (paused, longest gap, figures)
     for attempt in range(1 + PAUSE_REMEASURES):  # another seed: other prompt ids, no prefix-cache hits
         figures = run_figures(serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False,
                                     label=design.name))
-        attempts.append(from_burst_end(figures) if design.primer else figures)
-        if not server_paused(figures):
+        attempts.append((server_paused(figures), max(figures["itl_ms"], default=0.0),
+                         from_burst_end(figures) if design.primer else figures))
+        if not attempts[-1][0]:
             break
-    paused = sum(map(server_paused, attempts))
-    figures = min(attempts, key=lambda f: (server_paused(f), max(f["itl_ms"], default=0.0)))  # else the least
+    paused, _, figures = min(attempts, key=lambda a: a[:2])  # the unpaused one, else the least paused
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
-            "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted),
-            "warmed_up": True, "paused_runs": paused, "paused": server_paused(figures)} | figures
+            "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted), "warmed_up": True,
+            "paused_runs": sum(a[0] for a in attempts), "paused": paused} | figures
 
 
 def server_paused(figures: dict) -> bool:

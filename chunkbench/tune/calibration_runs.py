@@ -132,7 +132,8 @@ def from_burst_end(figures: dict) -> dict:
     sends = figures["send_s"]
     if len(sends) < 2 or len(sends) != len(figures["ttft_ms"]):
         return figures  # a request failed: which figure is whose is not known
-    spread = [0.0] + [1e3 * (max(sends[1:]) - sent) for sent in sends[1:]]
+    last = max(sends[1:])
+    spread = [0.0] + [1e3 * (last - sent) for sent in sends[1:]]
     return figures | {key: [v - d for v, d in zip(figures[key], spread)] for key in ("ttft_ms", "e2el_ms")}
 
 

@@ -249,3 +249,13 @@ def test_405_keeps_allow_and_a_json_syntax_error_names_no_field(server):
                         headers={"content-type": "application/json"})
     assert broken.status_code == 400 and broken.json()["error"]["param"] is None
     assert "not valid JSON" in broken.json()["error"]["message"]
+
+
+def test_greedy_sampling_takes_torch_argmax_choice_on_ties_nan_and_all_inf_rows():
+    """The CPU path's NumPy argmax (executor.sample) must pick what torch.argmax picks: the first maximum."""
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [1.0, nan, 5.0, nan], [-inf, -inf, -inf, -inf],
+                           [0.0, 0.0, 0.0, 2.0]])
+    chunks = [ScheduledChunk(f"r{i}", [1], 0, [0], True, True, SamplingParams(max_tokens=2), sample_index=0,
+                             sample_seed=0) for i in range(len(logits))]
+    assert sample(logits, chunks) == logits.argmax(dim=-1).tolist() == [1, 1, 0, 3]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from chunkbench.kernels import cpu_decode
 from chunkbench.kernels.reference import AttentionPlan, paged_attention_ref, plan_ref, write_kv_ref
 
 
@@ -67,7 +68,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                                 m.max_seqlen_q, m.max_seqlen_k, softmax_scale)
         return out
     if m.plan is None:  # the same slots for every layer of the step: index them once
-        m.plan = plan_ref(m.cu_seqlens_q, m.seqused_k, m.block_table, k_cache.shape[1])
+        m.plan = plan_ref(m.cu_seqlens_q, m.seqused_k, m.block_table, k_cache.shape[1],
+                          direct_decodes=cpu_decode.usable(q, k_cache))  # decodes read the cache in place
     paged_attention_ref(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table, m.max_seqlen_q,
                         m.max_seqlen_k, softmax_scale, plan=m.plan)
     return out

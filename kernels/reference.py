@@ -6,7 +6,9 @@ query i sees keys at positions <= seqused_k - q_len + i (FlashAttention's conven
 
 Which cache slots each request reads depends only on the step, not on the layer, so `plan_ref` turns the
 block table into gather indices and masks once per step (`AttentionPlan`) and every layer reuses them: a layer
-then gathers its keys with one `index_select` per request group and makes one SDPA call per group.
+then gathers its keys with one `index_select` per request group and makes one SDPA call per group. The engine
+plans with `direct_decodes` where cpu_decode.py's C kernel applies: its decodes then read the cache in place
+(`DirectDecodes`), and only prefill chunks take the gathers.
 """
 
 from __future__ import annotations
@@ -43,9 +45,19 @@ class PrefillChunk:
 
 
 @dataclass
+class DirectDecodes:
+    """Single-query requests attended by cpu_decode.py's kernel, straight from the paged cache."""
+
+    rows: torch.Tensor  # [R] int64, their query rows in the flattened batch
+    block_table: torch.Tensor  # [R, max_blocks] int32, their rows of the step's table
+    seqlens: torch.Tensor  # [R] int32, their key counts
+
+
+@dataclass
 class AttentionPlan:
     decodes: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    direct: DirectDecodes | None = None
 
 
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -63,14 +75,20 @@ def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, 
 
 
 def plan_ref(cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: torch.Tensor,
-             block_size: int) -> AttentionPlan:
-    """Gather indices and masks of one step, shared by all its layers."""
+             block_size: int, direct_decodes: bool = False) -> AttentionPlan:
+    """Gather indices and masks of one step, shared by all its layers; with `direct_decodes`, the decodes'
+    rows and table for cpu_decode.py instead of their gathers."""
     device = block_table.device
     cu = cu_seqlens_q.tolist()
     lens_k = seqused_k.tolist()
     table = block_table.long()
     decodes = sorted((i for i in range(len(lens_k)) if cu[i + 1] - cu[i] == 1), key=lambda i: lens_k[i])
-    groups = []
+    groups, direct = [], None
+    if direct_decodes and decodes:
+        which = torch.tensor(decodes, device=device)
+        direct = DirectDecodes(cu_seqlens_q[which].long(), block_table[which].int().contiguous(),
+                               seqused_k[which].int().contiguous())
+        decodes = []
     for group in length_buckets(decodes, lens_k):
         width = lens_k[group[-1]]
         lens = seqused_k[group].long()
@@ -96,7 +114,7 @@ def plan_ref(cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: t
                 query_pos = seqlen_k - q_len + row + torch.arange(min(QUERY_BLOCK, q_len - row), device=device)
                 chunk.masks.append(pos[None, :] <= query_pos[:, None])
         prefills.append(chunk)
-    return AttentionPlan(groups, prefills)
+    return AttentionPlan(groups, prefills, direct)
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
@@ -122,6 +140,11 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         qg = q.index_select(0, g.rows).float().view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=softmax_scale)
         out.index_copy_(0, g.rows, o.reshape(n, num_heads, head_dim).to(out.dtype))
+    if plan.direct is not None:
+        from .cpu_decode import decode_attention
+
+        d = plan.direct
+        decode_attention(q, k_cache, v_cache, out, d.rows, d.block_table, d.seqlens, softmax_scale)
     for c in plan.prefills:
         k = k_flat.index_select(0, c.slots).transpose(0, 1)[None].float()  # [1, kv_heads, keys, dim]
         v = v_flat.index_select(0, c.slots).transpose(0, 1)[None].float()

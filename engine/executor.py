@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from chunkbench.kernels import cpu_decode
+
 from .activation import step_activation_bytes
 from .attention import AttentionMetadata, attention_context
 from .block_manager import cdiv
@@ -239,8 +241,11 @@ class ModelExecutor:
             return max(0, torch.cuda.max_memory_allocated(self.device) - before)
         prefills = [(c.num_tokens, c.start_pos) for c in chunks if not c.is_decode]
         decodes = [c.context_len for c in chunks if c.is_decode]
+        torch_path = self.backend == "torch"
+        in_place = not torch_path or cpu_decode.applies(self.device, self.dtype)  # decodes read the pages
         return step_activation_bytes(self.model_config, prefills, decodes, sum(c.sample for c in chunks),
-                                     self.dtype.itemsize, attention="reference" if self.backend == "torch" else "flash")
+                                     self.dtype.itemsize, attention="reference" if torch_path else "flash",
+                                     decode_attention="flash" if in_place else None)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:

@@ -68,11 +68,15 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether an engine on `device` in `dtype` attends its decodes with the kernel: fp32 on the CPU, built."""
+    return device.type == "cpu" and dtype == torch.float32 and library() is not None
+
+
 def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The kernel's case: fp32 on the CPU, a contiguous cache, each query token's heads contiguous."""
-    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
-            and k_cache.is_contiguous() and q.stride(2) == 1 and q.stride(1) == q.shape[2]
-            and library() is not None)
+    """The kernel's case (`applies`), with a contiguous cache and each query token's heads contiguous."""
+    return (k_cache.dtype == q.dtype and k_cache.is_contiguous() and q.stride(2) == 1
+            and q.stride(1) == q.shape[2] and applies(q.device, q.dtype))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,

@@ -222,3 +222,41 @@ def test_activation_formula_matches_the_cpu_engine_within_10_percent(steps):
     predicted = measured["result"].activation_bytes
     assert predicted == step_activation_bytes(MEASURED, [(q, ctx)], [], 1, 4, attention="reference")
     assert predicted == pytest.approx(measured["peak"], rel=0.10)
+
+
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_activation_formula_matches_a_cpu_decode_step_with_and_without_the_c_kernel(kernel, monkeypatch):
+    """8 decodes over 1,500 keys each: the torch path's gathered K/V (12 MB here) is the step's peak; the C
+    kernel (kernels/cpu_decode.c) reads the pages in place, and the formula knows which one ran."""
+    from chunkbench.engine.engine import LLMEngine
+    from chunkbench.engine.request import SamplingParams
+    from chunkbench.kernels import cpu_decode
+
+    monkeypatch.setenv("CHUNKBENCH_CPU_KERNEL", kernel)
+    cpu_decode.library.cache_clear()  # the switch is read again now, and by the next caller after the test
+    try:
+        if kernel == "1" and cpu_decode.library() is None:
+            pytest.skip("no C compiler")
+        engine = LLMEngine(EngineConfig.create(MEASURED, num_blocks=1024, max_num_batched_tokens=8 * 1500,
+                                               max_model_len=4096, device="cpu"))
+        for i in range(8):
+            engine.add_request([1 + (i + t) % 4000 for t in range(1500)], SamplingParams(max_tokens=3, ignore_eos=True))
+        engine.step()  # the prompts, in one step
+        executor, measured = engine.executor, {}
+        original = executor.execute
+
+        def execute(output):
+            measured["shape"] = [(c.num_tokens, c.context_len) for c in output.chunks]
+            measured["peak"] = profiled_peak(lambda: measured.setdefault("result", original(output)))
+            return measured["result"]
+
+        executor.execute = execute
+        engine.step()
+        assert measured["shape"] == [(1, 1501)] * 8
+        predicted = measured["result"].activation_bytes
+        path = "flash" if kernel == "1" else None
+        assert predicted == step_activation_bytes(MEASURED, [], [1501] * 8, 8, 4, attention="reference",
+                                                  decode_attention=path)
+        assert predicted == pytest.approx(measured["peak"], rel=0.10)
+    finally:
+        cpu_decode.library.cache_clear()

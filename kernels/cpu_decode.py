@@ -60,7 +60,10 @@ def library() -> ctypes.CDLL | None:
                 os.replace(built, path)
         except (OSError, subprocess.SubprocessError):
             return None
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:  # e.g. a cache on a noexec mount
+        return None
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.decode_attention.argtypes = [p, i64, p, p, p, i64, p, p, i64, p] + [ctypes.c_int] * 5 + [
         ctypes.c_float, ctypes.c_int]

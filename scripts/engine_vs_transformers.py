@@ -224,6 +224,10 @@ def print_table(args, torch_version: str, threads: int, phases, seconds) -> None
         if have_vllm:
             cells += [f"{tokens / statistics.median(vllm):,.0f}", ratio_cell(vllm, ours)]
         print("| " + " | ".join(cells) + " |")
+    for phase in phases:  # in round order, so a slow round can be told from a drifting machine
+        ours = seconds[(phase, "ours")]
+        rounds = ", ".join(f"{o * 1e3:.0f}/{h * 1e3:.0f} ms" for o, h in zip(ours, seconds[(phase, "hf")]))
+        print(f"{phase} rounds, chunkbench/transformers: {rounds}")
 
 
 def ratio_cell(theirs: list[float], ours: list[float]) -> str:

@@ -191,6 +191,20 @@ def profiled_peak(fn) -> int:
     return max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
 
 
+def measure_next_step(engine) -> dict:
+    """Run one step, recording its chunks as (tokens, cached context), its StepResult and its profiled peak."""
+    measured, original = {}, engine.executor.execute
+
+    def execute(output):
+        measured["shape"] = [(c.num_tokens, c.start_pos) for c in output.chunks]
+        measured["peak"] = profiled_peak(lambda: measured.setdefault("result", original(output)))
+        return measured["result"]
+
+    engine.executor.execute = execute
+    engine.step()
+    return measured
+
+
 @pytest.mark.parametrize("steps", [
     [(1024, 0)],  # one prefill chunk, plain causal: the MLP phase peaks
     [(512, 1536)],  # a chunk over cached context: the gathered K/V and the mask
@@ -204,20 +218,10 @@ def test_activation_formula_matches_the_cpu_engine_within_10_percent(steps):
     engine = LLMEngine(EngineConfig(MEASURED, cache=EngineConfig.create(MEASURED, num_blocks=512).cache,
                                     scheduler=EngineConfig.create(MEASURED, max_num_batched_tokens=max(q, ctx) or 1,
                                                                   max_model_len=4096).scheduler, device="cpu"))
-    executor = engine.executor
     engine.add_request(list(range(1, q + ctx + 1)), SamplingParams(max_tokens=2, ignore_eos=True))
     if ctx:
         engine.step()  # the context, computed in one step of `ctx` tokens
-    measured = {}
-    original = executor.execute
-
-    def execute(output):
-        measured["shape"] = [(c.num_tokens, c.start_pos) for c in output.chunks]
-        measured["peak"] = profiled_peak(lambda: measured.setdefault("result", original(output)))
-        return measured["result"]
-
-    executor.execute = execute
-    engine.step()
+    measured = measure_next_step(engine)
     assert measured["shape"] == [(q, ctx)]
     predicted = measured["result"].activation_bytes
     assert predicted == step_activation_bytes(MEASURED, [(q, ctx)], [], 1, 4, attention="reference")
@@ -242,17 +246,8 @@ def test_activation_formula_matches_a_cpu_decode_step_with_and_without_the_c_ker
         for i in range(8):
             engine.add_request([1 + (i + t) % 4000 for t in range(1500)], SamplingParams(max_tokens=3, ignore_eos=True))
         engine.step()  # the prompts, in one step
-        executor, measured = engine.executor, {}
-        original = executor.execute
-
-        def execute(output):
-            measured["shape"] = [(c.num_tokens, c.context_len) for c in output.chunks]
-            measured["peak"] = profiled_peak(lambda: measured.setdefault("result", original(output)))
-            return measured["result"]
-
-        executor.execute = execute
-        engine.step()
-        assert measured["shape"] == [(1, 1501)] * 8
+        measured = measure_next_step(engine)
+        assert measured["shape"] == [(1, 1500)] * 8
         predicted = measured["result"].activation_bytes
         path = "flash" if kernel == "1" else None
         assert predicted == step_activation_bytes(MEASURED, [], [1501] * 8, 8, 4, attention="reference",

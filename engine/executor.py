@@ -242,7 +242,7 @@ class ModelExecutor:
         prefills = [(c.num_tokens, c.start_pos) for c in chunks if not c.is_decode]
         decodes = [c.context_len for c in chunks if c.is_decode]
         torch_path = self.backend == "torch"
-        in_place = not torch_path or cpu_decode.applies(self.device, self.dtype)  # decodes read the pages
+        in_place = torch_path and cpu_decode.applies(self.device, self.dtype)  # the C kernel reads the pages
         return step_activation_bytes(self.model_config, prefills, decodes, sum(c.sample for c in chunks),
                                      self.dtype.itemsize, attention="reference" if torch_path else "flash",
                                      decode_attention="flash" if in_place else None)

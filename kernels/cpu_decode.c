@@ -7,7 +7,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 void decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                       float *out, int64_t out_stride, const int64_t *rows, const int32_t *block_table,

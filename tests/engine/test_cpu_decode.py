@@ -10,7 +10,7 @@ from chunkbench.kernels.reference import paged_attention_ref, plan_ref
 pytestmark = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler: decodes take the torch path")
 
 
-def attend(batch, direct: bool, rows: int | None = None) -> torch.Tensor:
+def attend(batch, direct: bool) -> torch.Tensor:
     """The batch attended through a plan with or without the kernel; one sentinel row (7.0) past the batch."""
     plan = plan_ref(batch.cu_seqlens_q, batch.seqused_k, batch.block_table, batch.k_cache.shape[1],
                     direct_decodes=direct)

@@ -1,15 +1,18 @@
 """Tokens/s of the chunkbench engine against transformers, and vLLM's CPU engine, on the same model and inputs.
 
 Prefill: one prompt of --prompt-len tokens (transformers computes the last token's logits only, as the engine
-and as its own generate() do). Decode: --batch requests of 128-token prompts, then 8 steps in
-which all of them decode one token each (tokens/s of the median step). fp32 everywhere. The engines take
-turns within each of --repeats rounds (after a warm-up round), so load that comes and goes hits them alike;
-each round gives a ratio, and the table prints the median ratio with its spread (lowest to highest round).
+and as its own generate() do). Decode: --batch requests of 128-token prompts, then 8 steps in which all of
+them decode one token each (tokens/s of the median step). fp32 everywhere. The engines take turns at the finest
+grain each phase allows, so load that comes and goes hits them alike: decode steps alternate one by one (ours,
+theirs, ours, ...), and each round's prefill is timed ours, theirs, ours, theirs, keeping each engine's faster
+of its two (a slow moment only ever lengthens a time). Each of --repeats rounds (after a warm-up round) gives
+a ratio, and the table prints the median ratio with its spread (lowest to highest round).
 
 vLLM (when .venv-vllm exists; --no-vllm skips it) runs in its own process, an in-process `LLM` with
 enforce_eager=True, dtype float32, VLLM_CPU_KVCACHE_SPACE=1, on the same weights saved as a Hugging Face
-directory, fed token ids, prefix caching off; it takes its turn after the other two in each round. Its decode step is the batch's time from its last
-first token to its last token over 8, from vLLM's own request timestamps (log stats on).
+directory, fed token ids, prefix caching off; it takes its turn after the other two in each phase of a round,
+one prefill per round. Its decode step is the batch's time from its last first token to its last token over
+8, from vLLM's own request timestamps (log stats on).
 
     .venv/bin/python scripts/engine_vs_transformers.py --model small
     .venv/bin/python scripts/engine_vs_transformers.py --model .venv-vllm/tiny-llama --prompt-len 1024
@@ -134,44 +137,52 @@ def run(args: argparse.Namespace) -> None:
         engine.step()
         return time.perf_counter() - start
 
-    def engine_decode() -> float:
-        for row in short.tolist():
-            engine.add_request(row, SamplingParams(max_tokens=1 + DECODE_STEPS))
-        engine.step()  # all the prompts
-        steps = []
-        for _ in range(DECODE_STEPS):  # every request decodes in each
-            start = time.perf_counter()
-            engine.step()
-            steps.append(time.perf_counter() - start)
-        assert not engine.has_unfinished()
-        return statistics.median(steps)
-
     @torch.inference_mode()
     def hf_prefill() -> float:
         start = time.perf_counter()
         model(torch.tensor([prompt]), use_cache=False, logits_to_keep=1)  # the last token's logits, as ours
         return time.perf_counter() - start
 
+    def engine_decode():
+        """Each decode step's seconds, after one step of all the prompts."""
+        for row in short.tolist():
+            engine.add_request(row, SamplingParams(max_tokens=1 + DECODE_STEPS))
+        engine.step()  # all the prompts
+        for _ in range(DECODE_STEPS):  # every request decodes in each
+            start = time.perf_counter()
+            engine.step()
+            yield time.perf_counter() - start
+        assert not engine.has_unfinished()
+
     @torch.inference_mode()
-    def hf_decode() -> float:
-        out = model(short, use_cache=True, logits_to_keep=1)
-        cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        steps = []
+    def hf_forward(tokens, cache=None):
+        out = model(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def hf_decode():
+        cache, token = hf_forward(short)
         for _ in range(DECODE_STEPS):
             start = time.perf_counter()
-            out = model(token, past_key_values=cache, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            steps.append(time.perf_counter() - start)
-        return statistics.median(steps)
+            cache, token = hf_forward(token, cache)
+            yield time.perf_counter() - start
+
+    def prefill_round() -> dict[str, float]:
+        """Each engine's faster of two prefills, taken in turn (ours, theirs, ours, theirs)."""
+        ours, hf = zip(*[(engine_prefill(), hf_prefill()) for _ in range(2)])
+        return {"ours": min(ours), "hf": min(hf)}
+
+    def decode_round() -> dict[str, float]:
+        """The median step of each, the two engines' steps taken in turn (zip runs them alternately)."""
+        ours, hf = zip(*zip(engine_decode(), hf_decode()))
+        return {"ours": statistics.median(ours), "hf": statistics.median(hf)}
 
     peer = start_vllm(args, model, prompt, short.tolist(), engine.config.scheduler.max_model_len)
-    phases = {"prefill": (args.prompt_len, engine_prefill, hf_prefill),
-              "decode": (args.batch, engine_decode, hf_decode)}
+    phases = {"prefill": (args.prompt_len, prefill_round), "decode": (args.batch, decode_round)}
     seconds: dict[tuple[str, str], list[float]] = {(p, e): [] for p in phases for e in ("ours", "hf", "vllm")}
     try:
         for round_ in range(args.repeats + 1):  # round 0 warms up
-            for phase, (_, ours, theirs) in phases.items():
-                times = {"ours": ours(), "hf": theirs()}
+            for phase, (_, measure) in phases.items():
+                times = measure()
                 if peer:
                     times["vllm"] = peer.time(phase)
                 if round_:
@@ -216,7 +227,7 @@ def print_table(args, torch_version: str, threads: int, phases, seconds) -> None
     head = "| phase | chunkbench tokens/s | transformers tokens/s | ratio (spread) |"
     print(head + (" vLLM CPU tokens/s | ratio to vLLM (spread) |" if have_vllm else ""))
     print("|---" * (6 if have_vllm else 4) + "|")
-    for phase, (tokens, _, _) in phases.items():
+    for phase, (tokens, _) in phases.items():
         ours, hf, vllm = (seconds[(phase, name)] for name in ("ours", "hf", "vllm"))
         label = f"prefill ({args.prompt_len}-token prompt)" if phase == "prefill" else f"decode (batch {args.batch})"
         cells = [label, f"{tokens / statistics.median(ours):,.0f}", f"{tokens / statistics.median(hf):,.0f}",

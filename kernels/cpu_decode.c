@@ -9,6 +9,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+/* Where key t of a request lives: its block from the block table, then the offset within the block. */
+static inline int64_t slot(const int32_t *table, int t, int block_size)
+{
+    return (int64_t)table[t / block_size] * block_size + t % block_size;
+}
+
 void decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                       float *out, int64_t out_stride, const int64_t *rows, const int32_t *block_table,
                       int64_t table_stride, const int32_t *seqlens, int num_reqs, int block_size, int num_heads,
@@ -24,7 +30,7 @@ void decode_attention(const float *q, int64_t q_stride, const float *k_cache, co
         float *scores = malloc(sizeof(float) * (size_t)num_heads * len);  /* [head][key] */
         float *acc = calloc((size_t)num_heads * head_dim, sizeof(float));
         for (int t = 0; t < len; t++) {
-            const float *k = k_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * token_stride;
+            const float *k = k_cache + slot(table, t, block_size) * token_stride;
             for (int h = 0; h < num_heads; h++) {
                 const float *qh = qr + h * head_dim, *kh = k + (h / group) * head_dim;
                 float s = 0.0f;
@@ -33,14 +39,14 @@ void decode_attention(const float *q, int64_t q_stride, const float *k_cache, co
                 scores[h * len + t] = s * scale;
             }
         }
-        for (int h = 0; h < num_heads; h++) {  /* scores become softmax numerators; their sum divides below */
+        for (int h = 0; h < num_heads; h++) {  /* each head's scores become its softmax */
             float *row = scores + h * len, peak = -INFINITY, total = 0.0f;
             for (int t = 0; t < len; t++) peak = fmaxf(peak, row[t]);
             for (int t = 0; t < len; t++) total += row[t] = expf(row[t] - peak);
             for (int t = 0; t < len; t++) row[t] /= total;
         }
         for (int t = 0; t < len; t++) {
-            const float *v = v_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * token_stride;
+            const float *v = v_cache + slot(table, t, block_size) * token_stride;
             for (int h = 0; h < num_heads; h++) {
                 const float p = scores[h * len + t], *vh = v + (h / group) * head_dim;
                 float *a = acc + h * head_dim;

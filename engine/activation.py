@@ -14,12 +14,12 @@ one layer holds at once plus what lives for the whole step (docs/architecture.md
              + per-path buffers of the one chunk being attended (chunks are attended one after another):
                flash      nothing: FlashAttention-style kernels (the Triton path, vLLM, SGLang) tile the
                           scores in on-chip memory, so no [queries, keys] tensor ever exists
-               reference  this engine's torch path (kernels/reference.py): fp32 copies of the chunk's K and V
+               reference  this engine's torch path (chunkbench/kernels/reference.py): fp32 copies of the chunk's K and V
                           gathered from the pages, and, for chunks with cached context or longer than
                           QUERY_BLOCK, the bool mask [rows, keys] plus the float copy SDPA makes of it. With
                           torch >= 2.3 CPU SDPA runs a tiled (flash) kernel even with a mask, so the scores
                           themselves are not materialised (measured: tests/test_deployments.py). Its fp32
-                          decodes gather nothing where kernels/cpu_decode.c is built: `decode_attention="flash"`
+                          decodes gather nothing where chunkbench/kernels/cpu_decode.c is built: `decode_attention="flash"`
                math       a naive softmax(QK^T)V (Hugging Face's "eager" attention): the scores and the
                           probabilities, [heads/N, rows, keys] fp32 each
     logits     [n, hidden] + [sampled, vocab] fp32 (gathered over the GPUs) + [sampled, vocab/N] in `act`
@@ -30,7 +30,7 @@ from __future__ import annotations
 from .config import ModelConfig
 from .sharding import heads_per_gpu, intermediate_per_gpu, kv_heads_per_gpu
 
-QUERY_BLOCK = 1024  # kernels/reference.py's rows per softmax (copied: kernels imports torch)
+QUERY_BLOCK = 1024  # chunkbench/kernels/reference.py's rows per softmax (copied: kernels imports torch)
 ATTENTION_PATHS = ("flash", "reference", "math")
 FP32 = 4
 
@@ -39,7 +39,7 @@ def step_activation_bytes(model: ModelConfig, prefills, decodes, num_sampled: in
                           attention: str = "flash", decode_attention: str | None = None) -> int:
     """Peak bytes one GPU allocates for a step's activations. `prefills`: (chunk tokens, cached context)
     pairs; `decodes`: each decode's keys (context length). `decode_attention`: the decodes' path when it is
-    not `attention`'s (the CPU engine's fp32 decodes: kernels/cpu_decode.c reads the pages in place, "flash")."""
+    not `attention`'s (the CPU engine's fp32 decodes: chunkbench/kernels/cpu_decode.c reads the pages in place, "flash")."""
     n = sum(q for q, _ in prefills) + len(decodes) if prefills else len(decodes)  # most steps only decode
     if n == 0:
         return 0

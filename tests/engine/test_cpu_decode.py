@@ -1,4 +1,4 @@
-"""The C decode kernel (kernels/cpu_decode.c) against the torch reference it replaces on the CPU path."""
+"""The C decode kernel (chunkbench/kernels/cpu_decode.c) against the torch reference it replaces on the CPU path."""
 
 import pytest
 import torch

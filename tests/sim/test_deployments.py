@@ -231,7 +231,7 @@ def test_activation_formula_matches_the_cpu_engine_within_10_percent(steps):
 @pytest.mark.parametrize("kernel", ["1", "0"])
 def test_activation_formula_matches_a_cpu_decode_step_with_and_without_the_c_kernel(kernel, monkeypatch):
     """8 decodes over 1,500 keys each: the torch path's gathered K/V (12 MB here) is the step's peak; the C
-    kernel (kernels/cpu_decode.c) reads the pages in place, and the formula knows which one ran."""
+    kernel (chunkbench/kernels/cpu_decode.c) reads the pages in place, and the formula knows which one ran."""
     from chunkbench.engine.engine import LLMEngine
     from chunkbench.engine.request import SamplingParams
     from chunkbench.kernels import cpu_decode

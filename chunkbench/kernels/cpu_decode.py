@@ -12,7 +12,7 @@ It is plain C with OpenMP, no torch headers, so it compiles in under a second (c
 $XDG_CACHE_HOME/chunkbench (default ~/.cache/chunkbench), keyed by the source, flags and CPU. The OpenMP
 runtime it links is torch's own (the same libgomp.so.1, already loaded), so it runs on torch's threads, as
 many as `torch.get_num_threads()`. Where there is no C compiler, or CHUNKBENCH_CPU_KERNEL=0, `library()` is None
-and decodes take the torch path (kernels/reference.py), which stays the oracle in tests.
+and decodes take the torch path (chunkbench/kernels/reference.py), which stays the oracle in tests.
 """
 
 from __future__ import annotations

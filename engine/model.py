@@ -9,11 +9,11 @@ The last layer computes only K/V for the tokens no logit is taken from (`LlamaFo
 and 1/num_layers of a prefill step's work saved (vLLM computes every row and then selects).
 
 On the CPU in fp32, `pack_for_cpu` also keeps each linear layer's weight in oneDNN's blocked layout, reordered
-once (as vLLM's CPU build does), for the steps of at most PACKED_MAX_ROWS tokens: a plain F.linear re-packs its
-weight on every call. Measured on this 2-core machine (one thread, `small`'s four layer GEMMs and LM head):
-1.38x faster at 32 rows (20.2 vs 27.9 ms), 2.2x at 8, 1.05x at 100, and none at prefill sizes (0.97x at 2048
-rows), which keep the dense weight. It costs a second copy of the weights, so it is done only below
-PACK_MAX_BYTES of them.
+once (as vLLM's CPU build does), and every step's products use it: a plain F.linear goes through MKL's sgemm,
+which re-packs its weight on every call and here reaches half oneDNN's rate. Measured (one process, `small`'s
+layer GEMMs): on an AVX-512 EPYC (2026-12-04) 375-517 GFLOP/s packed against 185-222 with F.linear at 128 to
+2048 rows; on the earlier 2-core machine 1.38x at 32 rows, 1.05x at 100, 0.97x at 2048. It costs a second
+copy of the weights, so it is done only below PACK_MAX_BYTES of them.
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from .attention import paged_attention
 from .config import ModelConfig
 
 
-PACKED_MAX_ROWS = 128  # steps of more rows use the dense weights: packed ones are no faster there (docstring)
 PACK_MAX_BYTES = 2 << 30  # `small` has 0.4 GiB of fp32 weights; a 1B model's 5 GiB are not copied
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             packed: torch.Tensor | None) -> torch.Tensor:
-    """F.linear, through the pre-packed oneDNN weight when there is one and the step is decode-sized."""
-    if packed is not None and 0 < x.shape[0] <= PACKED_MAX_ROWS:
+    """F.linear, through the pre-packed oneDNN weight when there is one."""
+    if packed is not None and x.shape[0] > 0:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -1,12 +1,12 @@
 """The CPU's pre-packed linear weights (engine/model.py `pack_for_cpu`): the same products as the dense weights
-within fp32 rounding, used for decode-sized steps only, and not made where they do not apply."""
+within fp32 rounding, used for steps of every size, and not made where they do not apply."""
 
 import pytest
 import torch
 
 from chunkbench.engine import model as model_module
 from chunkbench.engine.model_config import ModelConfig
-from chunkbench.engine.model import PACKED_MAX_ROWS, build_model
+from chunkbench.engine.model import build_model
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -15,18 +15,18 @@ def tiny(dtype=torch.float32):
     return build_model(ModelConfig.from_name("tiny"), dtype, torch.device("cpu"), seed=0)
 
 
-def test_packed_products_equal_the_dense_ones_and_only_small_steps_use_them(monkeypatch):
+def test_packed_products_equal_the_dense_ones_at_every_step_size(monkeypatch):
     model = tiny()
     assert model.lm_head_packed is not None and set(model.model.layers[0].mlp.packed) == {"gate_up", "down"}
     calls = []
     pointwise = torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(model_module.torch.ops.mkldnn, "_linear_pointwise",
                         lambda x, *a: calls.append(x.shape[0]) or pointwise(x, *a), raising=False)
-    for rows in (1, 32, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 300):
+    for rows in (1, 32, 128, 129, 2048):
         hidden = torch.randn(rows, model.config.hidden_size)
         calls.clear()
         packed = model.compute_logits(hidden)
-        assert calls == ([rows] if rows <= PACKED_MAX_ROWS else []), rows  # dense past PACKED_MAX_ROWS
+        assert calls == [rows], rows
         dense = torch.nn.functional.linear(hidden, model.lm_head.weight)
         torch.testing.assert_close(packed, dense, rtol=1e-5, atol=1e-5)
     mlp = model.model.layers[0].mlp

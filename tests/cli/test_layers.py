@@ -3,6 +3,7 @@ inside functions count: a lazy import only hides a circle; those under `if TYPE_
 never run, and do not), and no module much over 300 lines."""
 
 import ast
+import importlib.metadata
 from pathlib import Path
 
 import networkx as nx
@@ -63,3 +64,14 @@ def test_no_import_circle():
 def test_no_module_over_about_300_lines():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MOST_LINES}
     assert not long, f"modules over {MOST_LINES} lines: {long}"
+
+
+def test_no_top_level_folder_shadows_an_installed_package():
+    """The repository's root is on sys.path in the tests (pytest's rootdir) and under `python -m` from it, so a
+    top-level package folder named like an installed distribution's module hides that module: a top-level
+    kernels/ hid Hugging Face's `kernels`, which transformers 5.25 imports, and every model load failed."""
+    installed = importlib.metadata.packages_distributions()
+    folders = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    shadowing = {name: installed[name] for name in folders
+                 if any(dist.lower() != "chunkbench" for dist in installed.get(name, []))}
+    assert not shadowing, f"top-level folders named like installed packages: {shadowing}"

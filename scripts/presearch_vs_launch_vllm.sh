@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=$1; OUT=$2; shift 2
 MODEL="$PWD/.venv-vllm/tiny-llama"
-# The engine core in the API server's process, as the tier serves vLLM (tests/vllm/conftest.py vllm_env: with a
-# core process of its own vLLM paused its streams on these 2 cores).
+# The model in the engine core's process, as the tier serves vLLM (tests/vllm/conftest.py vllm_env: with a
+# worker process of its own vLLM paused its streams on these 2 cores).
 export VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_TARGET_DEVICE=cpu VLLM_NO_USAGE_STATS=1 \
   VLLM_ENABLE_V1_MULTIPROCESSING=0
 unset TRITON_INTERPRET

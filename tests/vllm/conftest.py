@@ -28,13 +28,14 @@ VLLM_BLOCK = 32  # vLLM's CPU attention takes multiples of 32 only
 
 
 def vllm_env(**extra: str) -> dict[str, str]:
-    """What vLLM's CPU build needs to run here: a KV cache size (GiB), no hub, the CPU platform, and the engine
-    core inside the API server's process (VLLM_ENABLE_V1_MULTIPROCESSING=0; the model still runs in its worker
-    process). With the core in a process of its own, `vllm serve` on these 2 cores stopped streaming for 100-1,200
-    ms and then sent what it had together in 12 of 16 runs of the calibration's workload run as started by
-    default, and in 15 of 18 with no thread binding, one OpenMP thread, or niced to 10 below the client
-    (2026-12-04), while the same requests stepped in one process never took a step over 62 ms; with the core
-    in the API server's process, 0 of 12 runs paused (longest gap 10-70 ms)."""
+    """What vLLM's CPU build needs to run here: a KV cache size (GiB), no hub, the CPU platform, and the model run
+    inside the engine core's process (VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's uniprocess executor; `vllm serve`
+    still starts the engine core as a process of its own beside the API server's). With a worker process of its
+    own, handed each step through shared memory that both sides poll, `vllm serve` on these 2 cores stopped
+    streaming for 100-1,200 ms and then sent what it had together in 12 of 16 runs of the calibration's
+    workload run as started by default, and in 15 of 18 with no thread binding, one OpenMP thread, or niced to
+    10 below the client (2026-12-04), while the same requests stepped in one process never took a step over 62
+    ms; without the worker process, 0 of 12 runs paused (longest gap 10-70 ms)."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0")

@@ -73,7 +73,8 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
     assert calibration.family == "linear"
     assert abs(errors["output_throughput"]) <= HELD_OUT_TOLERANCE  # measured: -0.9% and -1.1% (2026-12-02)
     missed = {k: e for k, e in errors.items() if abs(e) > HELD_OUT_TOLERANCE}
-    if missed:  # a known gap of issue 31 (measured: median TTFT +59%, +78%, +19%; p99 ITL +41%, +1%, -9%)
+    if missed:  # a known gap of issue 31 (measured: median TTFT +59%, +78%, +19%; p99 ITL +41%, +1%, -9%;
+        # 2026-12-04, served without a worker process (conftest.vllm_env), no pauses: +35%, +23%; +30%, within)
         pytest.xfail("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
                      + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
                      f"{calibration.workload_error_pct:.1f}% on its workload run)")

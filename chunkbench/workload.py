@@ -18,6 +18,7 @@ from chunkbench.arrivals import MAX_SPAN_S, arrival_span, sample_arrivals
 from chunkbench.errors import UserError, check_number
 from chunkbench.workload_files import MAX_TOKENS, read_sharegpt, read_token_file
 
+MAX_REQUESTS = 10**7  # requests in a workload: beyond is a mistake (1.2e12 asked numpy for 8.8 TiB of lengths)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class WorkloadSpec:
         """Every number checked (build_workload does, before any work): finite (NaN passes `<= 0`), in
         range, whole where counted."""
         if self.num_requests is not None:
-            check_number("--num-requests", self.num_requests, low=1, integer=True)
+            check_number("--num-requests", self.num_requests, low=1, high=MAX_REQUESTS, integer=True)
         if self.duration is not None:
             check_number("--duration", self.duration, low=0, low_open=True)
         check_number("--rate", self.rate, low=0, low_open=True)

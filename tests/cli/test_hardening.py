@@ -41,6 +41,7 @@ def fails_cleanly(args, capsys, message):
     (["--goodput", "ttft:nan"], "--goodput"),
     (["--seed", "-1"], "--seed"),
     (["--num-requests", "0"], "--num-requests"),
+    (["--num-requests", "1203605602304"], "--num-requests must be <= 1e+07"),  # hypothesis: 8.8 TiB of lengths
     (["--warmup-steps", "-1"], "--warmup-steps"),
 ])
 def test_bad_numbers_fail_before_any_work(flags, message, capsys, tmp_path):
@@ -53,6 +54,7 @@ def test_bad_numbers_fail_before_any_work(flags, message, capsys, tmp_path):
     (["--rate", "nan"], "--rate must be a finite number"),
     (["--timeout", "-1"], "--timeout must be > 0"),
     (["--n-trials", "0"], "--n-trials"),
+    (["--num-requests", "1203605602304"], "--num-requests must be <= 1e+07"),
     (["--max-sched-delay", "nan"], "--max-sched-delay"),
 ])
 def test_bad_tune_numbers(flags, message, capsys, tmp_path):

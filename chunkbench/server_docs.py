@@ -6,6 +6,8 @@ Checked by schemathesis against the running server (tests/serving/test_server_sc
 
 from __future__ import annotations
 
+import math
+
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
@@ -65,14 +67,18 @@ def document_errors(app: FastAPI) -> None:
 
 def _integer_bounds(node):
     """FastAPI writes every bound as a float ("minimum": 1.0); an integer's bounds go back to integers, so that
-    generators draw integers for them (the server takes no 1.0 for an integer: its models are strict)."""
+    generators draw integers for them (the server takes no 1.0 for an integer: its models are strict). A float
+    of 2**53 or more may have been rounded outward (seed's 2**63 - 1 became 2**63, which the server refuses):
+    such a bound is stepped one float inward, so the document never admits what the server refuses."""
     if isinstance(node, list):
         return [_integer_bounds(item) for item in node]
     if not isinstance(node, dict):
         return node
     out = {key: _integer_bounds(value) for key, value in node.items()}
     if out.get("type") == "integer":
-        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            if isinstance(out.get(key), float) and out[key].is_integer():
-                out[key] = int(out[key])
+        for key, inward in (("minimum", math.inf), ("exclusiveMinimum", math.inf), ("maximum", -math.inf),
+                            ("exclusiveMaximum", -math.inf)):
+            value = out.get(key)
+            if isinstance(value, float) and value.is_integer():
+                out[key] = int(math.nextafter(value, inward) if abs(value) >= 2**53 else value)
     return out

@@ -48,6 +48,8 @@ def test_the_document_states_the_limits_and_answers(server):
     assert body["temperature"]["anyOf"][0] == {"type": "number", "minimum": 0, "maximum": 2}
     assert body["max_tokens"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": MAX_MODEL_LEN - 1}
     assert body["repetition_penalty"]["anyOf"] == [{"const": 1.0}, {"type": "null"}]
+    seed = body["seed"]["anyOf"][0]  # 2**63 - 1 reached FastAPI's document as the float 2**63, which is refused
+    assert -2**63 <= seed["minimum"] and seed["maximum"] <= 2**63 - 1, seed
     assert "422" not in str(doc) and "2.0 is refused" in doc["info"]["description"]
 
 

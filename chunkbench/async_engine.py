@@ -261,10 +261,10 @@ class AsyncEngine:
                 self.stats.prompt_tokens.inc(request.num_prompt_tokens)
             self.stats.generation_tokens.inc(len(new))
             self._streams[request.request_id] = (loop, stream, sent + len(new))
+            if request.is_finished:  # before its caller hears of it: a reply may be read as soon as it is sent
+                self._remember(request)
             self._emit(request.request_id, TokenEvent(new, request.is_finished, request.finish_reason,
                                                       stop_reason=request.stop_reason))
-            if request.is_finished:
-                self._remember(request)
         if self.engine.last_step is not None:
             self.stats.record_step(*self.engine.last_step)
         else:  # nothing schedulable right now (e.g. only rejections handed back): do not spin

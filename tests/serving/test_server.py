@@ -55,6 +55,24 @@ def test_bench_50_requests_client_ttft_never_below_server_ttft(server):
     assert idle(engine) == 0
 
 
+def test_a_request_is_recorded_before_its_caller_hears_it_finished(server, monkeypatch):
+    """A reply may be read the moment its last event is sent, so the finished request (its server-side timings)
+    and its success counter must be in place by then: CI once read engine.finished between the two."""
+    url, engine = server
+    seen = []
+    emit = engine._emit
+
+    def checking_emit(request_id, event):
+        if event.finished and event.finish_reason in ("stop", "length"):
+            seen.append(request_id in engine.finished)
+        emit(request_id, event)
+
+    monkeypatch.setattr(engine, "_emit", checking_emit)
+    for _ in range(3):
+        assert httpx.post(f"{url}/completions", json={"prompt": "hello", "max_tokens": 3}).status_code == 200
+    assert seen == [True, True, True]
+
+
 def test_the_server_serves_with_its_heap_frozen(server):
     """As vLLM after its warm-up: the model and imports stay out of the collector's walks (gc_pause.py)."""
     import gc

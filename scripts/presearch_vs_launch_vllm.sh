@@ -14,6 +14,8 @@ MODEL="$PWD/.venv-vllm/tiny-llama"
 export VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_TARGET_DEVICE=cpu VLLM_NO_USAGE_STATS=1 \
   VLLM_ENABLE_V1_MULTIPROCESSING=0
 unset TRITON_INTERPRET
+# and TCMalloc preloaded when installed, as vLLM's CPU guide says (conftest.py vllm_env says why)
+if ldconfig -p | grep -q libtcmalloc_minimal.so.4; then export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+ $LD_PRELOAD}"; fi
 LAUNCH="$PWD/.venv-vllm/bin/vllm serve {model} {vllm_flags} --port $PORT --host 127.0.0.1 --enforce-eager --dtype float32"
 /usr/bin/time -f "WALL %e s" .venv/bin/python -m chunkbench.cli tune --model "$MODEL" --backend launch \
   --launch "$LAUNCH" --endpoint "http://127.0.0.1:$PORT/v1" --workload chat --num-requests 12 --rate 6 \

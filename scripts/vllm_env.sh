@@ -25,6 +25,13 @@ if [ ! -f "$STAMP" ]; then
   : >"$stub/RECORD"
   touch "$STAMP"
 fi
+# TCMalloc, which vLLM's CPU install guide preloads (LD_PRELOAD; tests/vllm/conftest.py vllm_env does): under
+# glibc's malloc a step near the token budget took ~3x its neighbours (2,040 tokens 86-90 ms, 2,016 29-38).
+# Debian's package, as scripts/postgres.sh installs PostgreSQL; without root or apt the tier runs without it.
+if ! ldconfig -p | grep -q libtcmalloc_minimal.so.4; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      libtcmalloc-minimal4; } >/dev/null 2>&1 || echo "vllm_env.sh: no libtcmalloc-minimal4 (vLLM runs on glibc's malloc)" >&2
+fi
 # The tiny model, written with the venv's own transformers and tokenizers (vLLM's dependencies).
 test -f "$VENV/tiny-llama/config.json" || "$PY" scripts/tiny_llama.py "$VENV/tiny-llama" >/dev/null
 echo "$PY"

@@ -25,6 +25,16 @@ A step's seconds = sum of STEP_COEFFICIENTS[k] * feature k:
   stalled ~2 ms once in ~9 steps, the same step for every request, at irregular intervals (7, 9, 2, 4, 14, 3,
   17, 10 steps), its pooled ITL p90 and p99 1.5x and 1.8x the median; a light load's (two or three sequences a
   step) stalled too rarely to reach its p90. Deterministic, so a simulated run stays repeatable.
+- `new_step_s`: a step whose number of tokens the session has not run before takes this much longer. vLLM
+  0.32's CPU linear layers run oneDNN matmuls, and oneDNN builds (JIT-compiles) a primitive for each row count
+  it meets, then keeps it for the process. `scripts/vllm_step_costs.py` on the tier's tiny Llama as the tier
+  serves it (TCMalloc preloaded; 2026-12-04), median steps of 40 and of 20 lengths never run, then the same
+  again: ~100 tokens 4.1/4.4 ms against 2.0/2.7; ~700 11.0/14.4 against 9.7/10.3; ~1,400 22.9/25.0 against
+  19.5/20.3: 1.3-4.7 ms more, not growing with the step (on glibc's malloc it did: ~1,400 tokens 58.0 against
+  26.4). The second pass ran each length again after 39 others had pushed it out of vLLM's own 32-entry cache
+  of primitives, and cost what a hit does (oneDNN's process-wide cache still had it), so a session remembers
+  its counts for good. A decode-heavy run meets each batch size once; a run whose steps mix decodes with a
+  chunk's remainder meets new counts all along.
 
 And one term outside the steps, `latency_s`: every token reaches the client this long after its step ends
 (the server's request and response path: HTTP, input processing, the engine core's IPC, detokenizing and
@@ -46,24 +56,42 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim.shape import StepShape
 
-STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s", "stall_s")
+STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s", "stall_s", "new_step_s")
 COEFFICIENTS = STEP_COEFFICIENTS + ("latency_s",)
-OPTIONAL = ("stall_s", "latency_s", "stall_every")  # 0 when a file lacks them
-STALL, SEQUENCES = STEP_COEFFICIENTS.index("stall_s"), STEP_COEFFICIENTS.index("seq_s")
+OPTIONAL = ("stall_s", "latency_s", "stall_every", "new_step_s")  # 0 when a file lacks them
+STALL, SEQUENCES, TOKENS = (STEP_COEFFICIENTS.index(k) for k in ("stall_s", "seq_s", "token_s"))
+NEW_STEP = STEP_COEFFICIENTS.index("new_step_s")
+SESSION_FEATURES = (STALL, NEW_STEP)  # set by the step's place in its session (session_features)
 
 
 def step_features(step: StepShape) -> tuple[float, ...]:
-    """The features STEP_COEFFICIENTS multiply, in their order; the stall's is 0 (it depends on the step's place
-    in the session, which LinearStepCost counts)."""
+    """The features STEP_COEFFICIENTS multiply, in their order; SESSION_FEATURES are 0 (they depend on the
+    steps before it in the session, which LinearStepCost remembers and session_features sets)."""
     sequences = len(step.prefills) + len(step.decodes)
     return (1.0, float(bool(step.prefills)), float(step.num_tokens), float(step.prefill_attention_pairs),
-            float(sequences), float(step.decode_keys), 0.0)
+            float(sequences), float(step.decode_keys), 0.0, 0.0)
 
 
 def stalls(sequences, every: int):
     """Which of a session's steps, with these many sequences each (in order), stall."""
     done = np.cumsum(sequences)
     return (done // every > (done - np.asarray(sequences)) // every) if every else np.zeros(len(done), dtype=bool)
+
+
+def new_counts(tokens) -> np.ndarray:
+    """Which of a session's steps, with these many tokens each (in order), run a count no step before them ran."""
+    _, first = np.unique(np.asarray(tokens), return_index=True)
+    new = np.zeros(len(tokens), dtype=bool)
+    new[first] = True
+    return new
+
+
+def session_features(features: np.ndarray, stall_every: int) -> np.ndarray:
+    """A session's step features (rows of step_features, in order) with SESSION_FEATURES filled in."""
+    features = np.array(features, dtype=float)
+    features[:, STALL] = stalls(features[:, SEQUENCES].astype(int), stall_every)
+    features[:, NEW_STEP] = new_counts(features[:, TOKENS])
+    return features
 
 
 def check_coefficients(coefficients: dict, where: str) -> dict:
@@ -94,23 +122,30 @@ class LinearStepCost:
     # Sequences stepped so far (a session's cost model prices its steps in order; --step-time-target's
     # candidate steps would count too, a chunkbench-only knob that a vLLM calibration never searches).
     _stepped: list = field(default_factory=lambda: [0], compare=False, repr=False)
+    _counts: set = field(default_factory=set, compare=False, repr=False)  # the token counts it has run
 
-    def _stall(self, sequences: int) -> float:
+    def _session(self, sequences: int, tokens: int) -> float:
+        """The SESSION_FEATURES' seconds of the next step of the session, which it then remembers."""
         before = self._stepped[0]
         self._stepped[0] = before + sequences
-        every = self.stall_every
-        return self.coefficients[STALL] if every and (before + sequences) // every > before // every else 0.0
+        every, seconds = self.stall_every, 0.0
+        if every and (before + sequences) // every > before // every:
+            seconds += self.coefficients[STALL]
+        if tokens not in self._counts:
+            self._counts.add(tokens)
+            seconds += self.coefficients[NEW_STEP]
+        return seconds
 
     def predict(self, step: StepShape) -> float:
         return (math.fsum(c * f for c, f in zip(self.coefficients, step_features(step)))
-                + self._stall(len(step.prefills) + len(step.decodes)))
+                + self._session(len(step.prefills) + len(step.decodes), step.num_tokens))
 
     def decode_step_cost(self, batch: int) -> Callable[[int], float]:
         """predict() of a decode-only step of `batch` decodes as a function of the keys it reads, bit for bit
         (the fast path, sim/fastforward.py)."""
-        step_s, _, token_s, pair_s, seq_s, key_s, _ = self.coefficients
+        step_s, _, token_s, pair_s, seq_s, key_s = self.coefficients[:6]
         fixed = (step_s * 1.0, 0.0, token_s * float(batch), pair_s * 0.0, seq_s * float(batch))
-        return lambda keys: math.fsum(fixed + (key_s * float(keys),)) + self._stall(batch)
+        return lambda keys: math.fsum(fixed + (key_s * float(keys),)) + self._session(batch, batch)
 
     def rows_activation_bytes(self, rows: int, sampled: int) -> int:
         return self.memory.rows_activation_bytes(rows, sampled)
@@ -132,4 +167,6 @@ def linear_text(coefficients: dict) -> str:
             f"{c['token_s'] * 1e6:.3g} us per token + {c['pair_s'] * 1e9:.3g} ns per attention pair + "
             f"{c['seq_s'] * 1e6:.3g} us per sequence + {c['key_s'] * 1e9:.3g} ns per decode key"
             + (f" + {c['stall_s'] * 1e3:.3g} ms every {int(coefficients['stall_every'])} sequences stepped"
-               if coefficients.get("stall_every") else "") + f"; {c['latency_s'] * 1e3:.3g} ms to the client")
+               if coefficients.get("stall_every") else "")
+            + (f" + {c['new_step_s'] * 1e3:.3g} ms at a token count new to the server" if c["new_step_s"] else "")
+            + f"; {c['latency_s'] * 1e3:.3g} ms to the client")

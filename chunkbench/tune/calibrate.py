@@ -60,10 +60,11 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
                          from_burst_end(figures) if design.primer else figures))
         if not attempts[-1][0]:
             break
-    paused, _, figures = min(attempts, key=lambda a: a[:2])  # the unpaused one, else the least paused
+    kept = min(range(len(attempts)), key=lambda k: attempts[k][:2])  # the unpaused one, else the least paused
+    paused, _, figures = attempts[kept]
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted), "warmed_up": True,
-            "paused_runs": sum(a[0] for a in attempts), "paused": paused} | figures
+            "attempt": kept, "paused_runs": sum(a[0] for a in attempts), "paused": paused} | figures
 
 
 def server_paused(figures: dict) -> bool:

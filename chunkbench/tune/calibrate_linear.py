@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunkbench.backends import SimBackend
-from chunkbench.sim.linear_cost import COEFFICIENTS, SEQUENCES, STALL, STEP_COEFFICIENTS, stalls, step_features
+from chunkbench.sim.linear_cost import (COEFFICIENTS, NEW_STEP, SEQUENCES, STALL, STEP_COEFFICIENTS, session_features,
+                                        step_features)
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.calibration_runs import residuals, run_figures, simulate_run
 from chunkbench.tune.spec import TuneSpec
@@ -110,7 +111,7 @@ def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
     """Simulate `run` under `calibration` once, recording its schedule."""
     backend = RecordingBackend(server_calibration=calibration, fast_forward=False)
     result, workload, _ = simulate_run(calibration, spec, run, backend)
-    rows = backend.recorder.rows
+    rows = backend.recorder.rows[-len(result.steps):] if result.steps else []  # the run's (after its warm-up)
     if not len(rows) == len(result.steps) == len(result.step_requests):
         raise RuntimeError(f"recorded {len(rows)} steps' features for {len(result.steps)} steps")
     starts = np.array([s.start for s in result.steps])
@@ -132,9 +133,8 @@ def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
     order = list(range(len(workload)))
     if len(sends) == len(workload) and run["workload"].get("arrival") != "all-at-once":  # as simulate_run sorts
         order = sorted(order, key=lambda i: sends[i])
-    features = np.asarray(rows, dtype=float)
-    features[:, STALL] = stalls(features[:, SEQUENCES].astype(int), calibration.coefficients["stall_every"])
-    return Trace(features, release, idle, token_steps, arrivals, order)
+    session = session_features(backend.recorder.rows, calibration.coefficients["stall_every"])
+    return Trace(session[len(session) - len(rows):], release, idle, token_steps, arrivals, order)
 
 
 def request_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
@@ -185,7 +185,8 @@ def decode_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
     for j, steps in enumerate(t.token_steps):
         own = gaps[offsets[t.measured_order[j]]:][:len(steps) - 1]
         keep = [k for k in range(1, len(steps)) if steps[k] == steps[k - 1] + 1 and bunched < own[k - 1] < slow
-                and not t.features[steps[k], 1] and not t.features[steps[k], STALL]]
+                and not t.features[steps[k], 1] and not t.features[steps[k], STALL]
+                and not t.features[steps[k], NEW_STEP]]
         if len(keep) >= MIN_DECODE_GAPS:
             rows.append(np.append(t.features[[steps[k] for k in keep]].mean(axis=0), 0.0))
             targets.append(float(np.mean([own[k - 1] for k in keep])))
@@ -235,14 +236,16 @@ def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> 
         return 0
     start = sum(lengths[i] - 1 for i in range(t.measured_order[j]))
     gaps = np.asarray(run["itl_ms"][start:start + len(steps) - 1])
-    stalled = int(np.sum(gaps >= STALL_RATIO * np.median(gaps))) if len(gaps) >= MIN_STALL_GAPS else 0
+    # a gap ending at a step of a batch size new to the session is slow for that reason (sim/linear_cost.py)
+    slow = (gaps >= STALL_RATIO * np.median(gaps)) & (t.features[steps[1:], NEW_STEP] == 0)
+    stalled = int(np.sum(slow)) if len(gaps) >= MIN_STALL_GAPS else 0
     if stalled < len(gaps) / MAX_STALL_PERIOD or not stalled:
         return 0
     return max(1, int(round(t.features[steps[0] + 1:steps[-1] + 1, SEQUENCES].sum() / stalled)))
 
 
 def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration,
-               max_evaluations: int = 1500) -> ServerCalibration:
+               max_evaluations: int = 4000) -> ServerCalibration:
     """The linear calibration that best reproduces `runs` (module docstring). `first`: the linear calibration
     the first schedules are simulated under."""
     every = stall_period(runs, spec, first)

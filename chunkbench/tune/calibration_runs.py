@@ -166,7 +166,15 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
         workload = sorted((dataclasses.replace(w, arrival_time=t - first) for w, t in zip(workload, run["send_s"])),
                           key=lambda w: w.arrival_time)
     with (backend or SimBackend(server_calibration=calibration)).session(config) as serve:
-        result = serve(workload, seed=spec.seed, warmup_steps=0, progress=False, label=run["name"])
+        # what the server ran before it on its launch (calibrate.run_design): a session's cost can depend on
+        # it (sim/linear_cost.py, new token counts)
+        if run.get("warmed_up"):
+            serve(warmup_requests(config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len),
+                  seed=spec.seed + 1, warmup_steps=0, progress=False, label=f"{run['name']} warm-up")
+        for attempt in range(run.get("attempt", 0)):  # measured again after a pause: the runs before it
+            serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False, label=run["name"])
+        result = serve(workload, seed=spec.seed + 2 * run.get("attempt", 0), warmup_steps=0, progress=False,
+                       label=run["name"])
     return result, workload, config
 
 

@@ -42,7 +42,8 @@ class FakeServer(SimBackend):
 
 # A server whose step cost IS linear (sim/linear_cost.py), with constants of the shape measured on vLLM 0.32's
 # CPU engine: a fixed step, a prefill step's extra, per token, per causal attention pair, per sequence, per key,
-# a stall every 40 sequences stepped, and the time a token takes to reach the client.
+# a stall every 40 sequences stepped, a step at a token count new to the session (oneDNN building a primitive),
+# and the time a token takes to reach the client.
 LINEAR_TRUTH = ServerCalibration("cpu", family="linear", model="small", num_blocks=1024, coefficients={
     "step_s": 2.0e-3, "prefill_step_s": 0.7e-3, "token_s": 30e-6, "pair_s": 15e-9, "seq_s": 50e-6, "key_s": 20e-9,
-    "stall_s": 1.5e-3, "stall_every": 40, "latency_s": 5e-3})
+    "stall_s": 1.5e-3, "stall_every": 40, "new_step_s": 3e-3, "latency_s": 5e-3})

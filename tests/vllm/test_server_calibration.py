@@ -62,7 +62,9 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
         # steps cost what no step cost describes
         serve(cal.warmup_requests(HELD_OUT_BUDGET, config.scheduler.max_model_len), seed=1, progress=False)
         measured = serve(workload, seed=spec.seed, progress=False)
-    with SimBackend(server_calibration=calibration).session(config) as serve:
+    with SimBackend(server_calibration=calibration).session(config) as serve:  # the same session: its warm-up
+        serve(cal.warmup_requests(HELD_OUT_BUDGET, config.scheduler.max_model_len), seed=1, warmup_steps=0,
+              progress=False)  # ran the token counts the server has not paid for since (sim/linear_cost.py)
         simulated = serve(workload, seed=spec.seed, warmup_steps=0, progress=False)
     assert all(r.ok for r in measured.requests) and len(measured.requests) == HELD_OUT.num_requests
     m = summarize(measured.requests, measured.steps, measured.duration, endpoint=True)
@@ -74,7 +76,8 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
     assert abs(errors["output_throughput"]) <= HELD_OUT_TOLERANCE  # measured: -0.9% and -1.1% (2026-12-02)
     missed = {k: e for k, e in errors.items() if abs(e) > HELD_OUT_TOLERANCE}
     if missed:  # a known gap of issue 31 (measured: median TTFT +59%, +78%, +19%; p99 ITL +41%, +1%, -9%;
-        # 2026-12-04, served without a worker process (conftest.vllm_env), no pauses: +35%, +23%; +30%, within)
+        # 2026-12-04, served without a worker process (conftest.vllm_env), no pauses: +35%, +23%; +30%, within;
+        # with TCMalloc and the new-token-count term: +34.5%, p99 ITL +5.8%, throughput -0.7%)
         pytest.xfail("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
                      + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
                      f"{calibration.workload_error_pct:.1f}% on its workload run)")

@@ -171,10 +171,8 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
         if run.get("warmed_up"):
             serve(warmup_requests(config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len),
                   seed=spec.seed + 1, warmup_steps=0, progress=False, label=f"{run['name']} warm-up")
-        for attempt in range(run.get("attempt", 0)):  # measured again after a pause: the runs before it
-            serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False, label=run["name"])
-        result = serve(workload, seed=spec.seed + 2 * run.get("attempt", 0), warmup_steps=0, progress=False,
-                       label=run["name"])
+        for attempt in range(run.get("attempt", 0) + 1):  # measured again after a pause: the kept one is last
+            result = serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False, label=run["name"])
     return result, workload, config
 
 

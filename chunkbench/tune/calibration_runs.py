@@ -11,12 +11,16 @@ the load the trials will run at. Each run follows an untimed warm-up on its laun
 
 A burst is built so that what the client cannot see does not matter. Its prompts are all one length, so the
 order in which the server took them (measured on `chunkbench serve`: a mixed burst sent in order 0..9 was
-served 3..9 first, then 0..2) cannot change its figures. And a *primer* goes first, a long prompt (up to a
-step of the design's budget) with one token out, PRIMER_LEAD_S ahead of the burst: the burst arrives while the
-server is busy with it and joins the queue behind it together (without it, the server's first step caught
-however many requests had arrived by then: three of a decode burst of twelve in one measured run, all twelve
-in another). A server fast enough to finish the primer before the burst is sent is told so
-(`primer_outran_burst`). The client's sends of a burst can still spread: on the tier's vLLM a decode burst of
+served 3..9 first, then 0..2) cannot change its figures. And a *primer* goes first, the longest prompt one
+step of the design's largest budget takes (up to 2,048 tokens, one below the context length), with one token
+out, PRIMER_LEAD_S ahead of the burst: the burst reaches the engine while it is busy with the primer and joins
+the queue behind it together (without it, the server's first step caught however many requests had arrived by
+then: three of a decode burst of twelve in one measured run, all twelve in another). The primer's step must
+outlast the burst's way in: vLLM's API server hands requests to its engine one at a time, ~2 ms each on the
+tier's 2 cores, and with a 1,024-token primer 20 ms ahead the tier's vLLM (TCMalloc preloaded, 2026-12-04) had
+given the primer its token 19.9 and 24.5 ms after sending it, before the burst was sent, and took a decode burst
+of twelve over three steps (first tokens 13.5, 30.1 and ~41 ms after its last send). A server fast enough to
+finish the primer before the burst is sent is told so (`primer_outran_burst`). The client's sends of a burst can still spread: on the tier's vLLM a decode burst of
 twelve went out in four groups 21-106 ms after the primer, ~28 ms apart, yet all got their first token in the
 same step at ~149 ms. The simulator sends a burst at once, so a burst's TTFTs and E2ELs are measured from its
 last send, when the server had all of it (`from_burst_end`); from each request's own send they put up to 85
@@ -41,7 +45,7 @@ STAT_PCTS = (50, 90, 99)
 QUEUE_FLOOR_MS = 50.0  # relative error of a near-zero queue time means nothing: below this, absolute
 WORKLOAD_REQUESTS = 32  # the fourth calibration run: at most this many of the tune's own requests
 WARMUP_OUTPUT = 8  # tokens out of the warm-up's long request (warmup_requests); its decodes take twice that
-PRIMER_LEAD_S = 0.02  # a burst follows its primer by this much: longer than the client's spread of sends (~8 ms)
+PRIMER_LEAD_S = 0.005  # a burst follows its primer by this much: enough for the primer to reach the server first
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
     max_len = spec.base_config().scheduler.max_model_len
     big = max([b for b in budgets if b <= 2048] or budgets[:1])
     long_prompt = max(64, min(1024, max_len // 2, big))
+    primer = max(long_prompt, min(big, max_len - 1))  # one step of the largest budget, one token out
 
     def burst(n: int, prompt: str, output: str) -> WorkloadSpec:
         return WorkloadSpec(name="synthetic", num_requests=n, arrival="all-at-once", seed=spec.seed,
@@ -101,11 +106,11 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
     # before them; one output length, so the order of the burst cannot matter.
     mixed_prompt = max(16, min(long_prompt, 3 * budgets[0]))
     return [Design("prefill", {"max_num_batched_tokens": big}, burst(num_requests, f"fixed:{long_prompt}", "fixed:4"),
-                   ("ttft_ms", "e2el_ms"), primer=long_prompt),
+                   ("ttft_ms", "e2el_ms"), primer=primer),
             Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "fixed:32", "uniform:16:96"),
-                   primer=long_prompt),
+                   primer=primer),
             Design("mixed", {"max_num_batched_tokens": budgets[0]}, burst(num_requests + 2, f"fixed:{mixed_prompt}",
-                                                                          "fixed:32"), primer=long_prompt),
+                                                                          "fixed:32"), primer=primer),
             Design("workload", {"max_num_batched_tokens": budgets[len(budgets) // 2]}, spec.workload,
                    take=WORKLOAD_REQUESTS, repeat=True)]
 

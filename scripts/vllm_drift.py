@@ -1,0 +1,62 @@
+"""How much the tier's served vLLM changes speed: one launch (as the vLLM tier serves it: tests/vllm/conftest.py
+`vllm_env`), the calibration's warm-up, then the calibration's workload run (tune/calibration_runs.py, the tier
+calibration test's tune) served --passes times in a row; per pass, the ITL median, mean and p99 (ms), the
+longest gap, and the E2EL sum of the first 8 requests of each repeat of the workload (the same requests at the
+same offsets, so equal sums mean an equally fast server). Run it a few times, minutes apart, and alone:
+
+    flock /tmp/chunkbench-cpu.lock .venv/bin/python scripts/vllm_drift.py [--passes 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, vllm_env  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passes", type=int, default=4, help="times the workload run is served on the launch")
+    parser.add_argument("--log", default="vllm-drift.log", help="where the server's output goes")
+    args = parser.parse_args()
+    os.environ.update(vllm_env())
+    os.environ.pop("TRITON_INTERPRET", None)
+
+    import numpy as np
+
+    from chunkbench.launch import LaunchBackend
+    from chunkbench.tune.calibration_runs import design_requests, designs, run_figures, warmup_requests
+    from tests.conftest import free_port
+    from tests.vllm.test_server_calibration import tune_spec
+
+    port = free_port()
+    flags = [f for f in VLLM_FIXED_FLAGS if f not in ("--max-model-len", "2048")]
+    launch = LaunchBackend(" ".join([str(VLLM_CLI), "serve", "{model}", "{vllm_flags}", "--port", str(port),
+                                     "--host", "127.0.0.1", *flags]), f"http://127.0.0.1:{port}/v1")
+    spec = tune_spec(str(VLLM_CLI.parents[1] / "tiny-llama"), launch)
+    design = next(d for d in designs(spec) if d.name == "workload")
+    config = spec.base_config(**design.knobs)
+    max_len = config.scheduler.max_model_len
+    requests = design_requests(asdict(design.workload), design.take, design.primer, max_len, design.repeat)
+    once = spec.workload.num_requests
+    with launch.session(config, log=Path(args.log)) as serve:
+        serve(warmup_requests(config.scheduler.max_num_batched_tokens, max_len), seed=1, warmup_steps=0,
+              progress=False)
+        for k in range(args.passes):
+            figures = run_figures(serve(requests, seed=2 * k, warmup_steps=0, progress=False))
+            e2el = np.asarray(figures["e2el_ms"])[np.argsort(figures["send_s"])]
+            sums = [round(float(e2el[c * once:c * once + 8].sum())) for c in range(-(-len(requests) // once))]
+            gaps = np.asarray(figures["itl_ms"])
+            print(f"pass {k}: ITL median {np.median(gaps):.2f} mean {gaps.mean():.2f} p99 "
+                  f"{np.percentile(gaps, 99):.2f} ms, longest gap {gaps.max():.0f} ms; E2EL of each repeat's "
+                  f"first 8 requests {sums} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -156,16 +156,21 @@ class ServerCalibration:
 
 
 def delayed(serve, calibration: ServerCalibration | None):
-    """`serve` with the calibration's client latency (sim/linear_cost.py, `latency_s`) added to every token
-    time of its results; `serve` itself when there is none. SimBackend.session wraps its runs in it."""
-    latency = (calibration.coefficients or {}).get("latency_s", 0.0) if calibration is not None else 0.0
-    if not latency:
+    """`serve` with the calibration's client latency and jitter (sim/linear_cost.py, `latency_s`, `jitter_s`)
+    added to every token time of its results; `serve` itself when there are none. SimBackend.session wraps its
+    runs in it."""
+    from chunkbench.sim.linear_cost import jitter_draws, jittered
+
+    coefficients = (calibration.coefficients or {}) if calibration is not None else {}
+    latency, jitter = coefficients.get("latency_s", 0.0), coefficients.get("jitter_s", 0.0)
+    if not latency and not jitter:
         return serve
 
     def run(*args, **kwargs):
         result = serve(*args, **kwargs)
-        for record in result.requests:
-            record.token_times = [t + latency for t in record.token_times]
+        for seed, record in enumerate(result.requests):
+            times = [t + latency for t in record.token_times]
+            record.token_times = jittered(times, jitter, jitter_draws(len(times), seed)).tolist() if jitter else times
         ends = [r.token_times[-1] for r in result.requests if r.ok]
         first = min((r.arrival_time for r in result.requests), default=0.0)
         result.duration = max(ends, default=first) - first

@@ -12,7 +12,8 @@ e^TRUST, then simulates every run afresh under them and records again, while the
 
 Start point: non-negative least squares over per-request sums of step features, in relative error: each
 request's decode span (E2EL - TTFT: the steps after its first token up to its last) and its TTFT (the steps
-from the engine's last start after idling up to its first token, plus the client latency). Then, per round,
+from the engine's last start after idling up to its first token, plus the client latency; the jitter is left
+to the descent). Then, per round,
 Nelder-Mead over the log coefficients (each in units of its typical contribution to a step) on calibrate.fit's
 own objective: the log ratios of the mean, median, p90 and p99 of TTFT, ITL and E2EL, per run. The server's own
 /metrics figures are left out here: they are histogram buckets, and the client's figures pin the linear terms.
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunkbench.backends import SimBackend
-from chunkbench.sim.linear_cost import (COEFFICIENTS, NEW_STEP, SEQUENCES, STALL, STEP_COEFFICIENTS, session_features,
-                                        step_features)
+from chunkbench.sim.linear_cost import (COEFFICIENTS, JITTER, LATENCY, NEW_STEP, SEQUENCES, STALL, STEP_COEFFICIENTS,
+                                        jitter_draws, jittered, session_features, step_features)
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.calibration_runs import residuals, run_figures, simulate_run
 from chunkbench.tune.spec import TuneSpec
@@ -87,9 +88,11 @@ class Trace:
     token_steps: list[np.ndarray]  # per simulated request: the step of each of its tokens
     arrivals: np.ndarray  # per simulated request (s)
     measured_order: list[int]  # per simulated request: its index among the measured run's requests
+    draws: list[np.ndarray]  # per simulated request: its tokens' jitter draws (sim/linear_cost.jitter_draws)
 
     def ends(self, c: np.ndarray) -> np.ndarray:
-        """Each step's end under coefficients `c` (COEFFICIENTS: the step terms, then the client latency)."""
+        """Each step's end under coefficients `c` (COEFFICIENTS: the step terms, then the client latency and
+        jitter)."""
         seconds = self.features @ c[:len(STEP_COEFFICIENTS)]
         total = np.cumsum(seconds)
         before = np.concatenate(([0.0], total[:-1]))
@@ -97,10 +100,10 @@ class Trace:
 
     def figures(self, c: np.ndarray) -> dict:
         """TTFT, pooled ITL and E2EL (ms) under coefficients `c`, as run_figures gives them."""
-        ends = self.ends(c) + c[len(STEP_COEFFICIENTS)]  # when the client sees each step's tokens
+        ends = self.ends(c) + c[LATENCY]  # when the client would see each step's tokens, but for the jitter
         ttft, itl, e2el = [], [], []
-        for steps, arrival in zip(self.token_steps, self.arrivals):
-            times = ends[steps]
+        for steps, arrival, draws in zip(self.token_steps, self.arrivals, self.draws):
+            times = jittered(ends[steps], c[JITTER], draws)
             ttft.append(1e3 * (times[0] - arrival))
             e2el.append(1e3 * (times[-1] - arrival))
             itl.extend(1e3 * np.diff(times))
@@ -108,7 +111,8 @@ class Trace:
 
 
 def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
-    """Simulate `run` under `calibration` once, recording its schedule."""
+    """Simulate `run` under `calibration` once, recording its schedule (the jitter left out: it moves no step)."""
+    calibration = dataclasses.replace(calibration, coefficients=calibration.coefficients | {"jitter_s": 0.0})
     backend = RecordingBackend(server_calibration=calibration, fast_forward=False)
     result, workload, _ = simulate_run(calibration, spec, run, backend)
     rows = backend.recorder.rows[-len(result.steps):] if result.steps else []  # the run's (after its warm-up)
@@ -134,7 +138,8 @@ def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
     if len(sends) == len(workload) and run["workload"].get("arrival") != "all-at-once":  # as simulate_run sorts
         order = sorted(order, key=lambda i: sends[i])
     session = session_features(backend.recorder.rows, calibration.coefficients["stall_every"])
-    return Trace(session[len(session) - len(rows):], release, idle, token_steps, arrivals, order)
+    draws = [jitter_draws(len(steps), seed) for seed, steps in enumerate(token_steps)]  # as delayed() draws them
+    return Trace(session[len(session) - len(rows):], release, idle, token_steps, arrivals, order, draws)
 
 
 def request_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
@@ -155,14 +160,14 @@ def request_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
         i = t.measured_order[j]
         span = 1e-3 * (run["e2el_ms"][i] - run["ttft_ms"][i])
         if len(steps) > 1 and span > 0:
-            rows.append(np.append(cumulative[steps[-1] + 1] - cumulative[steps[0] + 1], 0.0))
+            rows.append(np.append(cumulative[steps[-1] + 1] - cumulative[steps[0] + 1], (0.0, 0.0)))
             targets.append(span)
         first = steps[0]
         k = releases[np.searchsorted(releases, first, side="right") - 1]
         ttft = 1e-3 * (measured_ttft[ttft_rank[j]] if burst else run["ttft_ms"][i])
         target = ttft + t.arrivals[j] - t.release[k]
         if target > 0:
-            rows.append(np.append(cumulative[first + 1] - cumulative[k], 1.0))
+            rows.append(np.append(cumulative[first + 1] - cumulative[k], (1.0, 0.0)))
             targets.append(target)
     decode, seconds = decode_rows(t, run)
     return rows + decode, targets + seconds
@@ -188,7 +193,7 @@ def decode_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
                 and not t.features[steps[k], 1] and not t.features[steps[k], STALL]
                 and not t.features[steps[k], NEW_STEP]]
         if len(keep) >= MIN_DECODE_GAPS:
-            rows.append(np.append(t.features[[steps[k] for k in keep]].mean(axis=0), 0.0))
+            rows.append(np.append(t.features[[steps[k] for k in keep]].mean(axis=0), (0.0, 0.0)))
             targets.append(float(np.mean([own[k - 1] for k in keep])))
     return rows, targets
 
@@ -293,7 +298,8 @@ def _descend(traces: list, runs: list[dict], best: np.ndarray | None, trust: flo
     candidates = [c for c in ((direct_estimate(traces, runs) if all(t is not None for t in traces) else None),
                               best) if c is not None]
     c = min(candidates, key=value) if len(candidates) > 1 else candidates[0]
-    means = np.append(np.vstack([t.features for t in recorded]).mean(axis=0), 1.0)  # latency: once per token
+    # the latency and the jitter: once per token
+    means = np.append(np.vstack([t.features for t in recorded]).mean(axis=0), (1.0, 1.0))
     typical = np.median(np.concatenate([t.features @ c[:len(STEP_COEFFICIENTS)] for t in recorded])) or 1e-3
     unit = typical / np.where(means > 0, means, 1.0)
     start = np.log(np.maximum(c / unit, FLOOR))

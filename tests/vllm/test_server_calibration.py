@@ -14,6 +14,7 @@ import pytest
 from chunkbench.backends import SimBackend
 from chunkbench.launch import LaunchBackend
 from chunkbench.metrics import summarize
+from chunkbench.outputs import write_json
 from chunkbench.slo import parse_slas
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.space import SearchSpace
@@ -72,6 +73,7 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
     assert all(r.ok for r in measured.requests) and len(measured.requests) == HELD_OUT.num_requests
     m = summarize(measured.requests, measured.steps, measured.duration, endpoint=True)
     s = summarize(simulated.requests, simulated.steps, simulated.duration)
+    write_json({"measured": m, "simulated": s}, tmp_path / "held-out" / "figures.json")  # for a look after
     errors = {k: s[k] / m[k] - 1 for k in FIGURES}
     print(f"held-out workload on vLLM: {calibration.label()}; "
           + ", ".join(f"{k} measured {m[k]:.2f} simulated {s[k]:.2f} ({100 * errors[k]:+.1f}%)" for k in FIGURES))

@@ -48,9 +48,10 @@ stream keeping its order (a token delayed holds back the ones behind it, which t
 server, the engine core's Python and the client share one core, so a token's way out waits for whichever of
 them holds it. On the tier's vLLM the light workload's ITLs had p10/p50/p90 of 1.05/1.52/2.84 ms, 1.3% of its
 gaps under 0.3 ms (tokens sent together), while its decode steps are alike; without a spread the simulator's
-p90 ITL came out 36% low. Fitted offline to the tier's runs of 2026-12-04 (the primer fixed), a jitter of 0.5
-ms took the fit from 12.1% to 9.4% over the runs and from 18.4% to 15.2% on the workload run. The draws are
-seeded by the request's place in its run, so a simulated run stays repeatable (`jittered`).
+p90 ITL came out 36% low. Refitting the tier's runs of 2026-12-04 (the primer fixed) with it, the fit found
+1.18 ms and went from 12.1% to 7.6% over the runs and from 18.4% to 12.1% on the workload run (another set:
+1.46 ms, 11.1% -> 8.0%, 15.7% -> 9.8%). The draws are seeded by the request's place in its run, so a simulated
+run stays repeatable (`jitter_draws`, `jittered`).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ outlast the burst's way in: vLLM's API server hands requests to its engine one a
 tier's 2 cores, and with a 1,024-token primer 20 ms ahead the tier's vLLM (TCMalloc preloaded, 2026-12-04) had
 given the primer its token 19.9 and 24.5 ms after sending it, before the burst was sent, and took a decode burst
 of twelve over three steps (first tokens 13.5, 30.1 and ~41 ms after its last send). A server fast enough to
-finish the primer before the burst is sent is told so (`primer_outran_burst`). The client's sends of a burst can still spread: on the tier's vLLM a decode burst of
-twelve went out in four groups 21-106 ms after the primer, ~28 ms apart, yet all got their first token in the
-same step at ~149 ms. The simulator sends a burst at once, so a burst's TTFTs and E2ELs are measured from its
+finish the primer before the burst is sent is told so (`primer_outran_burst`). The client's sends of a burst
+can still spread: on the tier's vLLM a decode burst of twelve went out in four groups 21-106 ms after the
+primer, ~28 ms apart, yet all got their first token in the same step at ~149 ms. The simulator sends a burst at once, so a burst's TTFTs and E2ELs are measured from its
 last send, when the server had all of it (`from_burst_end`); from each request's own send they put up to 85
 ms of the client's spread into TTFTs that the fit then gave to a 22 ms client latency (fit error 21.6%, 27.3%
 on the workload run; 13.0% and 13.4% on the same runs measured from the burst's end).

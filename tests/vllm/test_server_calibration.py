@@ -4,7 +4,8 @@ launch vLLM to measure it: median TTFT, p99 ITL and output throughput within HEL
 throughput must be; median TTFT and p99 ITL beyond it are reported as an expected failure with the figures
 (measured: a calibration whose workload run caught a server pause, TTFTs of 121-584 ms among 13-27 ms, fitted a
 38 ms client latency and predicted the held-out median TTFT 78% high; on 2026-12-04, once the bursts' primer
-outlasted their way into the engine, all three within 8%). The bursts must queue behind their primer as
+outlasted their way into the engine, all three within 8% in one run, p99 ITL -29% and median TTFT +48% in two
+later ones, the server's speed drifting; docs/measurements.md). The bursts must queue behind their primer as
 designed: a primer that finished before its burst was sent voids a burst's figures."""
 
 from __future__ import annotations

@@ -123,4 +123,19 @@ def server_figures(before: dict, after: dict, ttfts_s: list[float] | None = None
                             - _total(before, "vllm:request_success_total", finished_reason=r)) for r in reasons}
         figures["server_requests_by_finished_reason"] = by_reason
         figures["server_requests"] = sum(n for r, n in by_reason.items() if r in SUCCESS_REASONS or r == "")
+    tokens = kv_cache_tokens(after)
+    if tokens:
+        figures["server_kv_cache_tokens"] = tokens
     return figures
+
+
+def kv_cache_tokens(samples: dict) -> int | None:
+    """The tokens the server's KV cache holds, from vLLM's vllm:cache_config_info gauge (its CacheConfig as
+    labels): num_gpu_blocks less the null block (block 0, which vLLM 0.32's block pool never hands out) times
+    block_size. On the tier's vLLM 0.32 CPU server (1 GiB, the tiny Llama in fp32) its log said 524,288 tokens.
+    None when the server does not say."""
+    for labels, _ in samples.get("vllm:cache_config_info", ()):
+        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if blocks.isdigit() and size.isdigit() and int(blocks) > 1:
+            return (int(blocks) - 1) * int(size)
+    return None

@@ -109,12 +109,15 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
     workload run; 768% on runs whose workload run caught a server pause), the linear step cost 13.8% and 15.6%
     (13.2% and 18.1% on the workload run) on two sets of runs, in ~100 s against the roofline's 456; on a third
     set 21.6% (27.3%), and 13.0% (13.4%) once its bursts were measured from their last send (from_burst_end);
-    then, fitting a run that paused every time on its medians, 10.8% (4.3%) on a fresh launch.
+    then, fitting a run that paused every time on its medians, 10.8% (4.3%) on a fresh launch. The linear fit of
+    the 60-trial acceptance run's calibration (docs/measurements.md) took 156 s, then 22 s with the same answer
+    once the simulator held the server's KV cache (served_kv_blocks) and the measured statistics were computed
+    once per descent (calibration_runs.targets).
     On a GPU the roofline's kernel shapes come from measured operator profiles (sim/calibration.py), which a
     handful of request latencies cannot improve on."""
     if family == "auto":
         family = "linear" if device == "cpu" else "roofline"
-    meta = dict(model=spec.model, server=server, num_blocks=num_blocks)
+    meta = dict(model=spec.model, server=server, num_blocks=num_blocks or served_kv_blocks(runs, spec))
     if family == "linear":
         from chunkbench.tune.calibrate_linear import fit_linear
 
@@ -139,6 +142,15 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         run["simulated"] = {k: simulated[run["name"]][k] for k in ("ttft_ms", "itl_ms", "e2el_ms", "server")}
     best.runs = runs
     return best
+
+
+def served_kv_blocks(runs: list[dict], spec: TuneSpec) -> int | None:
+    """The server's KV cache in the simulator's blocks, where its /metrics said how many tokens it holds
+    (server_metrics.kv_cache_tokens): the simulator then preempts where the server would, and builds the
+    cache it simulates in milliseconds (without it, the cpu reference's roofline sized 3.5M blocks for the
+    tier's tiny Llama, 33 ms to build and as long to free in each of the fit's ~800 simulated runs)."""
+    tokens = max((run.get("server", {}).get("server_kv_cache_tokens") or 0 for run in runs), default=0)
+    return tokens // spec.base_config().cache.block_size or None
 
 
 def _linear_guess(runs: list[dict], device: str, meta: dict) -> ServerCalibration:

@@ -29,9 +29,9 @@ import numpy as np
 
 from chunkbench.backends import SimBackend
 from chunkbench.sim.linear_cost import (COEFFICIENTS, JITTER, LATENCY, NEW_STEP, SEQUENCES, STALL, STEP_COEFFICIENTS,
-                                        jitter_draws, jittered, session_features, step_features)
+                                        jitter_draws, session_features, step_features)
 from chunkbench.sim.server_calibration import ServerCalibration
-from chunkbench.tune.calibration_runs import residuals, run_figures, simulate_run
+from chunkbench.tune.calibration_runs import residuals, run_figures, simulate_run, targets
 from chunkbench.tune.spec import TuneSpec
 
 ROUNDS = 10  # re-simulate and refit at most this often
@@ -45,7 +45,7 @@ BUNCHED = 0.2  # decode_rows: a gap below this share of the run's median is toke
 # request behind 50 steps it would have joined, TTFT 335 ms against 20 simulated).
 TRUST = 0.4
 WIDE_TRUST = 1.5  # the last descent, with the runs at their own arrivals simulated afresh: x4.5 either way
-FRESH_EVALUATIONS = 800  # its points (each simulates those runs: ~0.1 s for 32 requests)
+FRESH_EVALUATIONS = 800  # its points (each simulates those runs: ~10 ms for 32 requests)
 FLOOR = 0.1  # a coefficient NNLS set to 0 starts at this share of its typical contribution (logs need > 0)
 
 
@@ -90,6 +90,18 @@ class Trace:
     measured_order: list[int]  # per simulated request: its index among the measured run's requests
     draws: list[np.ndarray]  # per simulated request: its tokens' jitter draws (sim/linear_cost.jitter_draws)
 
+    def __post_init__(self) -> None:
+        """Every request's tokens end to end, so figures() prices them all in a few array operations (the fit
+        calls it ~80,000 times: 0.6 ms each request by request for the tier's four runs)."""
+        lengths = np.array([len(steps) for steps in self.token_steps], dtype=int)
+        self._steps = np.concatenate(self.token_steps) if len(lengths) else np.zeros(0, dtype=int)
+        self._draws = np.concatenate(self.draws) if len(lengths) else np.zeros(0)
+        self._last = np.cumsum(lengths) - 1
+        self._first = self._last - lengths + 1
+        self._request = np.repeat(np.arange(len(lengths)), lengths)
+        self._gap = np.ones(len(self._steps), dtype=bool)  # a token after one of its own request's
+        self._gap[self._first] = False
+
     def ends(self, c: np.ndarray) -> np.ndarray:
         """Each step's end under coefficients `c` (COEFFICIENTS: the step terms, then the client latency and
         jitter)."""
@@ -100,14 +112,13 @@ class Trace:
 
     def figures(self, c: np.ndarray) -> dict:
         """TTFT, pooled ITL and E2EL (ms) under coefficients `c`, as run_figures gives them."""
-        ends = self.ends(c) + c[LATENCY]  # when the client would see each step's tokens, but for the jitter
-        ttft, itl, e2el = [], [], []
-        for steps, arrival, draws in zip(self.token_steps, self.arrivals, self.draws):
-            times = jittered(ends[steps], c[JITTER], draws)
-            ttft.append(1e3 * (times[0] - arrival))
-            e2el.append(1e3 * (times[-1] - arrival))
-            itl.extend(1e3 * np.diff(times))
-        return {"ttft_ms": ttft, "itl_ms": itl, "e2el_ms": e2el}
+        times = self.ends(c)[self._steps] + c[LATENCY]  # when the client would see each token, but for the jitter
+        if c[JITTER] and len(times):  # sim/linear_cost.jittered, each request's tokens lifted above the one's before
+            lift = self._request * (float(np.ptp(times)) + c[JITTER] * float(self._draws.max()) + 1.0)
+            times = np.maximum.accumulate(times + c[JITTER] * self._draws + lift) - lift
+        return {"ttft_ms": (1e3 * (times[self._first] - self.arrivals)).tolist(),
+                "itl_ms": (1e3 * np.diff(times)[self._gap[1:]]).tolist(),
+                "e2el_ms": (1e3 * (times[self._last] - self.arrivals)).tolist()}
 
 
 def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
@@ -220,9 +231,10 @@ def direct_estimate(traces: list[Trace], runs: list[dict]) -> np.ndarray | None:
     return coefficients / scale
 
 
-def residual(run: dict, figures: dict) -> np.ndarray:
-    """calibrate.fit's log ratios of the TTFT, ITL and E2EL figures (the server's figures left out)."""
-    return np.asarray(residuals(run | {"server": {}}, figures)[0])
+def residual(run: dict, figures: dict, compared: list | None = None) -> np.ndarray:
+    """calibrate.fit's log ratios of the TTFT, ITL and E2EL figures (the server's figures left out); `compared`:
+    the run's targets(), computed once for a descent's thousands of calls."""
+    return np.asarray(residuals(run | {"server": {}}, figures, compared)[0])
 
 
 def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> int:
@@ -291,9 +303,11 @@ def _descend(traces: list, runs: list[dict], best: np.ndarray | None, trust: flo
     whose trace is None is priced by `fresh(c, None, run)`; the others on their traces."""
     from scipy.optimize import minimize
 
+    compared = [targets(run) for run in runs]
+
     def value(c: np.ndarray) -> float:
-        return float(sum(np.sum(np.square(residual(run, t.figures(c)))) if t is not None else fresh(c, t, run)
-                         for t, run in zip(traces, runs)))
+        return float(sum(np.sum(np.square(residual(run, t.figures(c), own))) if t is not None else fresh(c, t, run)
+                         for t, run, own in zip(traces, runs, compared)))
     recorded = [t for t in traces if t is not None]
     candidates = [c for c in ((direct_estimate(traces, runs) if all(t is not None for t in traces) else None),
                               best) if c is not None]

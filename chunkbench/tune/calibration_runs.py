@@ -197,11 +197,12 @@ def simulated_figures(result, workload: list[WorkloadRequest], config) -> dict:
     return figures
 
 
-def stats(values: list[float]) -> dict[str, float]:
-    if not values:
+def stats(values) -> dict[str, float]:
+    if not len(values):
         return {}
-    array = np.asarray(values)
-    return {"mean": float(array.mean())} | {f"p{p}": float(np.percentile(array, p)) for p in STAT_PCTS}
+    array = np.asarray(values, dtype=float)
+    percentiles = np.percentile(array, STAT_PCTS).tolist()  # one call for the three: a fit makes ~100,000
+    return {"mean": float(array.mean())} | {f"p{p}": v for p, v in zip(STAT_PCTS, percentiles)}
 
 
 def relative(simulated: float, measured: float) -> float:
@@ -210,15 +211,20 @@ def relative(simulated: float, measured: float) -> float:
     return math.log(max(simulated, 1e-9) / measured)
 
 
-def residuals(measured: dict, simulated: dict) -> tuple[list[float], list[float]]:
-    """(TTFT/ITL/E2EL relative errors, server-figure errors) of one run. A run whose stream paused every time it
-    was measured (calibrate.run_design: `paused`) gives its medians only: a pause of a few hundred ms moves the
-    means and tails of a few dozen requests, which no step cost should be fitted to."""
-    main = []
-    for key in measured.get("fitted", ("ttft_ms", "itl_ms")):
-        m, s = stats(measured[key]), stats(simulated[key])
-        kept = {k: v for k, v in m.items() if v > 0 and (k == "p50" or not measured.get("paused"))}
-        main += [relative(s.get(k, 0.0), v) for k, v in kept.items()]
+def targets(measured: dict) -> list[tuple[str, str, float]]:
+    """(figure, statistic, measured value) of each statistic a fit compares in one run. A run whose stream paused
+    every time it was measured (calibrate.run_design: `paused`) gives its medians only: a pause of a few hundred
+    ms moves the means and tails of a few dozen requests, which no step cost should be fitted to."""
+    return [(key, k, v) for key in measured.get("fitted", ("ttft_ms", "itl_ms"))
+            for k, v in stats(measured[key]).items() if v > 0 and (k == "p50" or not measured.get("paused"))]
+
+
+def residuals(measured: dict, simulated: dict, compared: list | None = None) -> tuple[list[float], list[float]]:
+    """(TTFT/ITL/E2EL relative errors, server-figure errors) of one run; `compared`: its targets(), when a fit
+    has them already."""
+    compared = targets(measured) if compared is None else compared
+    simulated_stats = {key: stats(simulated[key]) for key in {key for key, _, _ in compared}}
+    main = [relative(simulated_stats[key].get(k, 0.0), v) for key, k, v in compared]
     extra = []
     server, sim_server = measured.get("server", {}), simulated.get("server", {})
     if "median_scheduling_delay_ms" in server:

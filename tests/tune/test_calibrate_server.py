@@ -322,6 +322,21 @@ def test_the_linear_fit_recovers_a_linear_servers_constants():
     assert fitted.step_overhead_s == fitted.coefficients["step_s"]  # what the report shows as the step overhead
 
 
+def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
+    """calibrate.served_kv_blocks: a run's server_kv_cache_tokens (from vLLM's /metrics) in the simulator's
+    blocks; without it, --num-blocks or the reference's roofline decides, as before."""
+    from chunkbench.tune.calibrate import served_kv_blocks
+
+    spec = make_spec()
+    block = spec.base_config().cache.block_size
+    runs = [{"server": {}}, {"server": {"server_kv_cache_tokens": 100 * block + 3}}]
+    assert served_kv_blocks(runs, spec) == 100
+    assert served_kv_blocks([{"server": {}}, {}], spec) is None
+    fitted = fit([r | {"server": {"server_kv_cache_tokens": 4096 * block}} for r in truth_runs(spec, LINEAR_TRUTH)],
+                 spec, "cpu", family="roofline", grid=1, max_evaluations=2, restarts=1)  # the fit itself: not here
+    assert fitted.num_blocks == 4096  # what SimBackend.session builds its engines with
+
+
 def test_a_roofline_server_still_fits_the_linear_family():
     spec = make_spec()
     fitted = fit(truth_runs(spec, TRUTH), spec, "cpu", num_blocks=1024)

@@ -46,8 +46,24 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
         return _score(spec, knobs, measure(serve, config, workload, progress=progress, **options).summary)
 
     with backend.session(config, log=log) as serve:
+        warm_up_server(backend, serve, config, spec.seed)
         outcomes = [once(serve) for _ in range(repeats)]
     return outcomes[0] if repeats == 1 else median_outcome(outcomes)
+
+
+def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
+    """A launched trial measures the configuration, not its server's first steps: a fresh vLLM 0.32 CPU server's
+    first large steps are slow (a 1,024-token first step 144 ms where the same step later took ~40; measured on
+    the tier, calibration_runs.warmup_requests), a cost no server serving for hours pays. Its launch runs the
+    calibration runs' untimed warm-up first. So does a simulator fitted to a server, whose cost remembers the
+    token counts it ran (sim/linear_cost.py); the other backends need none (the engine warms itself,
+    harness.warm_up; a running endpoint is the user's, as it is)."""
+    from chunkbench.tune.calibration_runs import warmup_requests
+
+    if backend.kind == "launch" or getattr(backend, "server_calibration", None) is not None:
+        s = config.scheduler
+        serve(warmup_requests(s.max_num_batched_tokens, s.max_model_len), seed=seed + 1, warmup_steps=0,
+              progress=False, label="warm-up")
 
 
 def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:

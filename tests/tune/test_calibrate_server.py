@@ -22,7 +22,7 @@ from chunkbench.tune.calibrate import designs, fit, simulate_design
 from chunkbench.tune.presearch import presearch_tune
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.study import feasible_trials
-from chunkbench.workload import WorkloadRequest
+from chunkbench.workload import WorkloadRequest, build_workload
 from tests.conftest import run_cli
 from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec
 
@@ -132,8 +132,11 @@ class DriftingServer(FakeServer):
             serves = [stack.enter_context(SimBackend(server_calibration=dataclasses.replace(
                 self.server_calibration, step_overhead_s=f * self.server_calibration.step_overhead_s)).session(config))
                 for f in factors]
-            runs = itertools.count()
-            yield lambda *args, **kwargs: serves[next(runs) % len(serves)](*args, **kwargs)
+            runs = itertools.count()  # the timed runs take the factors in turn; a trial's warm-up, the first
+
+            def serve(*args, **kwargs):
+                return serves[0 if kwargs.get("label") == "warm-up" else next(runs) % len(serves)](*args, **kwargs)
+            yield serve
 
 
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
@@ -465,3 +468,40 @@ def test_a_server_pause_is_told_from_slow_steps():
     assert server_paused({"itl_ms": steady + [431.0] + [0.01] * 40})
     assert not server_paused({"itl_ms": steady + [431.0]})  # one slow gap, nothing held back behind it
     assert not server_paused({"itl_ms": [431.0] + [0.01] * 10})  # too few gaps to tell
+
+
+
+@dataclasses.dataclass
+class LabelledServer(FakeServer):
+    """A FakeServer that writes down the label and requests of every run it serves."""
+
+    served: list = dataclasses.field(default_factory=list)
+
+    @contextlib.contextmanager
+    def session(self, config, log=None):
+        with super().session(config, log) as serve:
+            def recording(workload, **kwargs):
+                self.served.append((kwargs.get("label"), workload))
+                return serve(workload, **kwargs)
+            yield recording
+
+
+class LabelledSim(LabelledServer):
+    kind = "sim"
+
+
+def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
+    """objectives.warm_up_server: a launch (and a simulator fitted to a server) runs the calibration's warm-up,
+    a budget-sized prompt among eight decodes, before the trial's workload; a plain simulator does not."""
+    from chunkbench.tune.calibration_runs import warmup_requests
+    from chunkbench.tune.objectives import evaluate
+
+    spec = make_spec(n_trials=1)
+    max_len = spec.base_config().scheduler.max_model_len
+    workload = build_workload(spec.workload, max_len)
+    warm = ("warm-up", warmup_requests(512, max_len))
+    for backend, runs in ((LabelledServer(server_calibration=TRUTH), [warm]),
+                          (LabelledSim(server_calibration=TRUTH), [warm]),
+                          (LabelledSim(server_calibration=None, gpu="h100-sxm"), [])):
+        evaluate(spec, {"max_num_batched_tokens": 512}, workload, backend)
+        assert backend.served[:-1] == runs and backend.served[-1][1] == workload

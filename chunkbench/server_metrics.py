@@ -130,10 +130,11 @@ def server_figures(before: dict, after: dict, ttfts_s: list[float] | None = None
 
 
 def kv_cache_tokens(samples: dict) -> int | None:
-    """The tokens the server's KV cache holds, from vLLM's vllm:cache_config_info gauge (its CacheConfig as
-    labels): num_gpu_blocks less the null block (block 0, which vLLM 0.32's block pool never hands out) times
-    block_size. On the tier's vLLM 0.32 CPU server (1 GiB, the tiny Llama in fp32) its log said 524,288 tokens.
-    None when the server does not say."""
+    """The tokens the server's KV cache holds for requests, from vLLM's vllm:cache_config_info gauge (its
+    CacheConfig as labels): num_gpu_blocks less the null block (block 0, which vLLM 0.32's block pool takes for
+    itself) times block_size. The tier's vLLM 0.32 CPU server (1 GiB, the tiny Llama in fp32) logs "CPU KV
+    cache size: 524,288 tokens" (the null block counted) and says 4,096 blocks of 128: 524,160 here. None when
+    the server does not say."""
     for labels, _ in samples.get("vllm:cache_config_info", ()):
         blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
         if blocks.isdigit() and size.isdigit() and int(blocks) > 1:

@@ -31,7 +31,7 @@ def main() -> None:
     import numpy as np
 
     from chunkbench.launch import LaunchBackend
-    from chunkbench.tune.calibration_runs import design_requests, designs, run_figures, warmup_requests
+    from chunkbench.tune.calibration_runs import design_requests, designs, run_figures, warm_up
     from tests.conftest import free_port
     from tests.vllm.test_server_calibration import tune_spec
 
@@ -46,8 +46,7 @@ def main() -> None:
     requests = design_requests(asdict(design.workload), design.take, design.primer, max_len, design.repeat)
     once = spec.workload.num_requests
     with launch.session(config, log=Path(args.log)) as serve:
-        serve(warmup_requests(config.scheduler.max_num_batched_tokens, max_len), seed=1, warmup_steps=0,
-              progress=False)
+        warm_up(serve, config, seed=1)
         for k in range(args.passes):
             figures = run_figures(serve(requests, seed=2 * k, warmup_steps=0, progress=False))
             e2el = np.asarray(figures["e2el_ms"])[np.argsort(figures["send_s"])]

@@ -27,7 +27,7 @@ from chunkbench.sim.server_calibration import ServerCalibration
 # Re-exported: presearch.py, presearch_report.py and the tests take the runs' names from here.
 from chunkbench.tune.calibration_runs import (PRIMER_LEAD_S, WORKLOAD_REQUESTS, Design, design_requests,  # noqa: F401
                                               designs, from_burst_end, primer_outran_burst, residuals, run_figures,
-                                              simulate_design, stats, warmup_requests)
+                                              simulate_design, stats, warm_up, warmup_requests)
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import WorkloadSpec
 
@@ -48,9 +48,7 @@ def measure_design(backend: Backend, spec: TuneSpec, design: Design, log: Path |
 
 def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dict:
     """Run one design on a session's server, after its warm-up (warmup_requests)."""
-    budget = spec.base_config(**design.knobs).scheduler.max_num_batched_tokens
-    serve(warmup_requests(budget, max_model_len), seed=spec.seed + 1, warmup_steps=0, progress=False,
-          label=f"{design.name} warm-up")
+    warm_up(serve, spec.base_config(**design.knobs), spec.seed + 1, f"{design.name} warm-up")
     workload = design_requests(asdict(design.workload), design.take, design.primer, max_model_len, design.repeat)
     attempts = []  # (paused, longest gap, figures)
     for attempt in range(1 + PAUSE_REMEASURES):  # another seed: other prompt ids, no prefix-cache hits

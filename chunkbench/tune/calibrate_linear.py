@@ -94,6 +94,8 @@ class Trace:
         """Every request's tokens end to end, so figures() prices them all in a few array operations (the fit
         calls it ~80,000 times: 0.6 ms each request by request for the tier's four runs)."""
         lengths = np.array([len(steps) for steps in self.token_steps], dtype=int)
+        if np.any(lengths == 0):  # a request the simulator rejected: no TTFT to price (calibration runs fit)
+            raise ValueError("a trace's request got no token")
         self._steps = np.concatenate(self.token_steps) if len(lengths) else np.zeros(0, dtype=int)
         self._draws = np.concatenate(self.draws) if len(lengths) else np.zeros(0)
         self._last = np.cumsum(lengths) - 1

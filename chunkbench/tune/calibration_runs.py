@@ -151,6 +151,13 @@ def warmup_requests(budget: int, max_model_len: int) -> list[WorkloadRequest]:
     return [WorkloadRequest(prompt, WARMUP_OUTPUT, 0.0)] + [WorkloadRequest(32, 2 * WARMUP_OUTPUT, 0.0)] * 8
 
 
+def warm_up(serve, config, seed: int, label: str = "warm-up") -> None:
+    """Run warmup_requests for `config`'s budget on a session's server (or simulator), untimed."""
+    s = config.scheduler
+    serve(warmup_requests(s.max_num_batched_tokens, s.max_model_len), seed=seed, warmup_steps=0, progress=False,
+          label=label)
+
+
 def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -> dict:
     """The same run in the simulator under `calibration`, with the server-style figures it can give."""
     result, workload, config = simulate_run(calibration, spec, run)
@@ -174,8 +181,7 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
         # what the server ran before it on its launch (calibrate.run_design): a session's cost can depend on
         # it (sim/linear_cost.py, new token counts)
         if run.get("warmed_up"):
-            serve(warmup_requests(config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len),
-                  seed=spec.seed + 1, warmup_steps=0, progress=False, label=f"{run['name']} warm-up")
+            warm_up(serve, config, spec.seed + 1, f"{run['name']} warm-up")
         for attempt in range(run.get("attempt", 0) + 1):  # measured again after a pause: the kept one is last
             result = serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False, label=run["name"])
     return result, workload, config
@@ -197,7 +203,7 @@ def simulated_figures(result, workload: list[WorkloadRequest], config) -> dict:
     return figures
 
 
-def stats(values) -> dict[str, float]:
+def stats(values: list[float] | np.ndarray) -> dict[str, float]:
     if not len(values):
         return {}
     array = np.asarray(values, dtype=float)

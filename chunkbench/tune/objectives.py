@@ -58,12 +58,10 @@ def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
     calibration runs' untimed warm-up first. So does a simulator fitted to a server, whose cost remembers the
     token counts it ran (sim/linear_cost.py); the other backends need none (the engine warms itself,
     harness.warm_up; a running endpoint is the user's, as it is)."""
-    from chunkbench.tune.calibration_runs import warmup_requests
+    from chunkbench.tune.calibration_runs import warm_up
 
     if backend.kind == "launch" or getattr(backend, "server_calibration", None) is not None:
-        s = config.scheduler
-        serve(warmup_requests(s.max_num_batched_tokens, s.max_model_len), seed=seed + 1, warmup_steps=0,
-              progress=False, label="warm-up")
+        warm_up(serve, config, seed + 1)
 
 
 def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:

@@ -232,9 +232,9 @@ def test_the_kv_cache_a_vllm_server_holds_is_read_from_its_cache_config_gauge():
     """vllm:cache_config_info carries vLLM's CacheConfig as labels; num_gpu_blocks counts the null block."""
     from chunkbench.server_metrics import kv_cache_tokens, server_figures
 
-    gauge = {"vllm:cache_config_info": [({"block_size": "16", "num_gpu_blocks": "32769", "engine": "0"}, 1.0)]}
-    assert kv_cache_tokens(gauge) == 524288  # the tier's vLLM 0.32 log: "CPU KV cache size: 524,288 tokens"
-    assert server_figures({}, queue_samples({0.3: 1}, 0.01) | gauge)["server_kv_cache_tokens"] == 524288
+    gauge = {"vllm:cache_config_info": [({"block_size": "128", "num_gpu_blocks": "4096", "engine": "0"}, 1.0)]}
+    assert kv_cache_tokens(gauge) == 524160  # the tier's vLLM 0.32: 4,096 blocks of 128, one the null block
+    assert server_figures({}, queue_samples({0.3: 1}, 0.01) | gauge)["server_kv_cache_tokens"] == 524160
     assert "server_kv_cache_tokens" not in server_figures({}, queue_samples({0.3: 1}, 0.01))
     for labels in ({"block_size": "16", "num_gpu_blocks": "None"}, {"num_gpu_blocks": "9"},
                    {"block_size": "16", "num_gpu_blocks": "1"}):  # not yet sized, half said, only the null block

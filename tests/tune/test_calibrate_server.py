@@ -337,7 +337,7 @@ def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
     assert served_kv_blocks([{"server": {}}, {}], spec) is None
     fitted = fit([r | {"server": {"server_kv_cache_tokens": 4096 * block}} for r in truth_runs(spec, LINEAR_TRUTH)],
                  spec, "cpu", family="roofline", grid=1, max_evaluations=2, restarts=1)  # the fit itself: not here
-    assert fitted.num_blocks == 4096  # what SimBackend.session builds its engines with
+    assert fitted.num_blocks == 4096  # SimBackend.session's engines, unless --num-blocks says (as make_spec does)
 
 
 def test_a_roofline_server_still_fits_the_linear_family():
@@ -470,7 +470,6 @@ def test_a_server_pause_is_told_from_slow_steps():
     assert not server_paused({"itl_ms": [431.0] + [0.01] * 10})  # too few gaps to tell
 
 
-
 @dataclasses.dataclass
 class LabelledServer(FakeServer):
     """A FakeServer that writes down the label and requests of every run it serves."""
@@ -501,6 +500,7 @@ def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
     workload = build_workload(spec.workload, max_len)
     warm = ("warm-up", warmup_requests(512, max_len))
     for backend, runs in ((LabelledServer(server_calibration=TRUTH), [warm]),
+                          (LabelledServer(server_calibration=None, gpu="h100-sxm"), [warm]),  # a launch as such
                           (LabelledSim(server_calibration=TRUTH), [warm]),
                           (LabelledSim(server_calibration=None, gpu="h100-sxm"), [])):
         evaluate(spec, {"max_num_batched_tokens": 512}, workload, backend)

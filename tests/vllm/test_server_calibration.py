@@ -63,13 +63,12 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
     config = spec.base_config(max_num_batched_tokens=HELD_OUT_BUDGET)
     workload = build_workload(HELD_OUT, config.scheduler.max_model_len)
     with launch.session(config, log=tmp_path / "held-out" / "launch.log") as serve:
-        # warmed up as the calibration runs were (calibrate.warmup_requests): a fresh server's first large
+        # warmed up as the calibration runs were (calibration_runs.warm_up): a fresh server's first large
         # steps cost what no step cost describes
-        serve(cal.warmup_requests(HELD_OUT_BUDGET, config.scheduler.max_model_len), seed=1, progress=False)
+        cal.warm_up(serve, config, seed=1)
         measured = serve(workload, seed=spec.seed, progress=False)
     with SimBackend(server_calibration=calibration).session(config) as serve:  # the same session: its warm-up
-        serve(cal.warmup_requests(HELD_OUT_BUDGET, config.scheduler.max_model_len), seed=1, warmup_steps=0,
-              progress=False)  # ran the token counts the server has not paid for since (sim/linear_cost.py)
+        cal.warm_up(serve, config, seed=1)  # ran the token counts the server has not paid for since (linear_cost)
         simulated = serve(workload, seed=spec.seed, warmup_steps=0, progress=False)
     assert all(r.ok for r in measured.requests) and len(measured.requests) == HELD_OUT.num_requests
     m = summarize(measured.requests, measured.steps, measured.duration, endpoint=True)

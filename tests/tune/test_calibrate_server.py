@@ -505,3 +505,37 @@ def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
                           (LabelledSim(server_calibration=None, gpu="h100-sxm"), [])):
         evaluate(spec, {"max_num_batched_tokens": 512}, workload, backend)
         assert backend.served[:-1] == runs and backend.served[-1][1] == workload
+
+
+def test_a_workload_run_whose_copies_disagree_is_measured_again():
+    """calibrate.copies_spread: the repeated workload run (3 copies, the last cut short) served 1.9x slower in
+    its first copy than its last is unsteady and measured again; the steady attempt is kept."""
+    from types import SimpleNamespace
+
+    from chunkbench.tune import calibrate as cal
+
+    spec = make_spec(TRUTH)
+    design = next(d for d in designs(spec) if d.name == "workload")
+    copy = len(cal.design_requests(dataclasses.asdict(design.workload), None, 0, 2048))
+    n = len(cal.design_requests(dataclasses.asdict(design.workload), design.take, 0, 2048, design.repeat))
+    assert design.repeat and 2 * copy < n < 3 * copy  # as the tier's: 12, 12, then 8
+
+    def result(slowdowns: tuple[float, ...]):
+        requests = [SimpleNamespace(error=None, token_times=[0.01 * (i + 1), 0.1 * slowdowns[i // copy]],
+                                    ttft=0.01, itls=[0.001], e2el=0.1 * slowdowns[i // copy], arrival_time=i,
+                                    send_time=float(i)) for i in range(n)]
+        return SimpleNamespace(requests=requests[::-1], server={})  # any order: by send time
+
+    figures = cal.run_figures(result((1.9, 1.5, 1.0)))
+    assert cal.copies_spread(figures, copy) == pytest.approx(1.9)
+    assert cal.copies_spread(figures, 0) == 1.0  # not a repeated run
+    for script, kept, unsteady in ((((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1),
+                                   (((1.9, 1.5, 1.0),) * 4 + ((1.5, 1.0, 1.0),), 4, 5),
+                                   (((1.0, 1.0, 1.0),), 0, 0)):
+        calls = iter(script)
+        def serve(workload, label, **_):
+            return result((1, 1, 1) if label.endswith("warm-up") else next(calls))
+        run = cal.run_design(serve, spec, design, 2048)
+        assert run["attempt"] == kept and run["unsteady_runs"] == unsteady and run["paused_runs"] == 0, script
+        assert run["copies_spread"] == pytest.approx(max(script[kept]) / min(script[kept]))
+        assert next(calls, None) is None

@@ -78,9 +78,9 @@ def copies_spread(figures: dict, copy: int) -> float:
     smallest of their summed E2ELs, over the requests every copy has; 1.0 for a run of one copy or with failed
     requests. The same requests at the same gaps, so a steady server serves them alike (the first copy also
     meets token counts new to the server, which the simulator prices). Measured on the tier's vLLM 0.32, first
-    eight requests of each of three copies: 1.04-1.10 in three calibrations that fitted within 13.6% on the
-    workload run, 1.88 (4,772, 4,541 and 2,535 ms) in one that fitted 31.9% (2026-12-04): the server got
-    faster by half within 4 s."""
+    eight requests of each of three copies, nine calibrations of 2026-12-04: 1.04-1.10 in four (their workload
+    runs fitted 8.4-23.9%), 1.19-1.88 in five (13.1-31.9%); at 1.88 (4,772, 4,541 and 2,535 ms) the server got
+    faster by half within 4 s (docs/measurements.md)."""
     sends, e2el = figures["send_s"], figures["e2el_ms"]
     if not copy or len(e2el) != len(sends) or len(sends) < 2 * copy:
         return 1.0

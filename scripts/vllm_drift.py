@@ -2,9 +2,11 @@
 `vllm_env`), the calibration's warm-up, then the calibration's workload run (tune/calibration_runs.py, the tier
 calibration test's tune) served --passes times in a row; per pass, the ITL median, mean and p99 (ms), the
 longest gap, and the E2EL sum of the first 8 requests of each repeat of the workload (the same requests at the
-same offsets, so equal sums mean an equally fast server). Run it a few times, minutes apart, and alone:
+same offsets, so equal sums mean an equally fast server). Then, with --prompts, each prompt length's TTFT
+(ms) on the same launch: five sent alone 0.4 s apart, twice, then four among six decodes. Run it a few times,
+minutes apart, and alone:
 
-    flock /tmp/chunkbench-cpu.lock .venv/bin/python scripts/vllm_drift.py [--passes 4]
+    flock /tmp/chunkbench-cpu.lock .venv/bin/python scripts/vllm_drift.py [--passes 4] [--prompts 100,727]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--passes", type=int, default=4, help="times the workload run is served on the launch")
     parser.add_argument("--log", default="vllm-drift.log", help="where the server's output goes")
+    parser.add_argument("--prompts", default="", help="comma-separated prompt lengths (tokens) to time alone")
     args = parser.parse_args()
     os.environ.update(vllm_env())
     os.environ.pop("TRITON_INTERPRET", None)
@@ -32,6 +35,7 @@ def main() -> None:
 
     from chunkbench.launch import LaunchBackend
     from chunkbench.tune.calibration_runs import design_requests, designs, run_figures, warm_up
+    from chunkbench.workload import WorkloadRequest
     from tests.conftest import free_port
     from tests.vllm.test_server_calibration import tune_spec
 
@@ -55,6 +59,17 @@ def main() -> None:
             print(f"pass {k}: ITL median {np.median(gaps):.2f} mean {gaps.mean():.2f} p99 "
                   f"{np.percentile(gaps, 99):.2f} ms, longest gap {gaps.max():.0f} ms; E2EL of each repeat's "
                   f"first 8 requests {sums} ms", flush=True)
+        lengths = [int(n) for n in args.prompts.split(",") if n]
+        for seed in range(2):
+            for n in lengths:
+                alone = serve([WorkloadRequest(n, 2, 0.4 * k) for k in range(5)], seed=100 + 10 * seed + n)
+                print(f"prompt {n} alone: TTFT {[round(1e3 * r.ttft, 1) for r in alone.requests]} ms", flush=True)
+        for n in lengths:
+            decodes = [WorkloadRequest(32, 150, 0.0)] * 6
+            mixed = serve(decodes + [WorkloadRequest(n, 2, 0.15 + 0.3 * k) for k in range(4)], seed=500 + n)
+            gaps = 1e3 * np.concatenate([r.itls for r in mixed.requests[:6]])
+            print(f"prompt {n} among 6 decodes: TTFT {[round(1e3 * r.ttft, 1) for r in mixed.requests[6:]]} ms, "
+                  f"the decodes' ITL median {np.median(gaps):.2f} ms, longest {gaps.max():.1f}", flush=True)
 
 
 if __name__ == "__main__":

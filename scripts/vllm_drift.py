@@ -1,10 +1,10 @@
 """How much the tier's served vLLM changes speed: one launch (as the vLLM tier serves it: tests/vllm/conftest.py
 `vllm_env`), the calibration's warm-up, then the calibration's workload run (tune/calibration_runs.py, the tier
 calibration test's tune) served --passes times in a row; per pass, the ITL median, mean and p99 (ms), the
-longest gap, and the E2EL sum of the first 8 requests of each repeat of the workload (the same requests at the
-same offsets, so equal sums mean an equally fast server). Then, with --prompts, each prompt length's TTFT
-(ms) on the same launch: five sent alone 0.4 s apart, twice, then four among six decodes. Run it a few times,
-minutes apart, and alone:
+longest gap, and the E2EL sum of each repeat of the workload over the requests every repeat has (the same
+requests at the same offsets, so equal sums mean an equally fast server: calibrate.copy_sums). Then, with
+--prompts, each prompt length's TTFT (ms) on the same launch: five sent alone 0.4 s apart, twice, then four
+among six decodes. Run it a few times, minutes apart, and alone:
 
     flock /tmp/chunkbench-cpu.lock .venv/bin/python scripts/vllm_drift.py [--passes 4] [--prompts 100,727]
 """
@@ -34,6 +34,7 @@ def main() -> None:
     import numpy as np
 
     from chunkbench.launch import LaunchBackend
+    from chunkbench.tune.calibrate import copy_sums
     from chunkbench.tune.calibration_runs import design_requests, designs, run_figures, warm_up
     from chunkbench.workload import WorkloadRequest
     from tests.conftest import free_port
@@ -53,12 +54,11 @@ def main() -> None:
         warm_up(serve, config, seed=1)
         for k in range(args.passes):
             figures = run_figures(serve(requests, seed=2 * k, warmup_steps=0, progress=False))
-            e2el = np.asarray(figures["e2el_ms"])[np.argsort(figures["send_s"])]
-            sums = [round(float(e2el[c * once:c * once + 8].sum())) for c in range(-(-len(requests) // once))]
+            sums = [round(s) for s in copy_sums(figures, once)]
             gaps = np.asarray(figures["itl_ms"])
             print(f"pass {k}: ITL median {np.median(gaps):.2f} mean {gaps.mean():.2f} p99 "
                   f"{np.percentile(gaps, 99):.2f} ms, longest gap {gaps.max():.0f} ms; E2EL of each repeat's "
-                  f"first 8 requests {sums} ms", flush=True)
+                  f"shared requests {sums} ms", flush=True)
         lengths = [int(n) for n in args.prompts.split(",") if n]
         for seed in range(2):
             for n in lengths:

@@ -73,21 +73,28 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
             "unsteady_runs": sum(a[1] > STEADY_RATIO for a in attempts), "paused": paused} | figures
 
 
+def copy_sums(figures: dict, copy: int) -> list[float]:
+    """Each copy's summed E2EL (ms) in a repeated workload run (copy: requests in one; calibration_runs.
+    design_requests), over the requests every copy has (the last copy may be cut short); [] for a run of one
+    copy or with failed requests."""
+    sends, e2el = figures["send_s"], figures["e2el_ms"]
+    if not copy or len(e2el) != len(sends) or len(sends) < 2 * copy:
+        return []
+    in_order = np.asarray(e2el)[np.argsort(sends, kind="stable")]
+    shared = len(sends) % copy or copy
+    return [float(in_order[k:k + shared].sum()) for k in range(0, len(sends) - shared + 1, copy)]
+
+
 def copies_spread(figures: dict, copy: int) -> float:
     """How far the copies of a repeated workload run (copy: requests in one) disagree: the largest over the
-    smallest of their summed E2ELs, over the requests every copy has; 1.0 for a run of one copy or with failed
-    requests. The same requests at the same gaps, so a steady server serves them alike (the first copy also
+    smallest of their summed E2ELs (copy_sums); 1.0 for a run of one copy or with failed requests. The same
+    requests at the same gaps, so a steady server serves them alike (the first copy also
     meets token counts new to the server, which the simulator prices). Measured on the tier's vLLM 0.32, first
     eight requests of each of three copies, nine calibrations of 2026-12-04: 1.04-1.10 in four (their workload
     runs fitted 8.4-23.9%), 1.19-1.88 in five (13.1-31.9%); at 1.88 (4,772, 4,541 and 2,535 ms) the server got
     faster by half within 4 s (docs/measurements.md)."""
-    sends, e2el = figures["send_s"], figures["e2el_ms"]
-    if not copy or len(e2el) != len(sends) or len(sends) < 2 * copy:
-        return 1.0
-    in_order = np.asarray(e2el)[np.argsort(sends, kind="stable")]
-    shared = len(sends) % copy or copy  # the last copy may be cut short
-    sums = [float(in_order[k:k + shared].sum()) for k in range(0, len(sends) - shared + 1, copy)]
-    return max(sums) / min(sums) if min(sums) > 0 else 1.0
+    sums = copy_sums(figures, copy)
+    return max(sums) / min(sums) if sums and min(sums) > 0 else 1.0
 
 
 def server_paused(figures: dict) -> bool:

@@ -29,6 +29,10 @@ Serve = Callable[..., RunResult]  # serve(workload, *, seed, warmup_steps, progr
 
 class Backend(ABC):
     kind: str  # "engine", "sim", "endpoint" or "launch"
+    # Whether a session's first workload pays for what its server has not run yet, so that a trial runs an
+    # untimed warm-up first (objectives.warm_up_server): a launched server, a simulator fitted to one. The
+    # engine warms itself (harness.warm_up); a running endpoint is the user's, as it is.
+    warms_up: bool = False
 
     @abstractmethod
     def session(self, config: EngineConfig | None,
@@ -120,6 +124,10 @@ class SimBackend(Backend):
     # CHUNKBENCH_FAST_FORWARD=0. Results are identical either way; off is for tests and debugging.
     server_calibration: object = None  # a sim/server_calibration.ServerCalibration: the roofline fitted to a server
     kind = "sim"
+
+    @property
+    def warms_up(self) -> bool:  # as the server it was fitted to does: its cost remembers what a session ran
+        return self.server_calibration is not None
 
     def cost(self, config: EngineConfig):
         from chunkbench.sim.fitted import FittedCostModel

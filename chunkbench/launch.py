@@ -80,6 +80,7 @@ class LaunchBackend(Backend):
     timeout_s: float = 300.0  # to wait for /health
     client_options: dict = field(default_factory=dict)
     kind = "launch"
+    warms_up = True
 
     @contextlib.contextmanager
     def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:

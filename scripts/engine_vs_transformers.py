@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.vllm.conftest: vLLM's environment as the tier runs it
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 DECODE_STEPS = 8
 SHORT_PROMPT = 128
@@ -70,10 +70,9 @@ class VllmPeer:
     """The worker process; `time(name)` asks it for one measurement."""
 
     def __init__(self, model_dir: str) -> None:
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   VLLM_ENABLE_V1_MULTIPROCESSING="0")  # the engine core in the worker: nothing busy between turns
-        env.pop("TRITON_INTERPRET", None)
+        from tests.vllm.conftest import vllm_env  # as the tier runs vLLM: the engine core in this worker (nothing
+        # busy between turns), TCMalloc preloaded
+        env = vllm_env()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-peer-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(VLLM_PYTHON), __file__, "--vllm-worker", model_dir],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,

@@ -9,13 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=$1; OUT=$2; shift 2
 MODEL="$PWD/.venv-vllm/tiny-llama"
-# The model in the engine core's process, as the tier serves vLLM (tests/vllm/conftest.py vllm_env: with a
-# worker process of its own vLLM paused its streams on these 2 cores).
-export VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_TARGET_DEVICE=cpu VLLM_NO_USAGE_STATS=1 \
-  VLLM_ENABLE_V1_MULTIPROCESSING=0
+# vLLM's environment as the tier serves it (tests/vllm/conftest.py vllm_env says why: the model in the engine
+# core's process, TCMalloc preloaded when installed)
+eval "$(.venv/bin/python -c 'import os, shlex; from tests.vllm.conftest import vllm_env
+print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in vllm_env().items() if os.environ.get(k) != v))')"
 unset TRITON_INTERPRET
-# and TCMalloc preloaded when installed, as vLLM's CPU guide says (conftest.py vllm_env says why)
-if ldconfig -p | grep -q libtcmalloc_minimal.so.4; then export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+ $LD_PRELOAD}"; fi
 LAUNCH="$PWD/.venv-vllm/bin/vllm serve {model} {vllm_flags} --port $PORT --host 127.0.0.1 --enforce-eager --dtype float32"
 /usr/bin/time -f "WALL %e s" .venv/bin/python -m chunkbench.cli tune --model "$MODEL" --backend launch \
   --launch "$LAUNCH" --endpoint "http://127.0.0.1:$PORT/v1" --workload chat --num-requests 12 --rate 6 \

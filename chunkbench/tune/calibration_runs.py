@@ -151,11 +151,13 @@ def warmup_requests(budget: int, max_model_len: int) -> list[WorkloadRequest]:
     return [WorkloadRequest(prompt, WARMUP_OUTPUT, 0.0)] + [WorkloadRequest(32, 2 * WARMUP_OUTPUT, 0.0)] * 8
 
 
-def warm_up(serve, config, seed: int, label: str = "warm-up") -> None:
-    """Run warmup_requests for `config`'s budget on a session's server (or simulator), untimed."""
+def warm_up(serve, config, seed: int, label: str = "warm-up") -> bool:
+    """Run warmup_requests for `config`'s budget on a session's server (or simulator), untimed; whether the
+    server served every one of them."""
     s = config.scheduler
-    serve(warmup_requests(s.max_num_batched_tokens, s.max_model_len), seed=seed, warmup_steps=0, progress=False,
-          label=label)
+    result = serve(warmup_requests(s.max_num_batched_tokens, s.max_model_len), seed=seed, warmup_steps=0,
+                   progress=False, label=label)
+    return all(r.ok for r in result.requests)
 
 
 def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -> dict:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
 
 from chunkbench.backends import Backend
 from chunkbench.runs import measure
@@ -16,6 +17,8 @@ from chunkbench.slo import goodput_slos, violations
 from chunkbench.tune.early_stop import certain_miss
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
 from chunkbench.workload import WorkloadRequest
+
+console = Console()
 
 METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
                 "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
@@ -56,12 +59,14 @@ def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
     first large steps are slow (a 1,024-token first step 144 ms where the same step later took ~40; measured on
     the tier, calibration_runs.warmup_requests), a cost no server serving for hours pays. Its launch runs the
     calibration runs' untimed warm-up first. So does a simulator fitted to a server, whose cost remembers the
-    token counts it ran (sim/linear_cost.py); the other backends need none (the engine warms itself,
-    harness.warm_up; a running endpoint is the user's, as it is)."""
+    token counts it ran (sim/linear_cost.py); see Backend.warms_up. A warm-up the server refused is said, once
+    per trial, and the trial goes on (its own requests tell whether the configuration serves)."""
     from chunkbench.tune.calibration_runs import warm_up
 
-    if backend.kind == "launch" or getattr(backend, "server_calibration", None) is not None:
-        warm_up(serve, config, seed + 1)
+    if backend.warms_up and not warm_up(serve, config, seed + 1):
+        console.print(f"[yellow]warning:[/] the server refused part of the untimed warm-up (budget "
+                      f"{config.scheduler.max_num_batched_tokens} tokens); "
+                      "the trial is measured on a server that has not run a budget-sized step")
 
 
 def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:

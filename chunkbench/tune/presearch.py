@@ -68,6 +68,10 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
             console.print(f"[yellow]warning:[/] the {design.name} run's primer got its token before the burst was "
                           "sent: the server's first step may have caught only part of the burst; this run may "
                           "fit worse", soft_wrap=True)
+        if not run["warmed_up"]:
+            console.print(f"[yellow]warning:[/] the server refused part of the {design.name} run's untimed warm-up "
+                          "(a budget-sized prompt among decodes): its first steps are measured cold, and simulated "
+                          "without one; this run may fit worse", soft_wrap=True)
         state.data["calibration_runs"].append(run)
         state.save()
         runs[design.name] = run

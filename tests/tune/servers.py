@@ -31,6 +31,7 @@ class FakeServer(SimBackend):
     launches: int = 0
     die_at: int | None = None  # raise KeyboardInterrupt (a killed tune) when this launch starts
     kind = "launch"
+    warms_up = True  # as LaunchBackend
 
     @contextlib.contextmanager
     def session(self, config, log=None):  # `log`: where LaunchBackend would write the server's output

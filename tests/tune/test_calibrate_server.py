@@ -251,7 +251,7 @@ def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(mo
         gaps = [3.0] * 30 + [longest_ms] + ([0.05] * 3 if longest_ms >= 100 else [])  # bunched after a pause
         seconds = [g / 1e3 for g in gaps]
         times = np.cumsum([0.01] + seconds).tolist()
-        request = SimpleNamespace(error=None, token_times=times, ttft=0.01, itls=seconds, e2el=times[-1],
+        request = SimpleNamespace(error=None, ok=True, token_times=times, ttft=0.01, itls=seconds, e2el=times[-1],
                                   arrival_time=0.0, send_time=0.0)
         return SimpleNamespace(requests=[request], server={})
 
@@ -487,6 +487,7 @@ class LabelledServer(FakeServer):
 
 class LabelledSim(LabelledServer):
     kind = "sim"
+    warms_up = SimBackend.warms_up  # a simulator again: warmed up only when fitted to a server
 
 
 def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
@@ -507,6 +508,44 @@ def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
         assert backend.served[:-1] == runs and backend.served[-1][1] == workload
 
 
+def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
+    """A server that refuses the warm-up's budget-sized prompt (say, a shorter --max-model-len than the tune
+    knows): a launched trial says so and is measured all the same; a calibration run records `warmed_up` false,
+    so that its simulation runs no warm-up either."""
+    from types import SimpleNamespace
+
+    from chunkbench.tune import calibrate as cal
+    from chunkbench.tune.objectives import evaluate
+
+    class Refusing(LabelledServer):  # refuses every prompt over 256 tokens, as a server with a short context
+        @contextlib.contextmanager
+        def session(self, config, log=None):
+            with super().session(config, log) as serve:
+                def refusing(workload, **kwargs):
+                    result = serve(workload, **kwargs)
+                    for request, asked in zip(result.requests, workload):
+                        if asked.prompt_len > 256:
+                            request.error = "prompt too long"
+                    return result
+                yield refusing
+
+    spec = make_spec(n_trials=1)
+    workload = [WorkloadRequest(64, 8, 0.1 * k) for k in range(4)]
+    outcome = evaluate(spec, {"max_num_batched_tokens": 512}, workload, Refusing(server_calibration=TRUTH))
+    assert "refused part of the untimed warm-up (budget 512 tokens)" in capsys.readouterr().out
+    assert outcome.metrics["completed"] == 4  # the trial itself was measured
+    evaluate(spec, {"max_num_batched_tokens": 256}, workload, Refusing(server_calibration=TRUTH))
+    assert "warm-up" not in capsys.readouterr().out  # its budget-sized prompt fits: no warning
+
+    design = next(d for d in designs(spec) if d.name == "workload")
+    with FakeServer(server_calibration=TRUTH).session(spec.base_config(**design.knobs)) as serve:
+        def refusing_warm_up(workload, label, **options):
+            refused = SimpleNamespace(requests=[SimpleNamespace(ok=False)])
+            return refused if label.endswith("warm-up") else serve(workload, label=label, **options)
+        run = cal.run_design(refusing_warm_up, spec, design, 2048)
+    assert run["warmed_up"] is False and run["ttft_ms"]
+
+
 def test_a_workload_run_whose_copies_disagree_is_measured_again():
     """calibrate.copies_spread: the repeated workload run (3 copies, the last cut short) served 1.9x slower in
     its first copy than its last is unsteady and measured again; the steady attempt is kept."""
@@ -521,7 +560,7 @@ def test_a_workload_run_whose_copies_disagree_is_measured_again():
     assert design.repeat and 2 * copy < n < 3 * copy  # as the tier's: 12, 12, then 8
 
     def result(slowdowns: tuple[float, ...]):
-        requests = [SimpleNamespace(error=None, token_times=[0.01 * (i + 1), 0.1 * slowdowns[i // copy]],
+        requests = [SimpleNamespace(error=None, ok=True, token_times=[0.01 * (i + 1), 0.1 * slowdowns[i // copy]],
                                     ttft=0.01, itls=[0.001], e2el=0.1 * slowdowns[i // copy], arrival_time=i,
                                     send_time=float(i)) for i in range(n)]
         return SimpleNamespace(requests=requests[::-1], server={})  # any order: by send time

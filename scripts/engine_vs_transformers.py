@@ -9,7 +9,9 @@ of its two (a slow moment only ever lengthens a time). Each of --repeats rounds 
 a ratio, and the table prints the median ratio with its spread (lowest to highest round).
 
 vLLM (when .venv-vllm exists; --no-vllm skips it) runs in its own process, an in-process `LLM` with
-enforce_eager=True, dtype float32, VLLM_CPU_KVCACHE_SPACE=1, on the same weights saved as a Hugging Face
+enforce_eager=True, dtype float32, in the vLLM tier's environment (tests/vllm/env.py: VLLM_CPU_KVCACHE_SPACE=1,
+TCMalloc preloaded when installed, as vLLM's CPU guide asks; figures before 2026-12-04's night ran it on
+glibc's malloc), on the same weights saved as a Hugging Face
 directory, fed token ids, prefix caching off; it takes its turn after the other two in each phase of a round,
 its prefill also the faster of two. Its decode step is the batch's time from its last first token to its last token over
 8, from vLLM's own request timestamps (log stats on).
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.vllm.conftest: vLLM's environment as the tier runs it
+sys.path.insert(0, str(REPO))  # tests.vllm.env: vLLM's environment as the tier runs it
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 DECODE_STEPS = 8
 SHORT_PROMPT = 128
@@ -70,8 +72,9 @@ class VllmPeer:
     """The worker process; `time(name)` asks it for one measurement."""
 
     def __init__(self, model_dir: str) -> None:
-        from tests.vllm.conftest import vllm_env  # as the tier runs vLLM: the engine core in this worker (nothing
-        # busy between turns), TCMalloc preloaded
+        # as the tier runs vLLM: the engine core in this worker (nothing busy between turns), TCMalloc preloaded
+        from tests.vllm.env import vllm_env
+
         env = vllm_env()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-peer-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(VLLM_PYTHON), __file__, "--vllm-worker", model_dir],

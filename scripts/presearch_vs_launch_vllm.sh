@@ -9,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=$1; OUT=$2; shift 2
 MODEL="$PWD/.venv-vllm/tiny-llama"
-# vLLM's environment as the tier serves it (tests/vllm/conftest.py vllm_env says why: the model in the engine
-# core's process, TCMalloc preloaded when installed)
-eval "$(.venv/bin/python -c 'import os, shlex; from tests.vllm.conftest import vllm_env
-print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in vllm_env().items() if os.environ.get(k) != v))')"
+# vLLM's environment as the tier serves it (tests/vllm/env.py says why: the model in the engine core's process,
+# TCMalloc preloaded when installed); assigned first, so that a failure stops the script (set -e)
+VLLM_ENV=$(.venv/bin/python -m tests.vllm.env)
+eval "$VLLM_ENV"
 unset TRITON_INTERPRET
 LAUNCH="$PWD/.venv-vllm/bin/vllm serve {model} {vllm_flags} --port $PORT --host 127.0.0.1 --enforce-eager --dtype float32"
 /usr/bin/time -f "WALL %e s" .venv/bin/python -m chunkbench.cli tune --model "$MODEL" --backend launch \

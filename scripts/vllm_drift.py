@@ -1,4 +1,4 @@
-"""How much the tier's served vLLM changes speed: one launch (as the vLLM tier serves it: tests/vllm/conftest.py
+"""How much the tier's served vLLM changes speed: one launch (as the vLLM tier serves it: tests/vllm/env.py
 `vllm_env`), the calibration's warm-up, then the calibration's workload run (tune/calibration_runs.py, the tier
 calibration test's tune) served --passes times in a row; per pass, the ITL median, mean and p99 (ms), the
 longest gap, and the E2EL sum of each repeat of the workload over the requests every repeat has (the same

@@ -25,7 +25,7 @@ if [ ! -f "$STAMP" ]; then
   : >"$stub/RECORD"
   touch "$STAMP"
 fi
-# TCMalloc, which vLLM's CPU install guide preloads (LD_PRELOAD; tests/vllm/conftest.py vllm_env does): under
+# TCMalloc, which vLLM's CPU install guide preloads (LD_PRELOAD; tests/vllm/env.py vllm_env does): under
 # glibc's malloc a step near the token budget took ~3x its neighbours (2,040 tokens 86-90 ms, 2,016 29-38).
 # Debian's package, as scripts/postgres.sh installs PostgreSQL; without root or apt the tier runs without it.
 if ! ldconfig -p | grep -q libtcmalloc_minimal.so.4; then

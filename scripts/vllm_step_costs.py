@@ -9,7 +9,7 @@ eager, prefix caching off; each step is one engine.step() carrying prompts of on
 - --scan: one prompt of each length in --sizes, three times each, the median (twice, after a pass that ran each).
 
     VLLM_CPU_KVCACHE_SPACE=1 VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python scripts/vllm_step_costs.py .venv-vllm/tiny-llama
-    LD_PRELOAD=libtcmalloc_minimal.so.4 ... (as the vLLM tier serves it: tests/vllm/conftest.py vllm_env)
+    LD_PRELOAD=libtcmalloc_minimal.so.4 ... (as the vLLM tier serves it: tests/vllm/env.py vllm_env)
 """
 
 from __future__ import annotations

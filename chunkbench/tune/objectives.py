@@ -66,7 +66,7 @@ def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
     if backend.warms_up and not warm_up(serve, config, seed + 1):
         console.print(f"[yellow]warning:[/] the server refused part of the untimed warm-up (budget "
                       f"{config.scheduler.max_num_batched_tokens} tokens); "
-                      "the trial is measured on a server that has not run a budget-sized step")
+                      "the trial is measured on a server that has not run a budget-sized step", soft_wrap=True)
 
 
 def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:

@@ -71,7 +71,7 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
         if not run["warmed_up"]:
             console.print(f"[yellow]warning:[/] the server refused part of the {design.name} run's untimed warm-up "
                           "(a budget-sized prompt among decodes): its first steps are measured cold, and simulated "
-                          "without one; this run may fit worse", soft_wrap=True)
+                          "without a warm-up; this run may fit worse", soft_wrap=True)
         state.data["calibration_runs"].append(run)
         state.save()
         runs[design.name] = run

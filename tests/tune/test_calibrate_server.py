@@ -515,6 +515,7 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
     from types import SimpleNamespace
 
     from chunkbench.tune import calibrate as cal
+    from chunkbench.tune.calibration_runs import simulate_run
     from chunkbench.tune.objectives import evaluate
 
     class Refusing(LabelledServer):  # refuses every prompt over 256 tokens, as a server with a short context
@@ -544,6 +545,10 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
             return refused if label.endswith("warm-up") else serve(workload, label=label, **options)
         run = cal.run_design(refusing_warm_up, spec, design, 2048)
     assert run["warmed_up"] is False and run["ttft_ms"]
+    for warmed_up, labels in ((False, ["workload"]), (True, ["workload warm-up", "workload"])):
+        sim = LabelledSim(server_calibration=TRUTH)
+        simulate_run(TRUTH, spec, run | {"warmed_up": warmed_up}, sim)
+        assert [label for label, _ in sim.served] == labels
 
 
 def test_a_workload_run_whose_copies_disagree_is_measured_again():

@@ -82,7 +82,7 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
     assert abs(errors["output_throughput"]) <= HELD_OUT_TOLERANCE  # measured: -0.9% and -1.1% (2026-12-02)
     missed = {k: e for k, e in errors.items() if abs(e) > HELD_OUT_TOLERANCE}
     if missed:  # a known gap of issue 31 (measured: median TTFT +59%, +78%, +19%; p99 ITL +41%, +1%, -9%;
-        # 2026-12-04, served without a worker process (conftest.vllm_env), no pauses: +35%, +23%; +30%, within;
+        # 2026-12-04, served without a worker process (tests/vllm/env.py), no pauses: +35%, +23%; +30%, within;
         # with TCMalloc and the new-token-count term: +34.5%, p99 ITL +5.8%, throughput -0.7%; with a primer
         # that outlasts the burst's way in: +1.9%, -7.4%, +3.1%, no xfail; then p99 ITL -29%, median TTFT
         # +47.7%; after the steadiness re-measure, fit 8.6%: -6.4%, -18.3%, +2.1%; fit 22.4%: +68.2%, +3.5%, -2.1%;

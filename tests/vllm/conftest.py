@@ -28,7 +28,6 @@ TINY_MODEL = VLLM_VENV / "tiny-llama"
 VLLM_BLOCK = 32  # vLLM's CPU attention takes multiples of 32 only
 
 
-
 # What every vLLM server of the tier is started with: eager (no Inductor warm-up: healthy in ~26 s, not ~50) and
 # fp32 (vLLM CPU's bfloat16 worker dies with SIGILL on this machine's first request; fp32 is chunkbench's too).
 VLLM_FIXED_FLAGS = ("--enforce-eager", "--dtype", "float32", "--max-model-len", "2048")

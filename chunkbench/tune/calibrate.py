@@ -50,12 +50,11 @@ def measure_design(backend: Backend, spec: TuneSpec, design: Design, log: Path |
 
 
 def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dict:
-    """Run one design on a session's server, after its warm-up (calibration_runs.warm_up, which ends with the
-    design's own requests: `settled`; `warmed_up`: whether the server served all of it, else the run is
-    simulated without one). A run that paused (server_paused) or, repeating
+    """Run one design on a session's server, after its warm-up (warmup_requests; `warmed_up`: whether the server
+    served all of it, else the run is simulated without one). A run that paused (server_paused) or, repeating
     its workload, was served unsteadily (copies_spread) is measured again."""
+    warmed_up = warm_up(serve, spec.base_config(**design.knobs), spec.seed + 1, f"{design.name} warm-up")
     workload = design_requests(asdict(design.workload), design.take, design.primer, max_model_len, design.repeat)
-    warmed_up = warm_up(serve, spec.base_config(**design.knobs), spec.seed + 1, f"{design.name} warm-up", workload)
     copy = len(design_requests(asdict(design.workload), None, 0, max_model_len)) if design.repeat else 0
     attempts = []  # (paused, spread beyond STEADY_RATIO, longest gap, figures)
     for attempt in range(1 + PAUSE_REMEASURES):  # another seed: other prompt ids, no prefix-cache hits
@@ -71,7 +70,6 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
     paused, _, _, figures = attempts[kept]
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted), "warmed_up": warmed_up,
-            "settled": True,
             "attempt": kept, "paused_runs": sum(a[0] for a in attempts),
             "unsteady_runs": sum(a[1] > STEADY_RATIO for a in attempts), "paused": paused} | figures
 

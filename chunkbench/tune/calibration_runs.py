@@ -46,8 +46,6 @@ QUEUE_FLOOR_MS = 50.0  # relative error of a near-zero queue time means nothing:
 WORKLOAD_REQUESTS = 32  # the fourth calibration run: at most this many of the tune's own requests
 WARMUP_OUTPUT = 8  # tokens out of the warm-up's long request (warmup_requests); its decodes take twice that
 PRIMER_LEAD_S = 0.005  # a burst follows its primer by this much: enough for the primer to reach the server first
-SETTLE_REQUESTS = 32  # the warm-up ends with at most this many of the run's own requests (warm_up)
-SETTLE_SEED = 1000  # their prompts' seed, past the runs' own (seed + 2 * attempt): no prefix-cache hits
 
 
 @dataclass(frozen=True)
@@ -153,25 +151,12 @@ def warmup_requests(budget: int, max_model_len: int) -> list[WorkloadRequest]:
     return [WorkloadRequest(prompt, WARMUP_OUTPUT, 0.0)] + [WorkloadRequest(32, 2 * WARMUP_OUTPUT, 0.0)] * 8
 
 
-def warm_up(serve, config, seed: int, label: str = "warm-up", settle: list[WorkloadRequest] = ()) -> bool:
-    """Run warmup_requests for `config`'s budget on a session's server (or simulator), untimed, then the first
-    SETTLE_REQUESTS of `settle` (the run's own requests, at their own arrivals) under another seed (other prompt
-    ids: no prefix-cache hits for the run after); whether the server served every warm-up request.
-
-    Why the run's own requests too: a fresh vLLM 0.32 CPU server keeps growing its engine core's memory through
-    its first seconds of serving, and on these machines memory new to a process costs ~3 ms a MB (a virtual
-    machine backs a page only when it is first touched). Its steps logged in the engine core on the tier's tiny
-    Llama (2026-12-04, the calibration's workload run served twice after this warm-up's budget-sized prompt):
-    in the first pass the 729-token step (a 727-token prompt among two decodes) took 24-36 ms, with 1,000-1,900
-    page faults and 17-44 ms of system time, and ran in 7-13 ms with none in the second; the resident memory grew
-    1,697 -> 1,715 MB over the first pass, 4 MB more over the second. The prompt's TTFTs: 44, 36 and 31 ms in the
-    first pass, 16-21 ms after. No step cost describes that, and a server serving for hours does not pay it."""
+def warm_up(serve, config, seed: int, label: str = "warm-up") -> bool:
+    """Run warmup_requests for `config`'s budget on a session's server (or simulator), untimed; whether the
+    server served every one of them."""
     s = config.scheduler
     result = serve(warmup_requests(s.max_num_batched_tokens, s.max_model_len), seed=seed, warmup_steps=0,
                    progress=False, label=label)
-    if settle:
-        serve(list(settle[:SETTLE_REQUESTS]), seed=seed + SETTLE_SEED, warmup_steps=0, progress=False,
-              label=f"{label}, settling")
     return all(r.ok for r in result.requests)
 
 
@@ -187,7 +172,6 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
     config = spec.base_config(**run["knobs"])
     workload = design_requests(run["workload"], run.get("take"), run.get("primer", 0), config.scheduler.max_model_len,
                                run.get("repeat", False))
-    settle = workload if run.get("settled") else []  # as the client sent them (a file before this has none)
     if len(run.get("send_s", ())) == len(workload) and run["workload"].get("arrival") != "all-at-once":
         # Simulate the arrivals the server saw (the client's send times), not the ones the workload planned.
         # Not for a burst: its sends spread over a few milliseconds, and which of them the server's steps
@@ -199,7 +183,7 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
         # what the server ran before it on its launch (calibrate.run_design): a session's cost can depend on
         # it (sim/linear_cost.py, new token counts)
         if run.get("warmed_up"):
-            warm_up(serve, config, spec.seed + 1, f"{run['name']} warm-up", settle)
+            warm_up(serve, config, spec.seed + 1, f"{run['name']} warm-up")
         for attempt in range(run.get("attempt", 0) + 1):  # measured again after a pause: the kept one is last
             result = serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False, label=run["name"])
     return result, workload, config

@@ -49,23 +49,21 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
         return _score(spec, knobs, measure(serve, config, workload, progress=progress, **options).summary)
 
     with backend.session(config, log=log) as serve:
-        warm_up_server(backend, serve, config, spec.seed, workload)
+        warm_up_server(backend, serve, config, spec.seed)
         outcomes = [once(serve) for _ in range(repeats)]
     return outcomes[0] if repeats == 1 else median_outcome(outcomes)
 
 
-def warm_up_server(backend: Backend, serve, config, seed: int, workload: list[WorkloadRequest] = ()) -> None:
-    """A launched trial measures the configuration, not its server's first seconds: a fresh vLLM 0.32 CPU server's
+def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
+    """A launched trial measures the configuration, not its server's first steps: a fresh vLLM 0.32 CPU server's
     first large steps are slow (a 1,024-token first step 144 ms where the same step later took ~40; measured on
-    the tier, calibration_runs.warmup_requests), and so are its first seconds of serving (its memory still
-    growing: calibration_runs.warm_up), a cost no server serving for hours pays. Its launch runs the
-    calibration runs' untimed warm-up first, ending with the trial's own requests (the first SETTLE_REQUESTS).
-    So does a simulator fitted to a server, whose cost remembers the token counts it ran (sim/linear_cost.py);
-    see Backend.warms_up. A warm-up the server refused is said, once per trial, and the trial goes on (its own
-    requests tell whether the configuration serves)."""
+    the tier, calibration_runs.warmup_requests), a cost no server serving for hours pays. Its launch runs the
+    calibration runs' untimed warm-up first. So does a simulator fitted to a server, whose cost remembers the
+    token counts it ran (sim/linear_cost.py); see Backend.warms_up. A warm-up the server refused is said, once
+    per trial, and the trial goes on (its own requests tell whether the configuration serves)."""
     from chunkbench.tune.calibration_runs import warm_up
 
-    if backend.warms_up and not warm_up(serve, config, seed + 1, settle=workload):
+    if backend.warms_up and not warm_up(serve, config, seed + 1):
         console.print(f"[yellow]warning:[/] the server refused part of the untimed warm-up (budget "
                       f"{config.scheduler.max_num_batched_tokens} tokens); "
                       "the trial is measured on a server that has not run a budget-sized step", soft_wrap=True)

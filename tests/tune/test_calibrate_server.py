@@ -135,7 +135,7 @@ class DriftingServer(FakeServer):
             runs = itertools.count()  # the timed runs take the factors in turn; a trial's warm-up, the first
 
             def serve(*args, **kwargs):
-                return serves[0 if "warm-up" in kwargs.get("label", "") else next(runs) % len(serves)](*args, **kwargs)
+                return serves[0 if kwargs.get("label") == "warm-up" else next(runs) % len(serves)](*args, **kwargs)
             yield serve
 
 
@@ -259,7 +259,7 @@ def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(mo
     design = next(d for d in designs(spec) if d.name == "workload")
     for script, kept, paused in (([500, 40], 40, 1), ([500, 200, 400, 350, 300], 200, 5), ([40], 40, 0)):
         calls = iter(script)
-        serve = lambda workload, label, **_: result(3.0 if "warm-up" in label else next(calls))  # noqa: E731
+        serve = lambda workload, label, **_: result(3.0 if label.endswith("warm-up") else next(calls))  # noqa: E731
         run = cal.run_design(serve, spec, design, 2048)
         assert max(run["itl_ms"]) == pytest.approx(kept) and run["paused_runs"] == paused, script
         assert run["paused"] == (paused == len(script))  # the kept run paused too: fitted on its medians
@@ -492,18 +492,17 @@ class LabelledSim(LabelledServer):
 
 def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
     """objectives.warm_up_server: a launch (and a simulator fitted to a server) runs the calibration's warm-up,
-    a budget-sized prompt among eight decodes and then the trial's own first SETTLE_REQUESTS requests, before
-    the trial's workload; a plain simulator does not."""
-    from chunkbench.tune.calibration_runs import SETTLE_REQUESTS, warmup_requests
+    a budget-sized prompt among eight decodes, before the trial's workload; a plain simulator does not."""
+    from chunkbench.tune.calibration_runs import warmup_requests
     from chunkbench.tune.objectives import evaluate
 
     spec = make_spec(n_trials=1)
     max_len = spec.base_config().scheduler.max_model_len
-    workload = build_workload(dataclasses.replace(spec.workload, num_requests=SETTLE_REQUESTS + 8), max_len)
-    warm = [("warm-up", warmup_requests(512, max_len)), ("warm-up, settling", workload[:SETTLE_REQUESTS])]
-    for backend, runs in ((LabelledServer(server_calibration=TRUTH), warm),
-                          (LabelledServer(server_calibration=None, gpu="h100-sxm"), warm),  # a launch as such
-                          (LabelledSim(server_calibration=TRUTH), warm),
+    workload = build_workload(spec.workload, max_len)
+    warm = ("warm-up", warmup_requests(512, max_len))
+    for backend, runs in ((LabelledServer(server_calibration=TRUTH), [warm]),
+                          (LabelledServer(server_calibration=None, gpu="h100-sxm"), [warm]),  # a launch as such
+                          (LabelledSim(server_calibration=TRUTH), [warm]),
                           (LabelledSim(server_calibration=None, gpu="h100-sxm"), [])):
         evaluate(spec, {"max_num_batched_tokens": 512}, workload, backend)
         assert backend.served[:-1] == runs and backend.served[-1][1] == workload
@@ -546,8 +545,7 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
             return refused if label.endswith("warm-up") else serve(workload, label=label, **options)
         run = cal.run_design(refusing_warm_up, spec, design, 2048)
     assert run["warmed_up"] is False and run["ttft_ms"]
-    for warmed_up, labels in ((False, ["workload"]),
-                              (True, ["workload warm-up", "workload warm-up, settling", "workload"])):
+    for warmed_up, labels in ((False, ["workload"]), (True, ["workload warm-up", "workload"])):
         sim = LabelledSim(server_calibration=TRUTH)
         simulate_run(TRUTH, spec, run | {"warmed_up": warmed_up}, sim)
         assert [label for label, _ in sim.served] == labels
@@ -580,7 +578,7 @@ def test_a_workload_run_whose_copies_disagree_is_measured_again():
                                    (((1.0, 1.0, 1.0),), 0, 0)):
         calls = iter(script)
         def serve(workload, label, **_):
-            return result((1, 1, 1) if "warm-up" in label else next(calls))
+            return result((1, 1, 1) if label.endswith("warm-up") else next(calls))
         run = cal.run_design(serve, spec, design, 2048)
         assert run["attempt"] == kept and run["unsteady_runs"] == unsteady and run["paused_runs"] == 0, script
         assert run["copies_spread"] == pytest.approx(max(script[kept]) / min(script[kept]))

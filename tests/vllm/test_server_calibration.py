@@ -65,11 +65,11 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
     workload = build_workload(HELD_OUT, config.scheduler.max_model_len)
     with launch.session(config, log=tmp_path / "held-out" / "launch.log") as serve:
         # warmed up as the calibration runs were (calibration_runs.warm_up): a fresh server's first large
-        # steps, and its first seconds of serving, cost what no step cost describes
-        cal.warm_up(serve, config, seed=1, settle=workload)
+        # steps cost what no step cost describes
+        cal.warm_up(serve, config, seed=1)
         measured = serve(workload, seed=spec.seed, progress=False)
     with SimBackend(server_calibration=calibration).session(config) as serve:  # the same session: its warm-up
-        cal.warm_up(serve, config, seed=1, settle=workload)  # ran the token counts the server has not paid for since (linear_cost)
+        cal.warm_up(serve, config, seed=1)  # ran the token counts the server has not paid for since (linear_cost)
         simulated = serve(workload, seed=spec.seed, warmup_steps=0, progress=False)
     assert all(r.ok for r in measured.requests) and len(measured.requests) == HELD_OUT.num_requests
     m = summarize(measured.requests, measured.steps, measured.duration, endpoint=True)

@@ -36,6 +36,21 @@ A step's seconds = sum of STEP_COEFFICIENTS[k] * feature k:
   its counts for good. A decode-heavy run meets each batch size once; a run whose steps mix decodes with a
   chunk's remainder meets new counts all along.
 
+- `fresh_pair_s`: per attention pair of a step beyond the most that any of the FRESH_WINDOW steps before it
+  computed. vLLM 0.32's CPU attention holds a prefill's scores, ~(query tokens)^2 x heads x 4 bytes, in memory
+  it takes for the step; in between, the decodes' small allocations take the freed memory, so a large
+  prefill after a run of small steps takes memory new to the process, and on these machines (a virtual
+  machine, which backs a page when it is first touched) that costs ~3 ms a MB. Logged inside the tier's server
+  (`scripts/vllm_step_log.py`, 2026-12-04), the calibration's workload run after its warm-up: a step of a
+  727-token prompt among two decodes took 24-36 ms with 1,000-1,900 minor page faults and 17-44 ms of system
+  time, where it took 7-13 ms without; a 428-token step faulted 716 pages (2.8 MB; 428^2 x 4 heads x 4 bytes is
+  2.9 MB), a 284-token one 290 (1.1 MB; 1.3 MB). Faults came and went over passes of the same requests on one
+  launch (the process's memory still growing, ~25 MB over the first two) with TCMalloc, with TCMalloc releasing
+  nothing (TCMALLOC_RELEASE_RATE=0), without prefix caching, and as system time with glibc's malloc on huge
+  pages. A step after a larger one in the window (the prefill run's steps, back to back) pays nothing more.
+  Refitting nine calibrations of that day with it: the workload run's error fell in eight (16.4 -> 13.1%,
+  16.5 -> 9.1%, 20.1 -> 13.7%), and eight of nine met a presearch's bounds against five.
+
 And one term outside the steps, `latency_s`: every token reaches the client this long after its step ends
 (the server's request and response path: HTTP, input processing, the engine core's IPC, detokenizing and
 streaming). It moves TTFT and E2EL, never an ITL: on the tier's vLLM (2 cores, the engine's torch thread bound to
@@ -57,6 +72,7 @@ run stays repeatable (`jitter_draws`, `jittered`).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -66,13 +82,15 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim.shape import StepShape
 
-STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s", "stall_s", "new_step_s")
+STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s", "stall_s", "new_step_s",
+                     "fresh_pair_s")
 COEFFICIENTS = STEP_COEFFICIENTS + ("latency_s", "jitter_s")
-OPTIONAL = ("stall_s", "latency_s", "stall_every", "new_step_s", "jitter_s")  # 0 when a file lacks them
+OPTIONAL = ("stall_s", "latency_s", "stall_every", "new_step_s", "jitter_s", "fresh_pair_s")  # 0 when a file lacks them
 LATENCY, JITTER = COEFFICIENTS.index("latency_s"), COEFFICIENTS.index("jitter_s")
-STALL, SEQUENCES, TOKENS = (STEP_COEFFICIENTS.index(k) for k in ("stall_s", "seq_s", "token_s"))
-NEW_STEP = STEP_COEFFICIENTS.index("new_step_s")
-SESSION_FEATURES = (STALL, NEW_STEP)  # set by the step's place in its session (session_features)
+STALL, SEQUENCES, TOKENS, PAIRS = (STEP_COEFFICIENTS.index(k) for k in ("stall_s", "seq_s", "token_s", "pair_s"))
+NEW_STEP, FRESH_PAIRS = STEP_COEFFICIENTS.index("new_step_s"), STEP_COEFFICIENTS.index("fresh_pair_s")
+SESSION_FEATURES = (STALL, NEW_STEP, FRESH_PAIRS)  # set by the step's place in its session (session_features)
+FRESH_WINDOW = 100  # fresh_pair_s: a step's attention pairs beyond the most of this many steps before it
 
 
 def step_features(step: StepShape) -> tuple[float, ...]:
@@ -80,7 +98,7 @@ def step_features(step: StepShape) -> tuple[float, ...]:
     steps before it in the session, which LinearStepCost remembers and session_features sets)."""
     sequences = len(step.prefills) + len(step.decodes)
     return (1.0, float(bool(step.prefills)), float(step.num_tokens), float(step.prefill_attention_pairs),
-            float(sequences), float(step.decode_keys), 0.0, 0.0)
+            float(sequences), float(step.decode_keys), 0.0, 0.0, 0.0)
 
 
 def stalls(sequences, every: int):
@@ -97,11 +115,21 @@ def new_counts(tokens) -> np.ndarray:
     return new
 
 
+def fresh_pairs(pairs) -> np.ndarray:
+    """A session's steps' attention pairs (in order) beyond the most any of the FRESH_WINDOW steps before each
+    computed."""
+    pairs = np.asarray(pairs, dtype=float)
+    padded = np.concatenate((np.zeros(FRESH_WINDOW), pairs))
+    recent = np.lib.stride_tricks.sliding_window_view(padded[:-1], FRESH_WINDOW).max(axis=1) if len(pairs) else pairs
+    return np.maximum(pairs - recent, 0.0)
+
+
 def session_features(features: np.ndarray, stall_every: int) -> np.ndarray:
     """A session's step features (rows of step_features, in order) with SESSION_FEATURES filled in."""
     features = np.array(features, dtype=float)
     features[:, STALL] = stalls(features[:, SEQUENCES].astype(int), stall_every)
     features[:, NEW_STEP] = new_counts(features[:, TOKENS])
+    features[:, FRESH_PAIRS] = fresh_pairs(features[:, PAIRS])
     return features
 
 
@@ -146,8 +174,9 @@ class LinearStepCost:
     # candidate steps would count too, a chunkbench-only knob that a vLLM calibration never searches).
     _stepped: list = field(default_factory=lambda: [0], compare=False, repr=False)
     _counts: set = field(default_factory=set, compare=False, repr=False)  # the token counts it has run
+    _recent: deque = field(default_factory=lambda: deque(maxlen=FRESH_WINDOW), compare=False, repr=False)  # pairs
 
-    def _session(self, sequences: int, tokens: int) -> float:
+    def _session(self, sequences: int, tokens: int, pairs: float = 0.0) -> float:
         """The SESSION_FEATURES' seconds of the next step of the session, which it then remembers."""
         before = self._stepped[0]
         self._stepped[0] = before + sequences
@@ -157,11 +186,15 @@ class LinearStepCost:
         if tokens not in self._counts:
             self._counts.add(tokens)
             seconds += self.coefficients[NEW_STEP]
+        if pairs > 0.0:
+            seconds += self.coefficients[FRESH_PAIRS] * max(pairs - max(self._recent, default=0.0), 0.0)
+        self._recent.append(pairs)
         return seconds
 
     def predict(self, step: StepShape) -> float:
-        return (math.fsum(c * f for c, f in zip(self.coefficients, step_features(step)))
-                + self._session(len(step.prefills) + len(step.decodes), step.num_tokens))
+        features = step_features(step)
+        return (math.fsum(c * f for c, f in zip(self.coefficients, features))
+                + self._session(len(step.prefills) + len(step.decodes), step.num_tokens, features[PAIRS]))
 
     def decode_step_cost(self, batch: int) -> Callable[[int], float]:
         """predict() of a decode-only step of `batch` decodes as a function of the keys it reads, bit for bit
@@ -192,5 +225,7 @@ def linear_text(coefficients: dict) -> str:
             + (f" + {c['stall_s'] * 1e3:.3g} ms every {int(coefficients['stall_every'])} sequences stepped"
                if coefficients.get("stall_every") else "")
             + (f" + {c['new_step_s'] * 1e3:.3g} ms at a token count new to the server" if c["new_step_s"] else "")
+            + (f" + {c['fresh_pair_s'] * 1e9:.3g} ns per attention pair beyond the last {FRESH_WINDOW} steps' most"
+               if c["fresh_pair_s"] else "")
             + f"; {c['latency_s'] * 1e3:.3g} ms to the client"
             + (f" (+ {c['jitter_s'] * 1e3:.3g} ms jitter on average)" if c["jitter_s"] else ""))

@@ -263,23 +263,29 @@ def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> 
     return max(1, int(round(t.features[steps[0] + 1:steps[-1] + 1, SEQUENCES].sum() / stalled)))
 
 
-def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration,
-               max_evaluations: int = 4000) -> ServerCalibration:
+def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_evaluations: int = 4000,
+               without: tuple[str, ...] = ()) -> ServerCalibration:
     """The linear calibration that best reproduces `runs` (module docstring). `first`: the linear calibration
-    the first schedules are simulated under."""
+    the first schedules are simulated under. `without`: step coefficients held at 0 (their features too)."""
     every = stall_period(runs, spec, first)
+    held = [STEP_COEFFICIENTS.index(k) for k in without]
 
     def calibration(c: np.ndarray) -> ServerCalibration:
-        return dataclasses.replace(first, family="linear",
-                                   coefficients=dict(zip(COEFFICIENTS, c.tolist())) | {"stall_every": every})
+        return dataclasses.replace(first, family="linear", coefficients=dict(zip(COEFFICIENTS, c.tolist()))
+                                   | dict.fromkeys(without, 0.0) | {"stall_every": every})
+
+    def traced(calibration: ServerCalibration, run: dict) -> Trace:
+        recorded = trace(spec, calibration, run)
+        recorded.features[:, held] = 0.0
+        return recorded
 
     def simulated(c: np.ndarray, run: dict) -> float:  # afresh: the schedule free to move
         return float(np.sum(np.square(residual(run, run_figures(simulate_run(calibration(c), spec, run)[0])))))
 
     current, best, best_value = calibration(np.array([first.coefficients[k] for k in COEFFICIENTS])), None, math.inf
     for _ in range(ROUNDS):  # every run priced on its recorded schedule, in a trust region
-        traces = [trace(spec, current, run) for run in runs]
-        c, unit = _descend(traces, runs, best, TRUST, max_evaluations)
+        traces = [traced(current, run) for run in runs]
+        c, unit = _descend(traces, runs, best, TRUST, max_evaluations, held=held)
         value = sum(simulated(c, run) for run in runs)
         if value >= best_value * (1 - 1e-2):
             break
@@ -291,18 +297,19 @@ def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration,
     # recorded schedules (measured on the tier's vLLM: objective 2.5 where a point at x1.8 the fixed step,
     # a quarter of the per-sequence term gave 0.58).
     bursts = [run["workload"].get("arrival") == "all-at-once" for run in runs]
-    traces = [trace(spec, current, run) if burst else None for run, burst in zip(runs, bursts)]
+    traces = [traced(current, run) if burst else None for run, burst in zip(runs, bursts)]
     c, _ = _descend(traces, runs, best, WIDE_TRUST, FRESH_EVALUATIONS,
-                    lambda c, t, run: simulated(c, run) if t is None else None)
+                    lambda c, t, run: simulated(c, run) if t is None else None, held)
     value = sum(simulated(c, run) for run in runs)
     return calibration(c if value < best_value else best)
 
 
 def _descend(traces: list, runs: list[dict], best: np.ndarray | None, trust: float, evaluations: int,
-             fresh=None) -> tuple[np.ndarray, np.ndarray]:
+             fresh=None, held: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Nelder-Mead over the log coefficients (in units of their typical share of a step: a step's median seconds
     over the feature's mean), within `trust` of the start: the better of NNLS on the runs and `best`. A run
-    whose trace is None is priced by `fresh(c, None, run)`; the others on their traces."""
+    whose trace is None is priced by `fresh(c, None, run)`; the others on their traces. The coefficients
+    `held` (indices) stay 0, outside the search."""
     from scipy.optimize import minimize
 
     compared = [targets(run) for run in runs]
@@ -313,6 +320,9 @@ def _descend(traces: list, runs: list[dict], best: np.ndarray | None, trust: flo
     recorded = [t for t in traces if t is not None]
     candidates = [c for c in ((direct_estimate(traces, runs) if all(t is not None for t in traces) else None),
                               best) if c is not None]
+    free = np.ones(len(COEFFICIENTS), dtype=bool)
+    free[list(held)] = False
+    candidates = [np.where(free, c, 0.0) for c in candidates]
     c = min(candidates, key=value) if len(candidates) > 1 else candidates[0]
     # the latency and the jitter: once per token
     means = np.append(np.vstack([t.features for t in recorded]).mean(axis=0), (1.0, 1.0))
@@ -320,10 +330,16 @@ def _descend(traces: list, runs: list[dict], best: np.ndarray | None, trust: flo
     unit = typical / np.where(means > 0, means, 1.0)
     start = np.log(np.maximum(c / unit, FLOOR))
 
-    def objective(x: np.ndarray) -> float:
-        return 1e6 if np.any(np.abs(x - start) > trust) else value(np.exp(x) * unit)
+    def coefficients(y: np.ndarray) -> np.ndarray:  # y: the free log coefficients
+        x = start.copy()
+        x[free] = y
+        return np.where(free, np.exp(x) * unit, 0.0)
 
-    simplex = start + 0.5 * min(trust, 1.0) * np.vstack([np.zeros(len(start)), np.eye(len(start))])
-    solution = minimize(objective, start, method="Nelder-Mead", options={
+    def objective(y: np.ndarray) -> float:
+        return 1e6 if np.any(np.abs(y - start[free]) > trust) else value(coefficients(y))
+
+    n = int(free.sum())
+    simplex = start[free] + 0.5 * min(trust, 1.0) * np.vstack([np.zeros(n), np.eye(n)])
+    solution = minimize(objective, start[free], method="Nelder-Mead", options={
         "xatol": 1e-4, "fatol": 1e-10, "maxfev": evaluations, "adaptive": True, "initial_simplex": simplex})
-    return np.exp(solution.x) * unit, unit
+    return coefficients(solution.x), unit

@@ -43,11 +43,13 @@ A step's seconds = sum of STEP_COEFFICIENTS[k] * feature k:
   machine, which backs a page when it is first touched) that costs ~3 ms a MB. Logged inside the tier's server
   (`scripts/vllm_step_log.py`, 2026-12-04), the calibration's workload run after its warm-up: a step of a
   727-token prompt among two decodes took 24-36 ms with 1,000-1,900 minor page faults and 17-44 ms of system
-  time, where it took 7-13 ms without; a 428-token step faulted 716 pages (2.8 MB; 428^2 x 4 heads x 4 bytes is
-  2.9 MB), a 284-token one 290 (1.1 MB; 1.3 MB). Faults came and went over passes of the same requests on one
-  launch (the process's memory still growing, ~25 MB over the first two) with TCMalloc, with TCMalloc releasing
+  time, where it took 7-13 ms without; a 428-token step faulted 716 pages (2.80 MiB; 428^2 x 4 heads x 4 bytes
+  is 2.80 MiB), a 284-token one 290 (1.13 MiB; 1.23). Faults came and went over passes of the same requests on
+  one launch (the process's memory still growing, ~25 MB over the first two) with TCMalloc, with TCMalloc releasing
   nothing (TCMALLOC_RELEASE_RATE=0), without prefix caching, and as system time with glibc's malloc on huge
-  pages. A step after a larger one in the window (the prefill run's steps, back to back) pays nothing more.
+  pages. A step after a larger one in the window (the prefill run's steps, back to back) pays nothing more; the
+  window is a round number between what the log showed (a 547-token step 110 steps after the 729-token one
+  faulted 33 pages; a 284-token step 532 steps after the 547-token one faulted 290).
   Refitting nine calibrations of that day with it: the workload run's error fell in eight (16.4 -> 13.1%,
   16.5 -> 9.1%, 20.1 -> 13.7%), and eight of nine met a presearch's bounds against five.
 

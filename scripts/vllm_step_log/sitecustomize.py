@@ -31,10 +31,11 @@ def wrap(module) -> None:
         if scheduled and scheduled[0].total_num_scheduled_tokens:
             with open("/proc/self/statm") as statm:
                 rss_mb = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-            out.write(f"{start:.6f}\t{end:.6f}\t{scheduled[0].total_num_scheduled_tokens}\t"
-                      f"{len(scheduled[0].num_scheduled_tokens)}\t{after.ru_minflt - before.ru_minflt}\t"
-                      f"{1e3 * (after.ru_utime - before.ru_utime):.1f}\t{1e3 * (after.ru_stime - before.ru_stime):.1f}\t"
-                      f"{rss_mb:.0f}\n")
+            output = scheduled[0]
+            fields = (f"{start:.6f}", f"{end:.6f}", output.total_num_scheduled_tokens, len(output.num_scheduled_tokens),
+                      after.ru_minflt - before.ru_minflt, f"{1e3 * (after.ru_utime - before.ru_utime):.1f}",
+                      f"{1e3 * (after.ru_stime - before.ru_stime):.1f}", f"{rss_mb:.0f}")
+            out.write("\t".join(map(str, fields)) + "\n")
         return result
 
     engine_core.step = logged_step

@@ -16,7 +16,7 @@ ENGINE_CORE = "vllm.v1.engine.core"
 def wrap(module) -> None:
     engine_core = module.EngineCore
     step = engine_core.step
-    out = open(os.path.join(os.environ["VLLM_STEP_LOG"], f"steps-{os.getpid()}.tsv"), "w", buffering=1)
+    out = []  # the log, opened at the first step (the API server imports this module too, and steps nothing)
 
     def logged_step(self):
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -35,7 +35,10 @@ def wrap(module) -> None:
             fields = (f"{start:.6f}", f"{end:.6f}", output.total_num_scheduled_tokens, len(output.num_scheduled_tokens),
                       after.ru_minflt - before.ru_minflt, f"{1e3 * (after.ru_utime - before.ru_utime):.1f}",
                       f"{1e3 * (after.ru_stime - before.ru_stime):.1f}", f"{rss_mb:.0f}")
-            out.write("\t".join(map(str, fields)) + "\n")
+            if not out:
+                path = os.path.join(os.environ["VLLM_STEP_LOG"], f"steps-{os.getpid()}.tsv")
+                out.append(open(path, "w", buffering=1))
+            out[0].write("\t".join(map(str, fields)) + "\n")
         return result
 
     engine_core.step = logged_step

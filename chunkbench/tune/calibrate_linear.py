@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from chunkbench.backends import SimBackend
-from chunkbench.sim.linear_cost import (COEFFICIENTS, JITTER, LATENCY, NEW_STEP, SEQUENCES, STALL, STEP_COEFFICIENTS,
-                                        jitter_draws, session_features, step_features)
+from chunkbench.sim.linear_cost import COEFFICIENTS, NEW_STEP, SEQUENCES, STALL, STEP_COEFFICIENTS
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.calibration_runs import residuals, run_figures, simulate_run, targets
+from chunkbench.tune.linear_trace import Trace, trace
 from chunkbench.tune.spec import TuneSpec
 
 ROUNDS = 10  # re-simulate and refit at most this often
@@ -47,112 +45,6 @@ TRUST = 0.4
 WIDE_TRUST = 1.5  # the last descent, with the runs at their own arrivals simulated afresh: x4.5 either way
 FRESH_EVALUATIONS = 800  # its points (each simulates those runs: ~10 ms for 32 requests)
 FLOOR = 0.1  # a coefficient NNLS set to 0 starts at this share of its typical contribution (logs need > 0)
-
-
-class Recorder:
-    """A cost model that writes down each step's features before the real one prices it."""
-
-    def __init__(self, model) -> None:
-        self.model, self.rows = model, []
-        self.idle_factor = model.idle_factor
-
-    def predict(self, step) -> float:
-        self.rows.append(step_features(step))
-        return self.model.predict(step)
-
-    def kv_blocks(self, config) -> int:
-        return self.model.kv_blocks(config)
-
-    def activation_bytes(self, step) -> int:
-        return self.model.activation_bytes(step)
-
-
-@dataclass
-class RecordingBackend(SimBackend):
-    """The simulator of a calibration, step by step (no fast path: every step is priced and recorded)."""
-
-    recorder: Recorder | None = None
-
-    def cost(self, config):
-        self.recorder = Recorder(super().cost(config))
-        return self.recorder
-
-
-@dataclass
-class Trace:
-    """One simulated run's schedule, for pricing it again under other coefficients (module docstring)."""
-
-    features: np.ndarray  # [steps, len(STEP_COEFFICIENTS)]
-    release: np.ndarray  # per step: the latest arrival among the requests it admits (-inf: none)
-    idle: np.ndarray  # per step: the engine waited for an arrival before it (as recorded)
-    token_steps: list[np.ndarray]  # per simulated request: the step of each of its tokens
-    arrivals: np.ndarray  # per simulated request (s)
-    measured_order: list[int]  # per simulated request: its index among the measured run's requests
-    draws: list[np.ndarray]  # per simulated request: its tokens' jitter draws (sim/linear_cost.jitter_draws)
-
-    def __post_init__(self) -> None:
-        """Every request's tokens end to end, so figures() prices them all in a few array operations (the fit
-        calls it ~80,000 times: 0.6 ms each request by request for the tier's four runs)."""
-        lengths = np.array([len(steps) for steps in self.token_steps], dtype=int)
-        if np.any(lengths == 0):  # a request the simulator rejected: no TTFT to price (calibration runs fit)
-            raise ValueError("a trace's request got no token")
-        self._steps = np.concatenate(self.token_steps) if len(lengths) else np.zeros(0, dtype=int)
-        self._draws = np.concatenate(self.draws) if len(lengths) else np.zeros(0)
-        self._last = np.cumsum(lengths) - 1
-        self._first = self._last - lengths + 1
-        self._request = np.repeat(np.arange(len(lengths)), lengths)
-        self._gap = np.ones(len(self._steps), dtype=bool)  # a token after one of its own request's
-        self._gap[self._first] = False
-
-    def ends(self, c: np.ndarray) -> np.ndarray:
-        """Each step's end under coefficients `c` (COEFFICIENTS: the step terms, then the client latency and
-        jitter)."""
-        seconds = self.features @ c[:len(STEP_COEFFICIENTS)]
-        total = np.cumsum(seconds)
-        before = np.concatenate(([0.0], total[:-1]))
-        return total + np.maximum.accumulate(self.release - before)
-
-    def figures(self, c: np.ndarray) -> dict:
-        """TTFT, pooled ITL and E2EL (ms) under coefficients `c`, as run_figures gives them."""
-        times = self.ends(c)[self._steps] + c[LATENCY]  # when the client would see each token, but for the jitter
-        if c[JITTER] and len(times):  # sim/linear_cost.jittered, each request's tokens lifted above the one's before
-            lift = self._request * (float(np.ptp(times)) + c[JITTER] * float(self._draws.max()) + 1.0)
-            times = np.maximum.accumulate(times + c[JITTER] * self._draws + lift) - lift
-        return {"ttft_ms": (1e3 * (times[self._first] - self.arrivals)).tolist(),
-                "itl_ms": (1e3 * np.diff(times)[self._gap[1:]]).tolist(),
-                "e2el_ms": (1e3 * (times[self._last] - self.arrivals)).tolist()}
-
-
-def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
-    """Simulate `run` under `calibration` once, recording its schedule (the jitter left out: it moves no step)."""
-    calibration = dataclasses.replace(calibration, coefficients=calibration.coefficients | {"jitter_s": 0.0})
-    backend = RecordingBackend(server_calibration=calibration, fast_forward=False)
-    result, workload, _ = simulate_run(calibration, spec, run, backend)
-    rows = backend.recorder.rows[-len(result.steps):] if result.steps else []  # the run's (after its warm-up)
-    if not len(rows) == len(result.steps) == len(result.step_requests):
-        raise RuntimeError(f"recorded {len(rows)} steps' features for {len(result.steps)} steps")
-    starts = np.array([s.start for s in result.steps])
-    seconds = np.array([s.seconds for s in result.steps])
-    ends = starts + seconds
-    tolerance = 0.25 * float(seconds.min()) if len(seconds) else 0.0
-    # A step cannot start before the requests it admits arrived: priced faster than recorded, it waits for them.
-    arrivals = np.array([r.arrival_time for r in result.requests])
-    release, seen = np.full(len(starts), -np.inf), set()
-    for step, (ids, _) in enumerate(result.step_requests):
-        for i in set(ids) - seen:
-            release[step] = max(release[step], arrivals[i])
-        seen.update(ids)
-    idle = starts > np.concatenate(([-np.inf], ends[:-1])) + tolerance  # the engine waited for an arrival
-    release = np.where(idle, np.maximum(release, starts), release)
-    latency = calibration.coefficients.get("latency_s", 0.0)  # delayed() added it to the token times
-    token_steps = [np.searchsorted(ends, np.asarray(r.token_times) - latency - tolerance) for r in result.requests]
-    sends = run.get("send_s", ())
-    order = list(range(len(workload)))
-    if len(sends) == len(workload) and run["workload"].get("arrival") != "all-at-once":  # as simulate_run sorts
-        order = sorted(order, key=lambda i: sends[i])
-    session = session_features(backend.recorder.rows, calibration.coefficients["stall_every"])
-    draws = [jitter_draws(len(steps), seed) for seed, steps in enumerate(token_steps)]  # as delayed() draws them
-    return Trace(session[len(session) - len(rows):], release, idle, token_steps, arrivals, order, draws)
 
 
 def request_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:

@@ -168,7 +168,7 @@ def simulate_design(calibration: ServerCalibration, spec: TuneSpec, run: dict) -
 
 def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, backend: SimBackend | None = None):
     """(the simulated RunResult, its requests, its engine config) of the same run under `calibration`, on
-    `backend` (a SimBackend of that calibration unless given: tune/calibrate_linear.py records its steps)."""
+    `backend` (a SimBackend of that calibration unless given: tune/linear_trace.py records its steps)."""
     config = spec.base_config(**run["knobs"])
     workload = design_requests(run["workload"], run.get("take"), run.get("primer", 0), config.scheduler.max_model_len,
                                run.get("repeat", False))

@@ -362,11 +362,11 @@ def test_a_roofline_server_still_fits_the_linear_family():
 
 
 def test_a_trace_prices_its_schedule_as_the_simulator_does():
-    """The linear fit's fast objective (calibrate_linear.Trace) against the simulator: under the coefficients
+    """The linear fit's fast objective (linear_trace.Trace) against the simulator: under the coefficients
     the schedule was recorded with, every TTFT, ITL and E2EL is the simulator's, idle gaps between arrivals
     included (the workload run)."""
     from chunkbench.sim.linear_cost import COEFFICIENTS
-    from chunkbench.tune.calibrate_linear import trace
+    from chunkbench.tune.linear_trace import trace
 
     spec = make_spec()
     jittery = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 1e-3})

@@ -150,6 +150,7 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
     if family == "auto":
         family = "linear" if device == "cpu" else "roofline"
     meta = dict(model=spec.model, server=server, num_blocks=num_blocks or served_kv_blocks(runs, spec))
+
     def errors(only, simulated: dict) -> np.ndarray:  # (simulated - measured) / measured of TTFT/ITL/E2EL figures
         return np.expm1(np.asarray([e for run in only for e in residuals(run, simulated[run["name"]])[0]]))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, vllm_env  # noqa: E402
+from tests.vllm.conftest import VLLM_CLI, vllm_env  # noqa: E402
 
 
 def main() -> None:
@@ -33,17 +33,12 @@ def main() -> None:
 
     import numpy as np
 
-    from chunkbench.launch import LaunchBackend
     from chunkbench.tune.calibrate import copy_sums
     from chunkbench.tune.calibration_runs import design_requests, designs, run_figures, warm_up
     from chunkbench.workload import WorkloadRequest
-    from tests.conftest import free_port
-    from tests.vllm.test_server_calibration import tune_spec
+    from tests.vllm.test_server_calibration import tier_launch, tune_spec
 
-    port = free_port()
-    flags = [f for f in VLLM_FIXED_FLAGS if f not in ("--max-model-len", "2048")]
-    launch = LaunchBackend(" ".join([str(VLLM_CLI), "serve", "{model}", "{vllm_flags}", "--port", str(port),
-                                     "--host", "127.0.0.1", *flags]), f"http://127.0.0.1:{port}/v1")
+    launch = tier_launch()
     spec = tune_spec(str(VLLM_CLI.parents[1] / "tiny-llama"), launch)
     design = next(d for d in designs(spec) if d.name == "workload")
     config = spec.base_config(**design.knobs)

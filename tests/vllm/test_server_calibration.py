@@ -48,11 +48,16 @@ def tune_spec(model: str, backend) -> TuneSpec:
                     space=space, workload=workload, backend=backend, n_trials=1)
 
 
-def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model, tmp_path, vllm_environment):
+def tier_launch() -> LaunchBackend:
+    """The tier's `vllm serve` as a tune's launch template, on a free port (the tune sets --max-model-len)."""
     port = free_port()
     flags = [f for f in VLLM_FIXED_FLAGS if f not in ("--max-model-len", "2048")]
-    launch = LaunchBackend(" ".join([str(VLLM_CLI), "serve", "{model}", "{vllm_flags}", "--port", str(port),
-                                     "--host", "127.0.0.1", *flags]), f"http://127.0.0.1:{port}/v1")
+    return LaunchBackend(" ".join([str(VLLM_CLI), "serve", "{model}", "{vllm_flags}", "--port", str(port),
+                                   "--host", "127.0.0.1", *flags]), f"http://127.0.0.1:{port}/v1")
+
+
+def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model, tmp_path, vllm_environment):
+    launch = tier_launch()
     spec = tune_spec(str(tiny_model), launch)
     runs = [cal.measure_design(launch, spec, d, tmp_path / d.name / "launch.log") for d in cal.designs(spec)]
     calibration = cal.fit(runs, spec, "cpu", launch.launch)

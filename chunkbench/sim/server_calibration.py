@@ -31,6 +31,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim.calibration import Calibration, calibration_for
@@ -157,8 +159,8 @@ class ServerCalibration:
 
 def delayed(serve, calibration: ServerCalibration | None):
     """`serve` with the calibration's client latency and jitter (sim/linear_cost.py, `latency_s`, `jitter_s`)
-    added to every token time of its results; `serve` itself when there are none. SimBackend.session wraps its
-    runs in it."""
+    added to every token time of its results, streamed as the client receives them (`streamed`); `serve`
+    itself when there are none. SimBackend.session wraps its runs in it."""
     from chunkbench.sim.linear_cost import jitter_draws, jittered
 
     coefficients = (calibration.coefficients or {}) if calibration is not None else {}
@@ -170,7 +172,10 @@ def delayed(serve, calibration: ServerCalibration | None):
         result = serve(*args, **kwargs)
         for seed, record in enumerate(result.requests):
             times = [t + latency for t in record.token_times]
-            record.token_times = jittered(times, jitter, jitter_draws(len(times), seed)).tolist() if jitter else times
+            if jitter:
+                streamed(record, jittered(times, jitter, jitter_draws(len(times), seed)))
+            else:
+                record.token_times = times
         ends = [r.token_times[-1] for r in result.requests if r.ok]
         first = min((r.arrival_time for r in result.requests), default=0.0)
         result.duration = max(ends, default=first) - first
@@ -207,3 +212,19 @@ class PerSequenceOverhead:
 
     def __str__(self) -> str:
         return str(self.base)
+
+
+def streamed(record, times: np.ndarray) -> None:
+    """Set `record`'s token times to `times` (in order), tokens of the same time in one output event: the
+    jitter held one back and it reached the client with the one behind it. vLLM 0.32's API server merges the
+    outputs of a request that its stream has not sent yet into one chunk, and vLLM's client (and
+    chunkbench's) counts an ITL per chunk: the gap before the chunk, no gap of 0 inside it. The token count
+    stays (num_output_tokens); a paused gap moves to its token's chunk."""
+    first = np.concatenate(([True], np.diff(times) > 0)) if len(times) else np.zeros(0, dtype=bool)
+    if first.all():
+        record.token_times = times.tolist()
+        return
+    chunk = np.cumsum(first) - 1
+    record.num_output_tokens = len(times) if record.num_output_tokens is None else record.num_output_tokens
+    record.paused_gaps = tuple(sorted({int(chunk[i]) for i in record.paused_gaps if i < len(chunk) and chunk[i]}))
+    record.token_times = times[first].tolist()

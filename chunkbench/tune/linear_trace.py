@@ -84,8 +84,9 @@ class Trace:
         if c[JITTER] and len(times):  # sim/linear_cost.jittered, each request's tokens lifted above the one's before
             lift = self._request * (float(np.ptp(times)) + c[JITTER] * float(self._draws.max()) + 1.0)
             times = np.maximum.accumulate(times + c[JITTER] * self._draws + lift) - lift
+        gaps = np.diff(times)[self._gap[1:]]  # tokens of one time are one chunk: no gap (server_calibration.streamed)
         return {"ttft_ms": (1e3 * (times[self._first] - self.arrivals)).tolist(),
-                "itl_ms": (1e3 * np.diff(times)[self._gap[1:]]).tolist(),
+                "itl_ms": (1e3 * gaps[gaps > 0]).tolist(),
                 "e2el_ms": (1e3 * (times[self._last] - self.arrivals)).tolist()}
 
 

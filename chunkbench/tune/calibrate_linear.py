@@ -156,9 +156,10 @@ def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> 
 
 
 def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_evaluations: int = 4000,
-               without: tuple[str, ...] = ()) -> ServerCalibration:
+               without: tuple[str, ...] = (), start: ServerCalibration | None = None) -> ServerCalibration:
     """The linear calibration that best reproduces `runs` (module docstring). `first`: the linear calibration
-    the first schedules are simulated under. `without`: step coefficients held at 0 (their features too)."""
+    the first schedules are simulated under. `without`: step coefficients held at 0 (their features too).
+    `start`: a calibration the first descent may start from too (a smaller model's fit: calibrate.fit)."""
     every = stall_period(runs, spec, first)
     held = [STEP_COEFFICIENTS.index(k) for k in without]
 
@@ -175,9 +176,10 @@ def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_e
         return float(np.sum(np.square(residual(run, run_figures(simulate_run(calibration(c), spec, run)[0])))))
 
     current, best, best_value = calibration(np.array([first.coefficients[k] for k in COEFFICIENTS])), None, math.inf
+    begin = None if start is None else np.array([start.coefficients[k] for k in COEFFICIENTS])
     for _ in range(ROUNDS):  # every run priced on its recorded schedule, in a trust region
         traces = [traced(current, run) for run in runs]
-        c, unit = _descend(traces, runs, best, TRUST, max_evaluations, held=held)
+        c, unit = _descend(traces, runs, best if best is not None else begin, TRUST, max_evaluations, held=held)
         value = sum(simulated(c, run) for run in runs)
         if value >= best_value * (1 - 1e-2):
             break
@@ -199,7 +201,8 @@ def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_e
 def _descend(traces: list, runs: list[dict], best: np.ndarray | None, trust: float, evaluations: int,
              fresh=None, held: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Nelder-Mead over the log coefficients (in units of their typical share of a step: a step's median seconds
-    over the feature's mean), within `trust` of the start: the better of NNLS on the runs and `best`. A run
+    over the feature's mean), within `trust` of the start: the best of NNLS on the runs, `best`, and `best` with
+    NNLS's value for each coefficient it has at 0 (a term a smaller model left out). A run
     whose trace is None is priced by `fresh(c, None, run)`; the others on their traces. The coefficients
     `held` (indices) stay 0, outside the search."""
     from scipy.optimize import minimize
@@ -210,8 +213,9 @@ def _descend(traces: list, runs: list[dict], best: np.ndarray | None, trust: flo
         return float(sum(np.sum(np.square(residual(run, t.figures(c), own))) if t is not None else fresh(c, t, run)
                          for t, run, own in zip(traces, runs, compared)))
     recorded = [t for t in traces if t is not None]
-    candidates = [c for c in ((direct_estimate(traces, runs) if all(t is not None for t in traces) else None),
-                              best) if c is not None]
+    direct = direct_estimate(traces, runs) if all(t is not None for t in traces) else None
+    hybrid = None if direct is None or best is None else np.where(best > 0, best, direct)
+    candidates = [c for c in (direct, best, hybrid) if c is not None]
     free = np.ones(len(COEFFICIENTS), dtype=bool)
     free[list(held)] = False
     candidates = [np.where(free, c, 0.0) for c in candidates]

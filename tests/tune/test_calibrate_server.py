@@ -518,8 +518,9 @@ def test_tokens_delivered_together_do_not_break_the_linear_fit():
 
 def test_a_server_pause_is_told_from_slow_steps():
     """calibrate.server_paused: a stream that stopped and then came all at once (as measured on the tier's vLLM:
-    a 431 ms gap, then gaps of ~0 ms) against ones whose gaps are only uneven (a prefill run's 75 ms steps among
-    7 ms ones; a workload run's 48 ms prefill step among 2.5 ms decodes)."""
+    a 431 ms gap, then gaps of ~0 ms), or came two tokens at a time all along, against ones whose gaps are only
+    uneven (a prefill run's 75 ms steps among 7 ms ones; a workload run's 48 ms prefill step among 2.5 ms
+    decodes)."""
     from chunkbench.tune.calibrate import server_paused
 
     steady = [2.5] * 200
@@ -528,6 +529,8 @@ def test_a_server_pause_is_told_from_slow_steps():
     assert server_paused({"itl_ms": steady + [431.0] + [0.01] * 40})
     assert not server_paused({"itl_ms": steady + [431.0]})  # one slow gap, nothing held back behind it
     assert not server_paused({"itl_ms": [431.0] + [0.01] * 10})  # too few gaps to tell
+    assert server_paused({"itl_ms": [4.6, 0.0] * 100 + [32.0]})  # read two at a time all along (a decode run)
+    assert not server_paused({"itl_ms": steady + [0.0] * 20})  # a few tokens sent together: 9%
 
 
 @dataclasses.dataclass

@@ -27,7 +27,8 @@ class RequestRecord:
     Latencies start at `send_time` when the client recorded one (endpoint runs: the request left the client
     after waiting `client_queue_time` for a --max-concurrency slot, as vLLM measures), else at the arrival.
     `token_times` holds one time per output event: a token on the engine, a streamed chunk (which may carry
-    several tokens, or none) over HTTP; `num_output_tokens` is the token count when it differs (the server's
+    several tokens, or none) over HTTP or in a simulation with a server calibration's output jitter
+    (server_calibration.streamed); `num_output_tokens` is the token count when it differs (the server's
     usage.completion_tokens)."""
 
     prompt_len: int

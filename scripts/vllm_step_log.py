@@ -69,6 +69,9 @@ def main() -> None:
     steps = np.loadtxt(steps_file, ndmin=2)
     for k, ((begun, ended), summary) in enumerate(zip(passes, figures)):
         served = steps[(steps[:, 0] >= begun) & (steps[:, 0] <= ended)]
+        if not len(served):
+            print(f"pass {k}: no step logged")
+            continue
         print(f"pass {k}: {len(served)} steps, {served[:, 4].sum():.0f} page faults, resident memory "
               f"{served[0, 7]:.0f} -> {served[-1, 7]:.0f} MB; median TTFT {summary['median_ttft_ms']:.2f} ms, "
               f"p99 ITL {summary['p99_itl_ms']:.2f} ms")

@@ -171,11 +171,8 @@ def delayed(serve, calibration: ServerCalibration | None):
     def run(*args, **kwargs):
         result = serve(*args, **kwargs)
         for seed, record in enumerate(result.requests):
-            times = [t + latency for t in record.token_times]
-            if jitter:
-                streamed(record, jittered(times, jitter, jitter_draws(len(times), seed)))
-            else:
-                record.token_times = times
+            times = np.asarray(record.token_times, dtype=float) + latency
+            streamed(record, jittered(times, jitter, jitter_draws(len(times), seed)) if jitter else times)
         ends = [r.token_times[-1] for r in result.requests if r.ok]
         first = min((r.arrival_time for r in result.requests), default=0.0)
         result.duration = max(ends, default=first) - first

@@ -34,7 +34,7 @@ from chunkbench.workload import WorkloadSpec
 BOX = 6.0  # the fit stays within e^6 (x400) of its first guess: beyond, no real server
 SERVER_WEIGHT = 0.5  # the server's own figures back the client's up; they are coarser (histogram buckets)
 PAUSE_RATIO, PAUSE_MIN_MS, BUNCHED_SHARE = 20.0, 100.0, 0.02  # server_paused
-LATE_GAP_MS, LATE_SHARE = 0.05, 0.25  # server_paused: a stream read in bunches all along
+LATE_GAP_MS, LATE_SHARE, LATE_MIN_GAPS = 0.05, 0.25, 100  # server_paused: a stream read in bunches all along
 PAUSE_REMEASURES = 4  # a calibration run with a server pause (or unsteady) is measured again this many times at most
 # unsteady: the copies of a repeated workload run (calibration_runs.design_requests) whose summed E2ELs differ by
 # more than this factor caught the server changing speed within the run
@@ -58,22 +58,23 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
     warmed_up = warm_up(serve, spec.base_config(**design.knobs), spec.seed + 1, f"{design.name} warm-up")
     workload = design_requests(asdict(design.workload), design.take, design.primer, max_model_len, design.repeat)
     copy = len(design_requests(asdict(design.workload), None, 0, max_model_len)) if design.repeat else 0
-    attempts = []  # (paused, spread beyond STEADY_RATIO, longest gap, figures)
+    attempts = []  # (paused, share of gaps at 0, spread beyond STEADY_RATIO, longest gap, figures)
     for attempt in range(1 + PAUSE_REMEASURES):  # another seed: other prompt ids, no prefix-cache hits
         figures = run_figures(serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False,
                                     label=design.name))
         spread = copies_spread(figures, copy)
-        attempts.append((server_paused(figures), max(spread, STEADY_RATIO), max(figures["itl_ms"], default=0.0),
+        attempts.append((server_paused(figures), late_share(figures["itl_ms"]), max(spread, STEADY_RATIO),
+                         max(figures["itl_ms"], default=0.0),
                          (from_burst_end(figures) if design.primer else figures) | {"copies_spread": spread}))
         if not attempts[-1][0] and spread <= STEADY_RATIO:
             break
-    # unpaused first; of those, steady, else the least unsteady; then the shortest longest gap
-    kept = min(range(len(attempts)), key=lambda k: attempts[k][:3])
-    paused, _, _, figures = attempts[kept]
+    # unpaused first, else the least bunched; of those, steady, else the least unsteady; then the shortest longest gap
+    kept = min(range(len(attempts)), key=lambda k: attempts[k][:4])
+    paused, *_, figures = attempts[kept]
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted), "warmed_up": warmed_up,
             "attempt": kept, "paused_runs": sum(a[0] for a in attempts),
-            "unsteady_runs": sum(a[1] > STEADY_RATIO for a in attempts), "paused": paused} | figures
+            "unsteady_runs": sum(a[2] > STEADY_RATIO for a in attempts), "paused": paused} | figures
 
 
 def copy_sums(figures: dict, copy: int) -> list[float]:
@@ -102,23 +103,31 @@ def copies_spread(figures: dict, copy: int) -> float:
 
 def server_paused(figures: dict) -> bool:
     """The server stopped streaming for a while and then sent what it had made together: a gap PAUSE_RATIO
-    times the run's mean gap and PAUSE_MIN_MS or more, and BUNCHED_SHARE of the gaps under a fifth of the mean. Measured on the
-    tier's vLLM in four of seven workload runs of 2026-12-02 (259-512 ms, then 4-68% of the gaps under 0.5
-    ms): no step cost describes that, and the fits of those runs were 29-40% off. Such a run is measured again
-    on its launch, up to PAUSE_REMEASURES times: the first without a pause is kept, else the one whose longest
-    gap is shortest. The client stalls with the server: in three launches of the workload run (2026-12-02, 4
-    attempts each, 10 of 12 paused) a thread of the client's process sampling every 5 ms saw it get no CPU at
-    all for 40-940 ms at those times, so the host (or the server's processes on both cores) held it.
-    Also a run whose stream came in bunches all along, LATE_SHARE of its gaps under LATE_GAP_MS without a long
-    one: a presearch's decode run on 2026-12-05 had 51% of its 581 gaps at 0 (its longest 32 ms), its tokens
-    read two at a time, where none of 119 other tier runs had over 7%; the fit that kept it fell back."""
+    times the run's mean gap and PAUSE_MIN_MS or more, and BUNCHED_SHARE of the gaps under a fifth of the mean.
+    Measured on the tier's vLLM in four of seven workload runs of 2026-12-02 (259-512 ms, then 4-68% of the gaps
+    under 0.5 ms): no step cost describes that, and the fits of those runs were 29-40% off. Such a run is measured
+    again on its launch, up to PAUSE_REMEASURES times: the first without a pause is kept, else the least bunched
+    (late_share), then the one whose longest gap is shortest. The client stalls with the server: in three
+    launches of the workload run (2026-12-02, 4 attempts each, 10 of 12 paused) a thread of the client's process
+    sampling every 5 ms saw it get no CPU at all for 40-940 ms at those times, so the host (or the server's
+    processes on both cores) held it.
+    Also a run of LATE_MIN_GAPS gaps or more whose stream came in bunches all along, LATE_SHARE of its gaps
+    under LATE_GAP_MS (late_share), a long gap or not: a presearch's decode run on 2026-12-05 had 51% of its 581
+    gaps at 0 (its longest 32 ms), its tokens read two at a time, where none of 119 other decode, mixed and
+    workload runs of the tier's calibrations had over 7%; the fit that kept it fell back. (A prefill run's
+    few gaps, which are not fitted, are not judged by it.)"""
     gaps = np.asarray(figures["itl_ms"])
     if len(gaps) < 20:
         return False
     mean = float(np.mean(gaps))  # not the median: after a long pause most gaps may be near zero
     return ((float(gaps.max()) >= max(PAUSE_MIN_MS, PAUSE_RATIO * mean)
              and float(np.mean(gaps < 0.2 * mean)) >= BUNCHED_SHARE)
-            or float(np.mean(gaps < LATE_GAP_MS)) >= LATE_SHARE)
+            or (len(gaps) >= LATE_MIN_GAPS and late_share(gaps) >= LATE_SHARE))
+
+
+def late_share(gaps) -> float:
+    """The share of a run's gaps (ms) under LATE_GAP_MS: tokens read together (server_paused)."""
+    return float(np.mean(np.asarray(gaps) < LATE_GAP_MS)) if len(gaps) else 0.0
 
 
 def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | None:
@@ -127,13 +136,15 @@ def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | No
     serve` the first run of a launch is the slowest, so a check after other runs reads a warm server against
     a cold one: x0.75-0.89 in four tunes here). Its median ITL now over then is the server's change of speed (a
     host or GPU that slowed down, a neighbour), measured, with no model in between. None when a run has no
-    ITLs."""
+    ITLs, or a median ITL of 0 (a stream read in bunches: server_paused)."""
     design = Design("decode", calibrated["knobs"], WorkloadSpec(**calibrated["workload"]),
                     tuple(calibrated.get("fitted", ())), calibrated.get("take"), calibrated.get("primer", 0))
     now = measure_design(backend, spec, design)
     if not now["itl_ms"] or not calibrated.get("itl_ms"):
         return None
     then_ms, now_ms = float(np.median(calibrated["itl_ms"])), float(np.median(now["itl_ms"]))
+    if then_ms <= 0 or now_ms <= 0:
+        return None
     return {"median_itl_ms_calibrated": then_ms, "median_itl_ms_now": now_ms, "ratio": now_ms / then_ms}
 
 

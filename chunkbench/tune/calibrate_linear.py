@@ -176,7 +176,7 @@ def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_e
         return float(np.sum(np.square(residual(run, run_figures(simulate_run(calibration(c), spec, run)[0])))))
 
     current, best, best_value = calibration(np.array([first.coefficients[k] for k in COEFFICIENTS])), None, math.inf
-    begin = None if start is None else np.array([start.coefficients[k] for k in COEFFICIENTS])
+    begin = None if start is None else np.array([start.coefficients.get(k, 0.0) for k in COEFFICIENTS])
     for _ in range(ROUNDS):  # every run priced on its recorded schedule, in a trust region
         traces = [traced(current, run) for run in runs]
         c, unit = _descend(traces, runs, best if best is not None else begin, TRUST, max_evaluations, held=held)

@@ -303,7 +303,7 @@ def test_a_bursts_figures_count_from_its_last_send():
 def test_the_linear_fit_recovers_a_linear_servers_constants():
     """Issue 31: a server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
     linear family on the cpu reference, its main constants found within 8% (measured: step -3%, the new token
-    count's step -3%; stall -12%, traded with a jitter of 0.1 ms where there is none, whose held-back tokens
+    count's step -3%; stall -12%, within 15%, traded with a jitter of 0.1 ms where there is none, whose held-back tokens
     make one longer gap each (server_calibration.streamed); token -6%, prefill step +7%, latency +13%, sequence
     +28%, attention pairs +16%: percentiles barely move with them here, and the prefill terms trade with the new
     token count's, the runs' prefill steps being most of their new counts; decode keys 3.6x their truth but ~3%
@@ -531,6 +531,7 @@ def test_a_server_pause_is_told_from_slow_steps():
     assert not server_paused({"itl_ms": [431.0] + [0.01] * 10})  # too few gaps to tell
     assert server_paused({"itl_ms": [4.6, 0.0] * 100 + [32.0]})  # read two at a time all along (a decode run)
     assert not server_paused({"itl_ms": steady + [0.0] * 20})  # a few tokens sent together: 9%
+    assert not server_paused({"itl_ms": [0.0] * 6 + [7.0] * 18})  # a prefill run's few gaps are not judged so
 
 
 @dataclasses.dataclass

@@ -91,7 +91,10 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
         # with TCMalloc and the new-token-count term: +34.5%, p99 ITL +5.8%, throughput -0.7%; with a primer
         # that outlasts the burst's way in: +1.9%, -7.4%, +3.1%, no xfail; then p99 ITL -29%, median TTFT
         # +47.7%; after the steadiness re-measure, fit 8.6%: -6.4%, -18.3%, +2.1%; fit 22.4%: +68.2%, +3.5%, -2.1%;
-        # fit 19.7%: -2.6%, -13.1%, +0.7%, no xfail; that night fit 11.8%: +13.5%, +6.6%, -0.9%, no xfail)
+        # fit 19.7%: -2.6%, -13.1%, +0.7%, no xfail; that night fit 11.8%: +13.5%, +6.6%, -0.9%, no xfail;
+        # 2026-12-05, tokens that arrive together one chunk: fit 12.3%: -17.1%, -17.9%, -0.4%; 14.2%: +1.8%,
+        # -19.5%, -0.1%: a fresh server's heap grows through its first pass of each workload, the held-out's
+        # more than the calibration runs', docs/measurements.md)
         pytest.xfail("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
                      + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
                      f"{calibration.workload_error_pct:.1f}% on its workload run)")

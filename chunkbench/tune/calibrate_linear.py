@@ -78,22 +78,38 @@ def request_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
     return rows + decode, targets + seconds
 
 
+def request_gaps(t: Trace, run: dict) -> list[np.ndarray | None]:
+    """Per simulated request, its measured gaps (ms, in order) where it got one per simulated token, else None:
+    a stream the server merged (vLLM sends the tokens a stream has not sent yet as one chunk: 2-15% of the
+    workload runs' tokens on the tier's vLLM, 2026-12-05) has fewer gaps, and which tokens went together the
+    client cannot see. Split by the run's per-request `itl_counts`; a run recorded without them (before
+    2026-12-05) only when no request merged, when the pooled count says where each request's gaps begin."""
+    lengths = {t.measured_order[j]: len(steps) for j, steps in enumerate(t.token_steps)}
+    counts = run.get("itl_counts") or [lengths[i] - 1 for i in range(len(lengths))]
+    if len(counts) != len(lengths) or sum(counts) != len(run["itl_ms"]):
+        return [None] * len(lengths)  # a request failed, or a run without counts merged somewhere
+    gaps, offsets = np.asarray(run["itl_ms"]), np.concatenate(([0], np.cumsum(counts)))
+    return [gaps[offsets[i]:offsets[i + 1]] if counts[i] == lengths[i] - 1 else None
+            for i in (t.measured_order[j] for j in range(len(t.token_steps)))]
+
+
 def decode_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
     """Per request, its mean decode step: the mean features of the decode-only steps that each made one of its
     gaps alone, against the mean of those gaps measured, stalls left out on both sides (a gap STALL_RATIO times
     the run's median, a step the simulator stalls). What pins the fixed step against the per-sequence term: the
-    TTFT and span rows sum many steps of many batch sizes."""
-    lengths = {t.measured_order[j]: len(steps) for j, steps in enumerate(t.token_steps)}
-    if sum(n - 1 for n in lengths.values()) != len(run["itl_ms"]) or not run["itl_ms"]:
+    TTFT and span rows sum many steps of many batch sizes. A request whose stream merged gives none
+    (request_gaps)."""
+    if not run["itl_ms"]:
         return [], []
-    gaps = np.asarray(run["itl_ms"]) * 1e-3
-    offsets = np.concatenate(([0], np.cumsum([lengths[i] - 1 for i in range(len(lengths))])))
+    median = 1e-3 * float(np.median(run["itl_ms"]))
     # below BUNCHED of the median: tokens the server sent together after a pause (measured: 0.0-0.01 ms gaps
     # behind a 0.5 s one on a loaded machine), not a step
-    slow, bunched = STALL_RATIO * np.median(gaps), BUNCHED * np.median(gaps)
+    slow, bunched = STALL_RATIO * median, BUNCHED * median
     rows, targets = [], []
-    for j, steps in enumerate(t.token_steps):
-        own = gaps[offsets[t.measured_order[j]]:][:len(steps) - 1]
+    for steps, measured in zip(t.token_steps, request_gaps(t, run)):
+        if measured is None:
+            continue
+        own = 1e-3 * measured
         keep = [k for k in range(1, len(steps)) if steps[k] == steps[k - 1] + 1 and bunched < own[k - 1] < slow
                 and not t.features[steps[k], 1] and not t.features[steps[k], STALL]
                 and not t.features[steps[k], NEW_STEP]]
@@ -133,20 +149,20 @@ def residual(run: dict, figures: dict, compared: list | None = None) -> np.ndarr
 
 def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> int:
     """How many sequences stepped between stalls (sim/linear_cost.py, `stall_s`), from the decode run's longest
-    request: after its first token it took every step of the run, each a decode of a batch that only shrinks (a
-    dozen to one: 2.2-2.7 ms a step on the tier's vLLM), so a gap STALL_RATIO times its median or more is a
-    stall; the steps' sequences come from the run simulated under `first`. 0 (none) below one stalled gap in
-    MAX_STALL_PERIOD."""
+    request whose stream did not merge (request_gaps): after its first token it took (nearly) every step of the
+    run, each a decode of a batch that only shrinks (a dozen to one: 2.2-2.7 ms a step on the tier's vLLM), so a
+    gap STALL_RATIO times its median or more is a stall; the steps' sequences come from the run simulated under
+    `first`. 0 (none) below one stalled gap in MAX_STALL_PERIOD."""
     run = next((r for r in runs if r["name"] == "decode"), None)
     if run is None:
         return 0
     t = trace(spec, first, run)
-    j = int(np.argmax([len(steps) for steps in t.token_steps]))
-    steps, lengths = t.token_steps[j], {t.measured_order[k]: len(s) for k, s in enumerate(t.token_steps)}
-    if sum(n - 1 for n in lengths.values()) != len(run["itl_ms"]):  # a request failed: its gaps cannot be told apart
+    known = [(len(steps), j, gaps) for j, (steps, gaps) in enumerate(zip(t.token_steps, request_gaps(t, run)))
+             if gaps is not None]
+    if not known:  # every stream merged, or a request failed: no request's gaps can be told apart
         return 0
-    start = sum(lengths[i] - 1 for i in range(t.measured_order[j]))
-    gaps = np.asarray(run["itl_ms"][start:start + len(steps) - 1])
+    _, j, gaps = max(known, key=lambda k: k[:2])  # the longest whose stream did not merge
+    steps = t.token_steps[j]
     # a gap ending at a step of a batch size new to the session is slow for that reason (sim/linear_cost.py)
     slow = (gaps >= STALL_RATIO * np.median(gaps)) & (t.features[steps[1:], NEW_STEP] == 0)
     stalled = int(np.sum(slow)) if len(gaps) >= MIN_STALL_GAPS else 0

@@ -123,9 +123,11 @@ def primer_outran_burst(run: dict) -> bool:
 
 
 def run_figures(result) -> dict:
-    """Per-request TTFTs and E2ELs and pooled ITLs (ms) of one run, and the server's figures when it had any."""
+    """Per-request TTFTs and E2ELs and pooled ITLs (ms; `itl_counts`: each request's share of them, in order) of
+    one run, and the server's figures when it had any."""
     done = [r for r in result.requests if r.error is None and r.token_times]
     return {"ttft_ms": [1e3 * r.ttft for r in done], "itl_ms": [1e3 * g for r in done for g in r.itls],
+            "itl_counts": [len(r.itls) for r in done],
             "e2el_ms": [1e3 * r.e2el for r in done],
             "server": dict(result.server or {}),
             "send_s": [r.arrival_time if r.send_time is None else r.send_time for r in result.requests]}

@@ -341,6 +341,32 @@ def test_the_linear_fit_finds_the_cost_of_fresh_attention_pairs():
     assert fitted.fit_error_pct < 3 and fitted.fits
 
 
+def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
+    """vLLM sends the tokens a stream has not sent yet as one chunk, so a request's stream can carry fewer gaps
+    than tokens (2-15% of the tier's workload runs' tokens, in every calibration of 2026-12-05). The gaps were
+    matched to tokens over the pooled run, so one merge anywhere dropped every request's decode rows and the stall
+    period (0 in all twelve calibrations kept). Now per request (`itl_counts`): a merged stream gives nothing, the
+    others what they gave."""
+    from chunkbench.tune.calibrate_linear import decode_rows, request_gaps, stall_period
+    from chunkbench.tune.linear_trace import trace
+
+    spec = make_spec()
+    truth = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 0.6e-3})
+    run = next(r for r in truth_runs(spec, truth) if r["name"] == "decode")  # 4 of its 13 streams merge
+    t = trace(spec, truth, run)
+    gaps = request_gaps(t, run)
+    merged = [g is None for g in gaps]
+    assert 0 < sum(merged) < len(gaps) and sum(run["itl_counts"]) == len(run["itl_ms"])  # some merged, not all
+    for steps, own in zip(t.token_steps, gaps):
+        assert own is None or len(own) == len(steps) - 1
+    rows, _ = decode_rows(t, run)
+    assert 0 < len(rows) <= len(gaps) - sum(merged)
+    # the truth stalls every 40 sequences; the jitter moves which gaps look slow (measured: 54; 43 without it)
+    assert 30 <= stall_period([run], spec, truth) <= 60
+    unsplit = {k: v for k, v in run.items() if k != "itl_counts"}  # as recorded before 2026-12-05
+    assert request_gaps(t, unsplit) == [None] * len(gaps) and stall_period([unsplit], spec, truth) == 0
+
+
 def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
     """calibrate.served_kv_blocks: a run's server_kv_cache_tokens (from vLLM's /metrics) in the simulator's
     blocks; without it, --num-blocks or the reference's roofline decides, as before."""

@@ -158,14 +158,14 @@ def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> 
         return 0
     t = trace(spec, first, run)
     known = [(len(steps), j, gaps) for j, (steps, gaps) in enumerate(zip(t.token_steps, request_gaps(t, run)))
-             if gaps is not None]
-    if not known:  # every stream merged, or a request failed: no request's gaps can be told apart
+             if gaps is not None and len(gaps) >= MIN_STALL_GAPS]
+    if not known:  # every long stream merged (on the tier's vLLM, 12 of a decode burst's 13), or a request failed
         return 0
     _, j, gaps = max(known, key=lambda k: k[:2])  # the longest whose stream did not merge
     steps = t.token_steps[j]
     # a gap ending at a step of a batch size new to the session is slow for that reason (sim/linear_cost.py)
     slow = (gaps >= STALL_RATIO * np.median(gaps)) & (t.features[steps[1:], NEW_STEP] == 0)
-    stalled = int(np.sum(slow)) if len(gaps) >= MIN_STALL_GAPS else 0
+    stalled = int(np.sum(slow))
     if stalled < len(gaps) / MAX_STALL_PERIOD or not stalled:
         return 0
     return max(1, int(round(t.features[steps[0] + 1:steps[-1] + 1, SEQUENCES].sum() / stalled)))

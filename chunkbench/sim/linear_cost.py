@@ -52,6 +52,22 @@ A step's seconds = sum of STEP_COEFFICIENTS[k] * feature k:
   faulted 33 pages; a 284-token step 532 steps after the 547-token one faulted 290).
   Refitting nine calibrations of that day with it: the workload run's error fell in eight (16.4 -> 13.1%,
   16.5 -> 9.1%, 20.1 -> 13.7%), and eight of nine met a presearch's bounds against five.
+- `first_pair_s`: per causal pair of a step's first chunks (chunks with no context before them) beyond the
+  most that any of the FIRST_WINDOW steps before it had. The scores a prompt's first chunk holds are what take
+  new memory; a later chunk of the same prompt does not (vLLM 0.32's CPU attention over a context takes another
+  path). Logged inside the tier's server (`scripts/vllm_step_log.py`, the held-out run of 2026-12-05): first
+  chunks of 511-512 tokens after decode steps faulted 128-1,280 pages and took 8-24 ms, without faults 5.5-6.0
+  ms; the chunks after them (290-508 tokens at contexts of 492-512) faulted 0-10 pages in nine of fourteen and
+  took 5.5-15.1 ms, median 7.9. In that launch's mixed run the primer's chunks of 256 at contexts of 768-1,792 took 3.9-4.7 ms:
+  pairs against a context cost ~2 ns where `pair_s` alone, fitted on all pairs, had taken 14-30 ns to make up
+  the first chunks' faults. Faults came back after a few decode steps (17 steps after a 512-token chunk that
+  faulted 2,475 pages, the same chunk faulted 1,172), so the window is short: 5, the one tried (in place of
+  `fresh_pair_s` the fit kept it at 5 in all eleven calibrations below, and dropped it at 20 in all eleven and at
+  100 in ten).
+  Refitting the eleven calibrations kept from 2026-12-04/05 with it beside `fresh_pair_s`: 4.8-24.1% over the
+  runs (ten within 15%, against seven) and 5.4-20.4% on the workload run (ten within 15%, against nine), the
+  fitted `pair_s` 5-20 ns; the held-out workload within 15% on all three figures in four either way
+  (docs/measurements.md, "First chunks").
 
 And one term outside the steps, `latency_s`: every token reaches the client this long after its step ends
 (the server's request and response path: HTTP, input processing, the engine core's IPC, detokenizing and
@@ -87,22 +103,32 @@ from chunkbench.errors import UserError
 from chunkbench.sim.shape import StepShape
 
 STEP_COEFFICIENTS = ("step_s", "prefill_step_s", "token_s", "pair_s", "seq_s", "key_s", "stall_s", "new_step_s",
-                     "fresh_pair_s")
+                     "fresh_pair_s", "first_pair_s")
 COEFFICIENTS = STEP_COEFFICIENTS + ("latency_s", "jitter_s")
-OPTIONAL = ("stall_s", "latency_s", "stall_every", "new_step_s", "jitter_s", "fresh_pair_s")  # 0 when a file lacks them
+# 0 when a file lacks them
+OPTIONAL = ("stall_s", "latency_s", "stall_every", "new_step_s", "jitter_s", "fresh_pair_s", "first_pair_s")
 LATENCY, JITTER = COEFFICIENTS.index("latency_s"), COEFFICIENTS.index("jitter_s")
 STALL, SEQUENCES, TOKENS, PAIRS = (STEP_COEFFICIENTS.index(k) for k in ("stall_s", "seq_s", "token_s", "pair_s"))
 NEW_STEP, FRESH_PAIRS = STEP_COEFFICIENTS.index("new_step_s"), STEP_COEFFICIENTS.index("fresh_pair_s")
-SESSION_FEATURES = (STALL, NEW_STEP, FRESH_PAIRS)  # set by the step's place in its session (session_features)
+FIRST_PAIRS = STEP_COEFFICIENTS.index("first_pair_s")
+SESSION_FEATURES = (STALL, NEW_STEP, FRESH_PAIRS, FIRST_PAIRS)  # set by the step's place in its session (session_features)
 FRESH_WINDOW = 100  # fresh_pair_s: a step's attention pairs beyond the most of this many steps before it
+FIRST_WINDOW = 5  # first_pair_s: a step's first chunks' pairs beyond the most of this many steps before it
 
 
 def step_features(step: StepShape) -> tuple[float, ...]:
-    """The features STEP_COEFFICIENTS multiply, in their order; SESSION_FEATURES are 0 (they depend on the
-    steps before it in the session, which LinearStepCost remembers and session_features sets)."""
+    """The features STEP_COEFFICIENTS multiply, in their order; SESSION_FEATURES depend on the steps before it
+    in the session, which LinearStepCost remembers and session_features sets: 0 here, but for FIRST_PAIRS, which
+    holds the step's first-chunk pairs (first_chunk_pairs) for session_features to turn into those beyond the
+    window."""
     sequences = len(step.prefills) + len(step.decodes)
     return (1.0, float(bool(step.prefills)), float(step.num_tokens), float(step.prefill_attention_pairs),
-            float(sequences), float(step.decode_keys), 0.0, 0.0, 0.0)
+            float(sequences), float(step.decode_keys), 0.0, 0.0, 0.0, first_chunk_pairs(step))
+
+
+def first_chunk_pairs(step: StepShape) -> float:
+    """The causal pairs of the step's chunks that have no context before them (a prompt's first chunk)."""
+    return float(sum(q * (q + 1) // 2 for q, ctx in step.prefills if ctx == 0))
 
 
 def stalls(sequences, every: int):
@@ -119,12 +145,12 @@ def new_counts(tokens) -> np.ndarray:
     return new
 
 
-def fresh_pairs(pairs) -> np.ndarray:
-    """A session's steps' attention pairs (in order) beyond the most any of the FRESH_WINDOW steps before each
+def fresh_pairs(pairs, window: int = FRESH_WINDOW) -> np.ndarray:
+    """A session's steps' attention pairs (in order) beyond the most any of the `window` steps before each
     computed."""
     pairs = np.asarray(pairs, dtype=float)
-    padded = np.concatenate((np.zeros(FRESH_WINDOW), pairs))
-    recent = np.lib.stride_tricks.sliding_window_view(padded[:-1], FRESH_WINDOW).max(axis=1) if len(pairs) else pairs
+    padded = np.concatenate((np.zeros(window), pairs))
+    recent = np.lib.stride_tricks.sliding_window_view(padded[:-1], window).max(axis=1) if len(pairs) else pairs
     return np.maximum(pairs - recent, 0.0)
 
 
@@ -134,6 +160,7 @@ def session_features(features: np.ndarray, stall_every: int) -> np.ndarray:
     features[:, STALL] = stalls(features[:, SEQUENCES].astype(int), stall_every)
     features[:, NEW_STEP] = new_counts(features[:, TOKENS])
     features[:, FRESH_PAIRS] = fresh_pairs(features[:, PAIRS])
+    features[:, FIRST_PAIRS] = fresh_pairs(features[:, FIRST_PAIRS], FIRST_WINDOW)
     return features
 
 
@@ -179,8 +206,9 @@ class LinearStepCost:
     _stepped: list = field(default_factory=lambda: [0], compare=False, repr=False)
     _counts: set = field(default_factory=set, compare=False, repr=False)  # the token counts it has run
     _recent: deque = field(default_factory=lambda: deque(maxlen=FRESH_WINDOW), compare=False, repr=False)  # pairs
+    _first: deque = field(default_factory=lambda: deque(maxlen=FIRST_WINDOW), compare=False, repr=False)
 
-    def _session(self, sequences: int, tokens: int, pairs: float = 0.0) -> float:
+    def _session(self, sequences: int, tokens: int, pairs: float = 0.0, first: float = 0.0) -> float:
         """The SESSION_FEATURES' seconds of the next step of the session, which it then remembers."""
         before = self._stepped[0]
         self._stepped[0] = before + sequences
@@ -193,12 +221,16 @@ class LinearStepCost:
         if pairs > 0.0:
             seconds += self.coefficients[FRESH_PAIRS] * max(pairs - max(self._recent, default=0.0), 0.0)
         self._recent.append(pairs)
+        if first > 0.0:
+            seconds += self.coefficients[FIRST_PAIRS] * max(first - max(self._first, default=0.0), 0.0)
+        self._first.append(first)
         return seconds
 
     def predict(self, step: StepShape) -> float:
         features = step_features(step)
-        return (math.fsum(c * f for c, f in zip(self.coefficients, features))
-                + self._session(len(step.prefills) + len(step.decodes), step.num_tokens, features[PAIRS]))
+        return (math.fsum(c * f for c, f in zip(self.coefficients[:FRESH_PAIRS], features[:FRESH_PAIRS]))
+                + self._session(len(step.prefills) + len(step.decodes), step.num_tokens, features[PAIRS],
+                                features[FIRST_PAIRS]))
 
     def decode_step_cost(self, batch: int) -> Callable[[int], float]:
         """predict() of a decode-only step of `batch` decodes as a function of the keys it reads, bit for bit
@@ -231,5 +263,7 @@ def linear_text(coefficients: dict) -> str:
             + (f" + {c['new_step_s'] * 1e3:.3g} ms at a token count new to the server" if c["new_step_s"] else "")
             + (f" + {c['fresh_pair_s'] * 1e9:.3g} ns per attention pair beyond the last {FRESH_WINDOW} steps' most"
                if c["fresh_pair_s"] else "")
+            + (f" + {c['first_pair_s'] * 1e9:.3g} ns per first-chunk pair beyond the last {FIRST_WINDOW} steps' most"
+               if c["first_pair_s"] else "")
             + f"; {c['latency_s'] * 1e3:.3g} ms to the client"
             + (f" (+ {c['jitter_s'] * 1e3:.3g} ms jitter on average)" if c["jitter_s"] else ""))

@@ -39,7 +39,7 @@ PAUSE_REMEASURES = 4  # a calibration run with a server pause (or unsteady) is m
 # unsteady: the copies of a repeated workload run (calibration_runs.design_requests) whose summed E2ELs differ by
 # more than this factor caught the server changing speed within the run
 STEADY_RATIO = 1.3
-LINEAR_WITHOUT = ("fresh_pair_s",)  # fit: the linear family is fitted with these held at 0 too, the better kept
+LINEAR_WITHOUT = ("fresh_pair_s", "first_pair_s")  # fit: the linear family is fitted with these held at 0 too, the better kept
 DRIFT_TOLERANCE = 0.15  # drift_check: a server this much slower or faster than when calibrated is warned about
 
 
@@ -186,8 +186,8 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
     if family == "linear":
         from chunkbench.tune.calibrate_linear import fit_linear
 
-        # Without the fresh attention pairs' term (LINEAR_WITHOUT), then with it, starting also from where the
-        # smaller model ended: the descent that starts that term where its few steps weigh most can end in a
+        # Without the fresh attention pairs' terms (LINEAR_WITHOUT), then with them, starting also from where the
+        # smaller model ended: the descent that starts those terms where their few steps weigh most can end in a
         # valley the smaller model does not have (refitting six tier and presearch calibrations of 2026-12-04/05,
         # the warm start took three of them from 17.5 to 15.7%, 16.1 to 14.5% and 31.0 to 24.9% over their runs,
         # one from 8.8 to 10.3%). Kept: the one a presearch would trust (ServerCalibration.fits), then the lower

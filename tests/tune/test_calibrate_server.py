@@ -397,7 +397,8 @@ def test_a_trace_prices_its_schedule_as_the_simulator_does():
 
     spec = make_spec()
     jittery = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 1e-3})
-    fresh = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"fresh_pair_s": 40e-9})
+    fresh = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"fresh_pair_s": 40e-9,
+                                                                                       "first_pair_s": 30e-9})
     for truth in (LINEAR_TRUTH, jittery, fresh):  # the jitter's draws too are the simulator's, and fresh pairs
         coefficients = np.array([truth.coefficients.get(k, 0.0) for k in COEFFICIENTS])
         for run in truth_runs(spec, truth):
@@ -431,6 +432,32 @@ def test_attention_pairs_beyond_the_recent_steps_cost_more():
     assert extra(small) == pytest.approx(0.0, abs=1e-12)  # the large one is the FRESH_WINDOW-th step back
     decode_steps(FRESH_WINDOW)
     assert extra(large) == pytest.approx(20100 * fresh)  # after FRESH_WINDOW decode steps, all of it again
+
+
+def test_a_first_chunks_pairs_beyond_the_last_few_steps_cost_more():
+    """sim/linear_cost.py `first_pair_s`: the pairs of a step's first chunks (no context before them) beyond the
+    most that any of the FIRST_WINDOW steps before it had are priced again; a later chunk of a prompt is not."""
+    from chunkbench.sim.linear_cost import FIRST_WINDOW, first_chunk_pairs
+
+    first = 30e-9
+    truth = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"first_pair_s": first})
+    plain, cost = LINEAR_TRUTH.cost_model(make_spec().base_config()), truth.cost_model(make_spec().base_config())
+
+    def extra(step) -> float:
+        return cost.predict(step) - plain.predict(step)
+    opening, later = StepShape(((200, 0),), (), 1), StepShape(((200, 200),), (), 1)
+    assert first_chunk_pairs(StepShape(((200, 0), (100, 300), (100, 0)), (7,), 3)) == 20100 + 5050
+    assert extra(later) == pytest.approx(0.0, abs=1e-12)  # a chunk after its prompt's first: none
+    assert extra(opening) == pytest.approx(20100 * first)
+    for _ in range(FIRST_WINDOW - 1):
+        cost.decode_step_cost(1)(50)
+        plain.decode_step_cost(1)(50)
+    assert extra(opening) == pytest.approx(0.0, abs=1e-12)  # the one before is within FIRST_WINDOW steps
+    for _ in range(FIRST_WINDOW):
+        cost.decode_step_cost(1)(50)
+        plain.decode_step_cost(1)(50)
+    assert extra(opening) == pytest.approx(20100 * first)  # after FIRST_WINDOW decode steps, all of it again
+    assert "first-chunk pair" in truth.label()
 
 
 def test_the_output_jitter_delays_tokens_in_order_and_moves_no_step():

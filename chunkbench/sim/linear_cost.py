@@ -58,12 +58,12 @@ A step's seconds = sum of STEP_COEFFICIENTS[k] * feature k:
   path). Logged inside the tier's server (`scripts/vllm_step_log.py`, the held-out run of 2026-12-05): first
   chunks of 511-512 tokens after decode steps faulted 128-1,280 pages and took 8-24 ms, without faults 5.5-6.0
   ms; the chunks after them (290-508 tokens at contexts of 492-512) faulted 0-10 pages in nine of fourteen and
-  took 5.5-15.1 ms, median 7.9. In that launch's mixed run the primer's chunks of 256 at contexts of 768-1,792 took 3.9-4.7 ms:
-  pairs against a context cost ~2 ns where `pair_s` alone, fitted on all pairs, had taken 14-30 ns to make up
-  the first chunks' faults. Faults came back after a few decode steps (17 steps after a 512-token chunk that
-  faulted 2,475 pages, the same chunk faulted 1,172), so the window is short: 5, the one tried (in place of
-  `fresh_pair_s` the fit kept it at 5 in all eleven calibrations below, and dropped it at 20 in all eleven and at
-  100 in ten).
+  took 5.5-15.1 ms, median 7.9. In that launch's mixed run the primer's chunks of 256 at contexts of 768-1,792
+  took 3.9-4.7 ms: pairs against a context cost ~2 ns where `pair_s` alone, fitted on all pairs, had taken 14-30
+  ns to make up the first chunks' faults. Faults came back after a few decode steps (17 steps after a 512-token
+  chunk that faulted 2,475 pages, the same chunk faulted 1,172), so the window is short: 5, the one tried (in
+  place of `fresh_pair_s` the fit kept it at 5 in all eleven calibrations below, and dropped it at 20 in all
+  eleven and at 100 in ten).
   Refitting the eleven calibrations kept from 2026-12-04/05 with it beside `fresh_pair_s`: 4.8-24.1% over the
   runs (ten within 15%, against seven) and 5.4-20.4% on the workload run (ten within 15%, against nine), the
   fitted `pair_s` 5-20 ns; the held-out workload within 15% on all three figures in four either way
@@ -111,7 +111,8 @@ LATENCY, JITTER = COEFFICIENTS.index("latency_s"), COEFFICIENTS.index("jitter_s"
 STALL, SEQUENCES, TOKENS, PAIRS = (STEP_COEFFICIENTS.index(k) for k in ("stall_s", "seq_s", "token_s", "pair_s"))
 NEW_STEP, FRESH_PAIRS = STEP_COEFFICIENTS.index("new_step_s"), STEP_COEFFICIENTS.index("fresh_pair_s")
 FIRST_PAIRS = STEP_COEFFICIENTS.index("first_pair_s")
-SESSION_FEATURES = (STALL, NEW_STEP, FRESH_PAIRS, FIRST_PAIRS)  # set by the step's place in its session (session_features)
+# set by the step's place in its session (session_features)
+SESSION_FEATURES = (STALL, NEW_STEP, FRESH_PAIRS, FIRST_PAIRS)
 FRESH_WINDOW = 100  # fresh_pair_s: a step's attention pairs beyond the most of this many steps before it
 FIRST_WINDOW = 5  # first_pair_s: a step's first chunks' pairs beyond the most of this many steps before it
 

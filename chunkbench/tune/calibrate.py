@@ -39,7 +39,8 @@ PAUSE_REMEASURES = 4  # a calibration run with a server pause (or unsteady) is m
 # unsteady: the copies of a repeated workload run (calibration_runs.design_requests) whose summed E2ELs differ by
 # more than this factor caught the server changing speed within the run
 STEADY_RATIO = 1.3
-LINEAR_WITHOUT = ("fresh_pair_s", "first_pair_s")  # fit: the linear family is fitted with these held at 0 too, the better kept
+# fit: the linear family is fitted with these held at 0 too, the better kept
+LINEAR_WITHOUT = ("fresh_pair_s", "first_pair_s")
 DRIFT_TOLERANCE = 0.15  # drift_check: a server this much slower or faster than when calibrated is warned about
 
 

@@ -155,6 +155,14 @@ def fresh_pairs(pairs, window: int = FRESH_WINDOW) -> np.ndarray:
     return np.maximum(pairs - recent, 0.0)
 
 
+def beyond_recent(recent: deque, pairs: float) -> float:
+    """fresh_pairs for the next step of a session: its `pairs` beyond the most in `recent` (the window's steps,
+    a deque of the window's length), which then remembers them."""
+    extra = max(pairs - max(recent, default=0.0), 0.0)
+    recent.append(pairs)
+    return extra
+
+
 def session_features(features: np.ndarray, stall_every: int) -> np.ndarray:
     """A session's step features (rows of step_features, in order) with SESSION_FEATURES filled in."""
     features = np.array(features, dtype=float)
@@ -219,16 +227,11 @@ class LinearStepCost:
         if tokens not in self._counts:
             self._counts.add(tokens)
             seconds += self.coefficients[NEW_STEP]
-        if pairs > 0.0:
-            seconds += self.coefficients[FRESH_PAIRS] * max(pairs - max(self._recent, default=0.0), 0.0)
-        self._recent.append(pairs)
-        if first > 0.0:
-            seconds += self.coefficients[FIRST_PAIRS] * max(first - max(self._first, default=0.0), 0.0)
-        self._first.append(first)
-        return seconds
+        return (seconds + self.coefficients[FRESH_PAIRS] * beyond_recent(self._recent, pairs)
+                + self.coefficients[FIRST_PAIRS] * beyond_recent(self._first, first))
 
     def predict(self, step: StepShape) -> float:
-        features = step_features(step)
+        features = step_features(step)  # its session features (from FRESH_PAIRS on) are _session's to price
         return (math.fsum(c * f for c, f in zip(self.coefficients[:FRESH_PAIRS], features[:FRESH_PAIRS]))
                 + self._session(len(step.prefills) + len(step.decodes), step.num_tokens, features[PAIRS],
                                 features[FIRST_PAIRS]))

@@ -1,6 +1,7 @@
 """Issue 31: the simulator describes a real vLLM. Calibrate on the tier's vLLM 0.32 CPU server (the four launched
 runs of `tune --presearch sim`), then predict a workload none of them ran, at a budget none of them used, and
-launch vLLM to measure it: median TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. Output
+launch vLLM to measure it (HELD_OUT_PASSES times on the launch, pooled, as simulated in one session): median
+TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. Output
 throughput must be; median TTFT and p99 ITL beyond it are reported as an expected failure with the figures
 (measured: a calibration whose workload run caught a server pause, TTFTs of 121-584 ms among 13-27 ms, fitted a
 38 ms client latency and predicted the held-out median TTFT 78% high; on 2026-12-04, once the bursts' primer
@@ -31,6 +32,10 @@ HELD_OUT_TOLERANCE = 0.15  # issue 31's acceptance
 HELD_OUT = WorkloadSpec(name="synthetic", num_requests=40, rate=8.0, prompt_len="uniform:32:1024",
                         output_len="uniform:16:128", seed=7)
 HELD_OUT_BUDGET = 512
+# Served this many times in a row on its launch (other prompts each time), the figures pooled, as simulated in one
+# session. One pass's figures moved 6-8% between passes on a launch (median TTFT 29.7-34.0 ms, p99 ITL 14.9-17.2
+# ms; 2026-12-05, scripts/vllm_step_log.py --design held-out --passes 4): a 40-request median and p99 are noisy.
+HELD_OUT_PASSES = 3
 FIGURES = ("median_ttft_ms", "p99_itl_ms", "output_throughput")
 
 
@@ -39,6 +44,13 @@ def vllm_environment(monkeypatch):
     for key, value in vllm_env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def pooled(passes, endpoint: bool | None = None) -> dict:
+    """The figures of a workload's passes (backend results) as one run's: their requests together, their durations
+    summed."""
+    return summarize([r for p in passes for r in p.requests], [s for p in passes for s in p.steps],
+                     sum(p.duration for p in passes), endpoint=endpoint)
 
 
 def tune_spec(model: str, backend) -> TuneSpec:
@@ -72,14 +84,17 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
         # warmed up as the calibration runs were (calibration_runs.warm_up): a fresh server's first large
         # steps cost what no step cost describes
         cal.warm_up(serve, config, seed=1)
-        measured = serve(workload, seed=spec.seed, progress=False)
+        measured = [serve(workload, seed=spec.seed + 2 * k, progress=False) for k in range(HELD_OUT_PASSES)]
     with SimBackend(server_calibration=calibration).session(config) as serve:  # the same session: its warm-up
         cal.warm_up(serve, config, seed=1)  # ran the token counts the server has not paid for since (linear_cost)
-        simulated = serve(workload, seed=spec.seed, warmup_steps=0, progress=False)
-    assert all(r.ok for r in measured.requests) and len(measured.requests) == HELD_OUT.num_requests
-    m = summarize(measured.requests, measured.steps, measured.duration, endpoint=True)
-    s = summarize(simulated.requests, simulated.steps, simulated.duration)
-    write_json({"measured": m, "simulated": s}, tmp_path / "held-out" / "figures.json")  # for a look after
+        simulated = [serve(workload, seed=spec.seed + 2 * k, warmup_steps=0, progress=False)
+                     for k in range(HELD_OUT_PASSES)]
+    assert all(r.ok for p in measured for r in p.requests)
+    assert [len(p.requests) for p in measured] == [HELD_OUT.num_requests] * HELD_OUT_PASSES
+    m, s = pooled(measured, endpoint=True), pooled(simulated)
+    write_json({"measured": m, "simulated": s,  # for a look after, with each pass's requests
+                "passes": [{"measured": cal.run_figures(a), "simulated": cal.run_figures(b)}
+                           for a, b in zip(measured, simulated)]}, tmp_path / "held-out" / "figures.json")
     errors = {k: s[k] / m[k] - 1 for k in FIGURES}
     print(f"held-out workload on vLLM: {calibration.label()}; "
           + ", ".join(f"{k} measured {m[k]:.2f} simulated {s[k]:.2f} ({100 * errors[k]:+.1f}%)" for k in FIGURES))
@@ -96,7 +111,10 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
         # -19.5%, -0.1%: a fresh server's heap grows through its first pass of each workload, the held-out's
         # more than the calibration runs', docs/measurements.md; with the warm start, fit 10.2%: +2.1%, +2.1%,
         # -0.0%, no xfail; matched per request, fit 11.2%: -0.8%, -6.8%, +0.6%, no xfail; 15.3%: +18.4%, -0.9%,
-        # +0.1%; 13.9%: -6.1%, -22.5%, -0.3%; the held-out's own figures move 7-9% between launches)
+        # +0.1%; 13.9%: -6.1%, -22.5%, -0.3%; the held-out's own figures move 7-9% between launches; on another
+        # host that morning, one pass: five of twelve within, median TTFT -15 to +31%; three passes pooled, fit
+        # 5.1%: +0.8%, +4.8%, -0.9%; 4.5%: +20.0%, +10.7%, -0.8%; 8.0%: +0.7%, -8.5%, -0.3%; 7.0%: -13.8%, -20.0%,
+        # +0.2%: the calibration's own spread, docs/measurements.md, "Three passes")
         pytest.xfail("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
                      + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
                      f"{calibration.workload_error_pct:.1f}% on its workload run)")

@@ -1,8 +1,8 @@
 """Issue 31: the simulator describes a real vLLM. Calibrate on the tier's vLLM 0.32 CPU server (the four launched
 runs of `tune --presearch sim`), then predict a workload none of them ran, at a budget none of them used, and
 launch vLLM to measure it (HELD_OUT_PASSES times on the launch, pooled, as simulated in one session): median
-TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. Output
-throughput must be; median TTFT and p99 ITL beyond it are reported as an expected failure with the figures
+TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. Output throughput must be; median TTFT and p99
+ITL beyond it are reported as an expected failure with the figures
 (measured: a calibration whose workload run caught a server pause, TTFTs of 121-584 ms among 13-27 ms, fitted a
 38 ms client latency and predicted the held-out median TTFT 78% high; on 2026-12-04, once the bursts' primer
 outlasted their way into the engine, all three within 8% in one run, p99 ITL -29% and median TTFT +48% in two
@@ -48,7 +48,7 @@ def vllm_environment(monkeypatch):
 
 def pooled(passes, endpoint: bool | None = None) -> dict:
     """The figures of a workload's passes (backend results) as one run's: their requests together, their durations
-    summed."""
+    summed (the passes' clocks overlap, so per-second peaks are not; FIGURES do not use them)."""
     return summarize([r for p in passes for r in p.requests], [s for p in passes for s in p.steps],
                      sum(p.duration for p in passes), endpoint=endpoint)
 

@@ -5,6 +5,10 @@
 #   flock /tmp/chunkbench-cpu.lock bash scripts/presearch_vs_launch_vllm.sh PORT OUT [tune flags...]
 #   e.g. ... 18811 /tmp/pre --presearch sim --verify-top 2 --n-trials 30
 #        ... 18812 /tmp/all --n-trials 30 --verify-top 2
+# The two tunes verify their winners minutes apart, on a host whose speed moves more than the winners differ;
+# then measure the two winners side by side (the flags after the model in each OUT/vllm_flags.txt):
+#   SERVER=vllm bash scripts/head_to_head.sh 7 /tmp/h2h "$(cut -d' ' -f4- /tmp/pre/vllm_flags.txt)" \
+#     "$(cut -d' ' -f4- /tmp/all/vllm_flags.txt)"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=$1; OUT=$2; shift 2

@@ -2,12 +2,14 @@
 runs of `tune --presearch sim`), then predict a workload none of them ran, at a budget none of them used, and
 launch vLLM to measure it (HELD_OUT_PASSES times on the launch, pooled, as simulated in one session): median
 TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. Output throughput must be; median TTFT and p99
-ITL beyond it are reported as an expected failure with the figures
-(measured: a calibration whose workload run caught a server pause, TTFTs of 121-584 ms among 13-27 ms, fitted a
+ITL beyond it are reported as an expected failure with the figures and the held-out's median ITL, measured and
+simulated: the server's speed, which on this 2-core VM moves between launches by more than the tolerance (one
+factor on every coefficient, between 0.8 and 1.25, brought fifteen of sixteen held-out runs of 2026-12-05 within
+it). Measured: a calibration whose workload run caught a server pause, TTFTs of 121-584 ms among 13-27 ms, fitted a
 38 ms client latency and predicted the held-out median TTFT 78% high; on 2026-12-04, once the bursts' primer
 outlasted their way into the engine, all three within 8% in one run, p99 ITL -29% and median TTFT +48% in two
-later ones, the server's speed drifting; that evening p99 ITL -18.3% and median TTFT +68.2%;
-docs/measurements.md). The bursts must queue behind their primer as
+later ones, the server's speed drifting; that evening p99 ITL -18.3% and median TTFT +68.2%
+(docs/measurements.md). The bursts must queue behind their primer as
 designed: a primer that finished before its burst was sent voids a burst's figures."""
 
 from __future__ import annotations
@@ -96,8 +98,13 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
                 "passes": [{"measured": cal.run_figures(a), "simulated": cal.run_figures(b)}
                            for a, b in zip(measured, simulated)]}, tmp_path / "held-out" / "figures.json")
     errors = {k: s[k] / m[k] - 1 for k in FIGURES}
+    # the server's speed on the held-out's launch against the calibration's: its median ITL (a few sequences a
+    # step) moved 2.0-6.3 ms from launch to launch on one host, and the misses follow it (docs/measurements.md,
+    # "The server's speed")
+    speed = f"median ITL measured {m['median_itl_ms']:.2f} ms, simulated {s['median_itl_ms']:.2f} ms"
     print(f"held-out workload on vLLM: {calibration.label()}; "
-          + ", ".join(f"{k} measured {m[k]:.2f} simulated {s[k]:.2f} ({100 * errors[k]:+.1f}%)" for k in FIGURES))
+          + ", ".join(f"{k} measured {m[k]:.2f} simulated {s[k]:.2f} ({100 * errors[k]:+.1f}%)" for k in FIGURES)
+          + f"; {speed}")
     assert calibration.family == "linear"
     assert abs(errors["output_throughput"]) <= HELD_OUT_TOLERANCE  # measured: -0.9% and -1.1% (2026-12-02)
     missed = {k: e for k, e in errors.items() if abs(e) > HELD_OUT_TOLERANCE}
@@ -117,4 +124,4 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
         # +0.2%: the calibration's own spread, docs/measurements.md, "Three passes")
         pytest.xfail("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
                      + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
-                     f"{calibration.workload_error_pct:.1f}% on its workload run)")
+                     f"{calibration.workload_error_pct:.1f}% on its workload run; {speed})")

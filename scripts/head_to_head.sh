@@ -26,35 +26,26 @@ if [ "$SERVER" = vllm ]; then
   VLLM_ENV=$(.venv/bin/python -m tests.vllm.env)
   eval "$VLLM_ENV"
   unset TRITON_INTERPRET
+  SERVE=(.venv-vllm/bin/vllm serve "$PWD/.venv-vllm/tiny-llama" --host 127.0.0.1 --enforce-eager --dtype float32)
   WORKLOAD=(--workload chat --num-requests 12 --rate 6 --arrival poisson --seed 0)
   TTFT_MS=${TTFT_MS:-150}
+  FIRST_ROUND=0  # round 0: the untimed pass, not counted below
 else
+  SERVE=(env OMP_NUM_THREADS=1 .venv/bin/chunkbench serve --model small --num-blocks 1024)
   WORKLOAD=(--workload synthetic --prompt-len lognormal:192:0.8:16:768 --output-len lognormal:32:0.5:4:96
             --rate 0.75 --num-requests 24)
   TTFT_MS=${TTFT_MS:-4000}
+  FIRST_ROUND=1
 fi
 for i in 0 1; do
-  if [ "$SERVER" = vllm ]; then
-    # shellcheck disable=SC2086  # the flags are a word list
-    .venv-vllm/bin/vllm serve "$PWD/.venv-vllm/tiny-llama" ${FLAGS[$i]} --port "${PORTS[$i]}" --host 127.0.0.1 \
-      --enforce-eager --dtype float32 > "$OUT/serve$i.log" 2>&1 &
-  else
-    # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 .venv/bin/chunkbench serve --model small --num-blocks 1024 --port "${PORTS[$i]}" ${FLAGS[$i]} \
-      > "$OUT/serve$i.log" 2>&1 &
-  fi
+  # shellcheck disable=SC2086  # the flags are a word list
+  "${SERVE[@]}" ${FLAGS[$i]} --port "${PORTS[$i]}" > "$OUT/serve$i.log" 2>&1 &
   PIDS+=($!)
 done
 for port in "${PORTS[@]}"; do
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.2; done
 done
-if [ "$SERVER" = vllm ]; then
-  for i in 0 1; do
-    .venv/bin/chunkbench bench --endpoint "http://127.0.0.1:${PORTS[$i]}/v1" "${WORKLOAD[@]}" \
-      --out "$OUT/warm-up-$i" > /dev/null
-  done
-fi
-for round in $(seq "$ROUNDS"); do
+for round in $(seq "$FIRST_ROUND" "$ROUNDS"); do
   order=(0 1); [ $((round % 2)) -eq 0 ] && order=(1 0)
   for i in "${order[@]}"; do
     .venv/bin/chunkbench bench --endpoint "http://127.0.0.1:${PORTS[$i]}/v1" "${WORKLOAD[@]}" \

@@ -11,10 +11,10 @@ a ratio, and the table prints the median ratio with its spread (lowest to highes
 vLLM (when .venv-vllm exists; --no-vllm skips it) runs in its own process, an in-process `LLM` with
 enforce_eager=True, dtype float32, in the vLLM tier's environment (tests/vllm/env.py: VLLM_CPU_KVCACHE_SPACE=1,
 TCMalloc preloaded when installed, as vLLM's CPU guide asks; figures before 2026-12-04's night ran it on
-glibc's malloc), on the same weights saved as a Hugging Face
-directory, fed token ids, prefix caching off; it takes its turn after the other two in each phase of a round,
-its prefill also the faster of two. Its decode step is the batch's time from its last first token to its last token over
-8, from vLLM's own request timestamps (log stats on).
+glibc's malloc) but on torch's thread count here, as the other two engines, on the same weights saved as a
+Hugging Face directory, fed token ids, prefix caching off; it takes its turn after the other two in each phase
+of a round, its prefill also the faster of two. Its decode step is the batch's time from its last first token
+to its last token over 8, from vLLM's own request timestamps (log stats on).
 
     .venv/bin/python scripts/engine_vs_transformers.py --model small
     .venv/bin/python scripts/engine_vs_transformers.py --model .venv-vllm/tiny-llama --prompt-len 1024
@@ -72,10 +72,13 @@ class VllmPeer:
     """The worker process; `time(name)` asks it for one measurement."""
 
     def __init__(self, model_dir: str) -> None:
-        # as the tier runs vLLM: the engine core in this worker (nothing busy between turns), TCMalloc preloaded
+        # as the tier runs vLLM: the engine core in this worker (nothing busy between turns), TCMalloc preloaded;
+        # but on as many threads as the other two engines (the tier serves on one: tests/vllm/env.py)
+        import torch
+
         from tests.vllm.env import vllm_env
 
-        env = vllm_env()
+        env = vllm_env(OMP_NUM_THREADS=str(torch.get_num_threads()))
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-peer-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(VLLM_PYTHON), __file__, "--vllm-worker", model_dir],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,

@@ -7,9 +7,9 @@
 #   TTFT_MS defaults to 4000 (the README's tunes' --sla-ttft).
 # - SERVER=vllm: the vLLM 0.32 CPU build of .venv-vllm serving the tiny Llama as
 #   scripts/presearch_vs_launch_vllm.sh launches it (the flags are its vllm_flags.txt's, after the model); the
-#   workload is that script's tunes' (chat, 12 requests at 6 req/s, chunkbench's Poisson arrivals, seed 0);
-#   TTFT_MS defaults to 150; each server serves the workload once, untimed, first (a fresh vLLM CPU server's first
-#   large steps are slow: tune/calibration_runs.py, warmup_requests).
+#   workload is that script's tunes' (chat at 6 req/s, chunkbench's Poisson arrivals, seed 0; REQUESTS of them,
+#   12 unless set); TTFT_MS defaults to 150; each server serves the workload once, untimed, first (a fresh vLLM
+#   CPU server's first large steps are slow: tune/calibration_runs.py, warmup_requests).
 # Prints every run and each configuration's medians.
 #   bash scripts/head_to_head.sh ROUNDS OUT "SERVE FLAGS A" "SERVE FLAGS B"
 #   e.g. ... 5 /tmp/h2h "--max-num-batched-tokens 8192 --chunk-size 512" "--max-num-batched-tokens 2048"
@@ -27,7 +27,7 @@ if [ "$SERVER" = vllm ]; then
   eval "$VLLM_ENV"
   unset TRITON_INTERPRET
   SERVE=(.venv-vllm/bin/vllm serve "$PWD/.venv-vllm/tiny-llama" --host 127.0.0.1 --enforce-eager --dtype float32)
-  WORKLOAD=(--workload chat --num-requests 12 --rate 6 --arrival poisson --seed 0)
+  WORKLOAD=(--workload chat --num-requests "${REQUESTS:-12}" --rate 6 --arrival poisson --seed 0)
   TTFT_MS=${TTFT_MS:-150}
   FIRST_ROUND=0  # round 0: the untimed pass, not counted below
 else

@@ -23,10 +23,19 @@ def vllm_env(**extra: str) -> dict[str, str]:
     a step of 2,040 tokens at a budget of 2,048 took 86-90 ms in-process where one of 2,016 took 29-38 (the
     --scan of scripts/vllm_step_costs.py, 2026-12-04); torch.profiler put the jump in oneDNN's matmuls (2.4x)
     and the elementwise ops (SiLU 4.4x), memory the allocator handed back fresh. With TCMalloc: 29.5-31 ms and
-    29-30. The calibration's prefill run steps 2,048 tokens at a time."""
+    29-30. The calibration's prefill run steps 2,048 tokens at a time.
+
+    And one OpenMP thread (OMP_NUM_THREADS=1), as vLLM means to serve: its engine core calls
+    set_torch_threads_for_runtime ("Reducing Torch threads from 2 to 1 for serving"), but the CPU worker has by
+    then replaced torch.set_num_threads with a no-op ("doesn't allow to use `torch.set_num_threads` after the
+    thread binding, skip it"), and without the worker process nothing binds: the engine served on two OpenMP
+    threads, the second 44-69% busy, against the API server and the client on these 2 cores. Both engine
+    threads on one core (taskset) made its median ITL 130 ms instead of 2.6. Set externally, vLLM leaves it
+    alone. The tier calibration test with it (2026-12-05): fit error 4.5-6.0% and all three held-out figures
+    within 10% in 5 of 5 runs; without it, 21 of 45 runs within 15% (docs/measurements.md)."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
     env.pop("TRITON_INTERPRET", None)  # ours, for our kernels' tests; never for vLLM
     tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
     if tcmalloc:

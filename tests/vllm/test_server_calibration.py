@@ -1,16 +1,15 @@
 """Issue 31: the simulator describes a real vLLM. Calibrate on the tier's vLLM 0.32 CPU server (the four launched
 runs of `tune --presearch sim`), then predict a workload none of them ran, at a budget none of them used, and
 launch vLLM to measure it (HELD_OUT_PASSES times on the launch, pooled, as simulated in one session): median
-TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. Output throughput must be; median TTFT and p99
-ITL beyond it are reported as an expected failure with the figures and the held-out's median ITL, measured and
-simulated: the server's speed, which on this 2-core VM moves between launches by more than the tolerance (one
-factor on every coefficient, between 0.8 and 1.25, brought fifteen of sixteen held-out runs of 2026-12-05 within
-it). Measured: a calibration whose workload run caught a server pause, TTFTs of 121-584 ms among 13-27 ms, fitted a
-38 ms client latency and predicted the held-out median TTFT 78% high; on 2026-12-04, once the bursts' primer
-outlasted their way into the engine, all three within 8% in one run, p99 ITL -29% and median TTFT +48% in two
-later ones, the server's speed drifting; that evening p99 ITL -18.3% and median TTFT +68.2%
-(docs/measurements.md). The bursts must queue behind their primer as
-designed: a primer that finished before its burst was sent voids a burst's figures."""
+TTFT, p99 ITL and output throughput within HELD_OUT_TOLERANCE. The line it prints gives the figures and the
+held-out's median ITL, measured and simulated (the server's speed on that launch).
+
+Measured: until 2026-12-05's afternoon the server ran its model on two OpenMP threads (tests/vllm/env.py says
+why and why no more), and the test passed in 21 of 45 runs, an expected failure in the others: the held-out's
+median ITL moved 2.0-6.3 ms from launch to launch, and the calibrations fitted their own runs with 4-22% error.
+With one thread, 5 of 5 runs fitted with 4.5-6.0% error and predicted all three figures within 10%
+(docs/measurements.md, "One OpenMP thread"). The bursts must queue behind their primer as designed: a primer
+that finished before its burst was sent voids a burst's figures."""
 
 from __future__ import annotations
 
@@ -99,29 +98,17 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
                            for a, b in zip(measured, simulated)]}, tmp_path / "held-out" / "figures.json")
     errors = {k: s[k] / m[k] - 1 for k in FIGURES}
     # the server's speed on the held-out's launch against the calibration's: its median ITL (a few sequences a
-    # step) moved 2.0-6.3 ms from launch to launch on one host, and the misses follow it (docs/measurements.md,
-    # "The server's speed")
+    # step) moved 2.0-6.3 ms from launch to launch while the server ran two OpenMP threads, and the misses
+    # followed it (docs/measurements.md, "The server's speed")
     speed = f"median ITL measured {m['median_itl_ms']:.2f} ms, simulated {s['median_itl_ms']:.2f} ms"
     print(f"held-out workload on vLLM: {calibration.label()}; "
           + ", ".join(f"{k} measured {m[k]:.2f} simulated {s[k]:.2f} ({100 * errors[k]:+.1f}%)" for k in FIGURES)
           + f"; {speed}")
     assert calibration.family == "linear"
-    assert abs(errors["output_throughput"]) <= HELD_OUT_TOLERANCE  # measured: -0.9% and -1.1% (2026-12-02)
+    assert calibration.fit_error_pct <= 100 * HELD_OUT_TOLERANCE  # over its runs, issue 31's other bound
+    # measured with one OpenMP thread (2026-12-05): median TTFT +8.5%, +9.7%, +7.2%, -6.0%, +1.6%; p99 ITL +2.8%,
+    # +2.0%, +1.3%, -9.4%, -5.7%; output throughput within 0.7%
     missed = {k: e for k, e in errors.items() if abs(e) > HELD_OUT_TOLERANCE}
-    if missed:  # a known gap of issue 31 (measured: median TTFT +59%, +78%, +19%; p99 ITL +41%, +1%, -9%;
-        # 2026-12-04, served without a worker process (tests/vllm/env.py), no pauses: +35%, +23%; +30%, within;
-        # with TCMalloc and the new-token-count term: +34.5%, p99 ITL +5.8%, throughput -0.7%; with a primer
-        # that outlasts the burst's way in: +1.9%, -7.4%, +3.1%, no xfail; then p99 ITL -29%, median TTFT
-        # +47.7%; after the steadiness re-measure, fit 8.6%: -6.4%, -18.3%, +2.1%; fit 22.4%: +68.2%, +3.5%, -2.1%;
-        # fit 19.7%: -2.6%, -13.1%, +0.7%, no xfail; that night fit 11.8%: +13.5%, +6.6%, -0.9%, no xfail;
-        # 2026-12-05, tokens that arrive together one chunk: fit 12.3%: -17.1%, -17.9%, -0.4%; 14.2%: +1.8%,
-        # -19.5%, -0.1%: a fresh server's heap grows through its first pass of each workload, the held-out's
-        # more than the calibration runs', docs/measurements.md; with the warm start, fit 10.2%: +2.1%, +2.1%,
-        # -0.0%, no xfail; matched per request, fit 11.2%: -0.8%, -6.8%, +0.6%, no xfail; 15.3%: +18.4%, -0.9%,
-        # +0.1%; 13.9%: -6.1%, -22.5%, -0.3%; the held-out's own figures move 7-9% between launches; on another
-        # host that morning, one pass: five of twelve within, median TTFT -15 to +31%; three passes pooled, fit
-        # 5.1%: +0.8%, +4.8%, -0.9%; 4.5%: +20.0%, +10.7%, -0.8%; 8.0%: +0.7%, -8.5%, -0.3%; 7.0%: -13.8%, -20.0%,
-        # +0.2%: the calibration's own spread, docs/measurements.md, "Three passes")
-        pytest.xfail("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
-                     + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
-                     f"{calibration.workload_error_pct:.1f}% on its workload run; {speed})")
+    assert not missed, ("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
+                        + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "
+                        f"{calibration.workload_error_pct:.1f}% on its workload run; {speed})")

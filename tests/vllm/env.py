@@ -32,7 +32,7 @@ def vllm_env(**extra: str) -> dict[str, str]:
     threads, the second 44-69% busy, against the API server and the client on these 2 cores. Both engine
     threads on one core (taskset) made its median ITL 130 ms instead of 2.6. Set externally, vLLM leaves it
     alone. The tier calibration test with it (2026-12-05): fit error 3.6-6.2% and all three held-out figures
-    within 15% in 9 of 9 runs (7 within 10%); without it, 21 of 45 runs within 15% (docs/measurements.md)."""
+    within 15% in 9 of 10 runs (7 within 10%); without it, 21 of 45 runs within 15% (docs/measurements.md)."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")

@@ -7,8 +7,9 @@ held-out's median ITL, measured and simulated (the server's speed on that launch
 Measured: until 2026-12-05's afternoon the server ran its model on two OpenMP threads (tests/vllm/env.py says
 why and why no more), and the test passed in 21 of 45 runs, an expected failure in the others: the held-out's
 median ITL moved 2.0-6.3 ms from launch to launch, and the calibrations fitted their own runs with 4-22% error.
-With one thread, 9 of 9 runs fitted with 3.6-6.2% error and predicted all three figures within 15% (7 within 10%)
-(docs/measurements.md, "One OpenMP thread"). The bursts must queue behind their primer as designed: a primer
+With one thread, 10 runs fitted with 3.6-6.2% error, and 9 predicted all three figures within 15% (7 within
+10%; the tenth's median TTFT +18.9%, its median ITL simulated 29% high: docs/measurements.md, "One OpenMP
+thread"). The bursts must queue behind their primer as designed: a primer
 that finished before its burst was sent voids a burst's figures."""
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
     assert calibration.family == "linear"
     assert calibration.fit_error_pct <= 100 * HELD_OUT_TOLERANCE  # over its runs, issue 31's other bound
     # measured with one OpenMP thread (2026-12-05): median TTFT +8.5%, +9.7%, +7.2%, -6.0%, +1.6%, +6.4%, -9.4%,
-    # +13.8%, +1.4%; p99 ITL +2.8%, +2.0%, +1.3%, -9.4%, -5.7%, -7.4%, -0.9%, +9.1%, +13.1%; throughput within 1.8%
+    # +13.8%, +1.4%, +18.9% (a failure); p99 ITL +2.8%, +2.0%, +1.3%, -9.4%, -5.7%, -7.4%, -0.9%, +9.1%, +13.1%,
+    # +10.3%; output throughput within 1.8%
     missed = {k: e for k, e in errors.items() if abs(e) > HELD_OUT_TOLERANCE}
     assert not missed, ("held-out figures beyond 15%: " + ", ".join(f"{k} {100 * e:+.0f}%" for k, e in missed.items())
                         + f" (calibration fit error {calibration.fit_error_pct:.1f}%, "

@@ -55,7 +55,8 @@ print(json.dumps([due_times(*case) for case in json.loads(sys.argv[1])]))
 
 
 def pinned(args: list[str]) -> list[str]:
-    """The command on core 1 (off vLLM's engine core 0) when the machine has one."""
+    """The command on core 1 alone when the machine has one: the client on one core, never spread over both (the
+    tier's server runs its model on one thread, bound to no core: tests/vllm/env.py)."""
     return ["taskset", "-c", "1", *args] if (os.cpu_count() or 1) > 1 else args
 
 

@@ -9,8 +9,8 @@ why and why no more), and the test passed in 21 of 45 runs, an expected failure 
 median ITL moved 2.0-6.3 ms from launch to launch, and the calibrations fitted their own runs with 4-22% error.
 With one thread, 10 runs fitted with 3.6-6.2% error, and 9 predicted all three figures within 15% (7 within
 10%; the tenth's median TTFT +18.9%, its median ITL simulated 29% high: docs/measurements.md, "One OpenMP
-thread"). The bursts must queue behind their primer as designed: a primer
-that finished before its burst was sent voids a burst's figures."""
+thread"). The bursts must queue behind their primer as designed: a primer that finished before its burst
+was sent voids a burst's figures."""
 
 from __future__ import annotations
 

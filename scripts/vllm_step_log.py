@@ -4,9 +4,9 @@ design's requests (tune/calibration_runs.py, the tier calibration test's tune), 
 at its budget (--design held-out), served --passes times in a row, each pass with other prompts, with the engine
 core's steps logged inside the server (scripts/vllm_step_log/sitecustomize.py, loaded through the server's
 PYTHONPATH). Per pass: the TTFTs (ms), its page faults, resident memory, median TTFT and p99 ITL; then the
-steps of --min-tokens or more: their time (ms), tokens, requests, minor page faults, system CPU time (ms) and the
-engine core's resident memory after them (MB). A calibration run, and a launched trial, is pass 0 here
-(sim/linear_cost.py, `fresh_pair_s`).
+steps of --min-tokens or more: their time (ms), tokens, first-chunk tokens, decodes, minor page faults, system
+CPU time (ms) and the engine core's resident memory after them (MB). A calibration run, and a launched trial, is
+pass 0 here (sim/linear_cost.py, `fresh_pair_s`).
 Run it alone:
 
     flock /tmp/chunkbench-cpu.lock .venv/bin/python scripts/vllm_step_log.py [--design workload] [--passes 3]
@@ -76,10 +76,10 @@ def main() -> None:
               f"{served[0, 7]:.0f} -> {served[-1, 7]:.0f} MB; median TTFT {summary['median_ttft_ms']:.2f} ms, "
               f"p99 ITL {summary['p99_itl_ms']:.2f} ms")
     print(f"steps of {args.min_tokens} tokens or more (the server's log and all steps: {log_dir}):")
-    print("  pass       ms  tokens  requests  page faults  system ms  resident MB")
-    for start, end, tokens, requests_in, faults, _, system_ms, rss in steps[steps[:, 2] >= args.min_tokens]:
+    print("  pass       ms  tokens  first-chunk tokens  decodes  page faults  system ms  resident MB")
+    for start, end, tokens, _, faults, _, system_ms, rss, first, _, decodes in steps[steps[:, 2] >= args.min_tokens]:
         where = next((str(k) for k, (a, b) in enumerate(passes) if a <= start <= b), "warm-up")
-        print(f"  {where:7s} {1e3 * (end - start):6.1f} {tokens:7.0f} {requests_in:9.0f} {faults:12.0f} "
+        print(f"  {where:7s} {1e3 * (end - start):6.1f} {tokens:7.0f} {first:19.0f} {decodes:8.0f} {faults:12.0f} "
               f"{system_ms:10.1f} {rss:12.0f}")
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def truth_runs(spec, truth: ServerCalibration) -> list[dict]:
     for design in designs(spec):
         run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload),
                "take": design.take, "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted),
+               "tails": list(design.tails),
                "warmed_up": True}  # as calibrate.run_design runs it: after its warm-up, on the same launch
         runs.append(run | simulate_design(truth, spec, run))
     return runs
@@ -300,17 +301,28 @@ def test_a_bursts_figures_count_from_its_last_send():
     assert from_burst_end(failed) == failed
 
 
-def test_the_linear_fit_recovers_a_linear_servers_constants():
+def test_the_linear_fit_recovers_a_linear_servers_constants(monkeypatch):
     """Issue 31: a server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
-    linear family on the cpu reference, its main constants found within 8% (measured: step -3%, the new token
-    count's step -3%; stall -12%, within 15%, traded with a jitter of 0.1 ms where there is none, whose held-back tokens
-    make one longer gap each (server_calibration.streamed); token -6%, prefill step +7%, latency +13%, sequence
-    +28%, attention pairs +16%: percentiles barely move with them here, and the prefill terms trade with the new
-    token count's, the runs' prefill steps being most of their new counts; decode keys 3.6x their truth but ~3%
-    of a decode step. Before the jitter term the fit had token and sequence within 5% and 12%) and its runs
-    reproduced within 2%."""
+    linear family on the cpu reference. The smaller model (calibrate.LINEAR_WITHOUT held at 0) finds its main
+    constants within 8% (measured: step -3%, the new token count's step -1%; stall -11%, within 15%, traded with a
+    jitter of 0.1 ms where there is none, whose held-back tokens make one longer gap each
+    (server_calibration.streamed); token -2%, prefill step -5%, latency +9%, sequence +30%, attention pairs +5%:
+    percentiles barely move with them here, and the prefill terms trade with the new token count's, the runs'
+    prefill steps being most of their new counts; decode keys 3.2x their truth but ~3% of a decode step) and
+    reproduces its runs within 2% (1.25%). calibrate.fit keeps the fuller model, which a presearch trusts too: here
+    it invents fresh pairs where there are none (55 ns a pair, the prefill step +65%) and reproduces the runs
+    within 4.5%, the price of a rule that on the real vLLM predicts a held-out workload's p99 ITL where the smaller
+    model prices it low (calibrate.fit)."""
+    import chunkbench.tune.calibrate_linear as calibrate_linear
+
+    fits, fit_linear = [], calibrate_linear.fit_linear
+    monkeypatch.setattr(calibrate_linear, "fit_linear", lambda *a, **k: fits.append(fit_linear(*a, **k)) or fits[-1])
     spec = make_spec()
-    fitted = fit(truth_runs(spec, LINEAR_TRUTH), spec, "cpu", num_blocks=1024)
+    kept = fit(truth_runs(spec, LINEAR_TRUTH), spec, "cpu", num_blocks=1024)
+    smaller, fuller = fits
+    assert kept is fuller and kept.fits and kept.fit_error_pct < 6
+    assert smaller.coefficients["fresh_pair_s"] == smaller.coefficients["first_pair_s"] == 0.0
+    fitted = smaller
     assert fitted.family == "linear"
     assert fitted.coefficients["stall_every"] == pytest.approx(40, rel=0.1)  # from the decode run's slow gaps
     # what the runs pin less: percentiles barely move with them here
@@ -324,9 +336,6 @@ def test_the_linear_fit_recovers_a_linear_servers_constants():
     assert fitted.coefficients["jitter_s"] < 0.1 * fitted.coefficients["step_s"]  # none to find: it must not matter
     assert fitted.fit_error_pct < 2 and fitted.workload_error_pct < 3 and fitted.fits
     assert fitted.step_overhead_s == fitted.coefficients["step_s"]  # what the report shows as the step overhead
-    # fitted with fresh_pair_s it found 53.5 ns a pair where there is none, 3.1% over the runs: the fit without it
-    # (calibrate.LINEAR_WITHOUT) is kept
-    assert fitted.coefficients["fresh_pair_s"] == 0.0
 
 
 def test_the_linear_fit_finds_the_cost_of_fresh_attention_pairs():

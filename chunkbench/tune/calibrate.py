@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkbench.backends import Backend
-from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 # Re-exported: presearch.py, presearch_report.py and the tests take the runs' names from here.
 from chunkbench.tune.calibration_runs import (PRIMER_LEAD_S, WORKLOAD_REQUESTS, Design, design_requests,  # noqa: F401
                                               designs, from_burst_end, primer_outran_burst, residuals, run_figures,
@@ -192,12 +192,13 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         # smaller model ended: the descent that starts those terms where their few steps weigh most can end in a
         # valley the smaller model does not have (refitting six tier and presearch calibrations of 2026-12-04/05,
         # the warm start took three of them from 17.5 to 15.7%, 16.1 to 14.5% and 31.0 to 24.9% over their runs,
-        # one from 8.8 to 10.3%). Kept: the fuller one when a presearch would trust it (ServerCalibration.fits),
-        # else the smaller when that one fits, else the lower judged error. Not the lower error over the runs:
-        # there the two differ by a few points either way (the fuller model holds the smaller one; its descent
-        # does not always find as deep a point), while the runs leave a token's cost and an attention pair's
-        # apart unpinned (the prefill run's 1,024-token prompts and the mixed run's 256-token chunks at contexts
-        # of up to 512 both carry ~512 pairs a token), so a workload of other first chunks is an extrapolation:
+        # one from 8.8 to 10.3%). Kept: one a presearch would trust (ServerCalibration.fits), then one within
+        # FIT_TOLERANCE_PCT over its runs too, then the fuller one if both are trusted, else the lower judged
+        # error. Not the lower error over the runs: there the two differ by a few points either way (the fuller
+        # model holds the smaller one; its descent does not always find as deep a point), while the runs leave a
+        # token's cost and an attention pair's apart unpinned (the prefill run's 1,024-token prompts and the mixed
+        # run's 256-token chunks at contexts of up to 512 both carry ~512 pairs a token), so a workload of other
+        # first chunks is an extrapolation:
         # the smaller model prices a 512-token one low (logged inside the tier's server: 19.8 ms among three
         # decodes, where thirteen smaller fits gave 14.6-20.4, median 16.5), and the fuller one prices first
         # chunks after small steps from the workload run's own (17.8-22.0 ms).
@@ -209,8 +210,8 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         guess = _linear_guess(runs, device, meta)
         smaller = scored(fit_linear(runs, spec, guess, without=LINEAR_WITHOUT))
         fuller = scored(fit_linear(runs, spec, guess, start=smaller[0]))
-        best, simulated = next((c for c in (fuller, smaller) if c[0].fits),
-                               min((fuller, smaller), key=lambda c: (c[0].judged_error_pct, c[0].fit_error_pct)))
+        best, simulated = min((fuller, smaller), key=lambda c: (  # min keeps the first of equals: the fuller
+            not c[0].fits, c[0].fit_error_pct > FIT_TOLERANCE_PCT, 0.0 if c[0].fits else c[0].judged_error_pct))
     else:
         best, simulated = scored(_fit_roofline(runs, spec, device, meta, grid, max_evaluations, restarts))
     for run in runs:  # what the report plots: measured against fitted, per run

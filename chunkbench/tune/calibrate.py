@@ -198,11 +198,10 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         # model holds the smaller one; its descent does not always find as deep a point), while the runs leave a
         # token's cost and an attention pair's apart unpinned (the prefill run's 1,024-token prompts and the mixed
         # run's 256-token chunks at contexts of up to 512 both carry ~512 pairs a token), so a workload of other
-        # first chunks is an extrapolation:
-        # the smaller model prices a 512-token one low (logged inside the tier's server: 19.8 ms among three
-        # decodes, where thirteen smaller fits gave 14.6-20.4, median 16.5), and the fuller one prices first
-        # chunks after small steps from the workload run's own (17.8-22.0 ms).
-        # On a linear server without such a cost the fuller fit invents one (tests/tune/test_calibrate_server.py).
+        # first chunks is an extrapolation: the smaller model prices a 512-token one low (logged inside the tier's
+        # server: 19.8 ms among three decodes, where thirteen smaller fits gave 14.6-20.4, median 16.5), and the
+        # fuller one prices first chunks after small steps from the workload run's own (17.8-22.0 ms). On a
+        # linear server without such a cost the fuller fit invents one (tests/tune/test_calibrate_server.py).
         # Refitting thirteen tier calibrations of 2026-12-05 offline: the held-out workload's p99 ITL -15.6% to
         # +3.9% (mean -2.8%) with the fuller fit, -28.5% to +4.3% (mean -9.9%) with the smaller, which had the
         # lower workload-run error in nine of the thirteen (docs/measurements.md, "The prefill run's tail and

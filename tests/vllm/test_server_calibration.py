@@ -36,8 +36,7 @@ HELD_OUT_TOLERANCE = 0.15  # issue 31's acceptance
 # What the test asserts: issue 31's 15%, but 20% on the p99 ITL, a 40-request tail: refitted offline, thirteen
 # calibrations predicted it -15.6% to +3.9% (one beyond 15%), nine fresh runs -10.2% to +4.2%
 # (docs/measurements.md, "The prefill run's tail and the fuller fit"), so 15% there would fail CI now and then on
-# noise, not a regression. The printed line shows the
-# figures against 15%.
+# noise, not a regression. The printed line shows the figures against 15%.
 BOUNDS = {"median_ttft_ms": HELD_OUT_TOLERANCE, "p99_itl_ms": 0.20, "output_throughput": HELD_OUT_TOLERANCE}
 # What the calibration runs (the tune's workload: chat, 12 requests at 6/s; budgets 256, 1536 and 2048) did not:
 # uniform prompt lengths of up to two 512-token chunks, at 8/s, 40 requests, at budget 512 (in the space).

@@ -679,7 +679,8 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
 
 def test_a_workload_run_whose_copies_disagree_is_measured_again():
     """calibrate.copies_spread: the repeated workload run (3 copies, the last cut short) served 1.9x slower in
-    its first copy than its last is unsteady and measured again; the steady attempt is kept."""
+    its first copy than its last is unsteady and measured again; the steady attempt is kept, also when it read
+    more tokens together (late_share) without pausing: that share orders paused attempts only."""
     from types import SimpleNamespace
 
     from chunkbench.tune import calibrate as cal
@@ -690,21 +691,29 @@ def test_a_workload_run_whose_copies_disagree_is_measured_again():
     n = len(cal.design_requests(dataclasses.asdict(design.workload), design.take, 0, 2048, design.repeat))
     assert design.repeat and 2 * copy < n < 3 * copy  # as the tier's: 12, 12, then 8
 
-    def result(slowdowns: tuple[float, ...]):
+    def result(slowdowns: tuple[float, ...], together: bool = False):  # together: every other gap at 0
         requests = [SimpleNamespace(error=None, ok=True, token_times=[0.01 * (i + 1), 0.1 * slowdowns[i // copy]],
-                                    ttft=0.01, itls=[0.001], e2el=0.1 * slowdowns[i // copy], arrival_time=i,
+                                    ttft=0.01, itls=[0.001, 0.0 if together else 0.001],
+                                    e2el=0.1 * slowdowns[i // copy], arrival_time=i,
                                     send_time=float(i)) for i in range(n)]
         return SimpleNamespace(requests=requests[::-1], server={})  # any order: by send time
 
     figures = cal.run_figures(result((1.9, 1.5, 1.0)))
     assert cal.copies_spread(figures, copy) == pytest.approx(1.9)
     assert cal.copies_spread(figures, 0) == 1.0  # not a repeated run
-    for script, kept, unsteady in ((((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1),
-                                   (((1.9, 1.5, 1.0),) * 4 + ((1.5, 1.0, 1.0),), 4, 5),
-                                   (((1.0, 1.0, 1.0),), 0, 0)):
-        calls = iter(script)
+    assert cal.late_share(figures["itl_ms"]) == 0 and cal.late_share(cal.run_figures(result((1,) * 3, True))[
+        "itl_ms"]) == 0.5
+    for script, kept, unsteady, together in ((((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1, False),
+                                             (((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1, True),
+                                             (((1.2, 1.0, 1.0), (1.1, 1.0, 1.0)), 1, 1, True),  # beyond 1.15
+                                             (((1.9, 1.5, 1.0),) * 4 + ((1.5, 1.0, 1.0),), 4, 5, False),
+                                             (((1.14, 1.0, 1.0),), 0, 0, False)):
+        calls = iter(enumerate(script))
         def serve(workload, label, **_):
-            return result((1, 1, 1) if label.endswith("warm-up") else next(calls))
+            if label.endswith("warm-up"):
+                return result((1, 1, 1))
+            k, slowdowns = next(calls)
+            return result(slowdowns, together and k == kept)  # the kept attempt read half its tokens together
         run = cal.run_design(serve, spec, design, 2048)
         assert run["attempt"] == kept and run["unsteady_runs"] == unsteady and run["paused_runs"] == 0, script
         assert run["copies_spread"] == pytest.approx(max(script[kept]) / min(script[kept]))

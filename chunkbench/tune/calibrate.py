@@ -59,20 +59,20 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
     warmed_up = warm_up(serve, spec.base_config(**design.knobs), spec.seed + 1, f"{design.name} warm-up")
     workload = design_requests(asdict(design.workload), design.take, design.primer, max_model_len, design.repeat)
     copy = len(design_requests(asdict(design.workload), None, 0, max_model_len)) if design.repeat else 0
-    attempts = []  # (paused, share of gaps at 0, spread beyond STEADY_RATIO, longest gap, figures)
+    # (paused, a paused one's share of gaps at 0, spread beyond STEADY_RATIO, longest gap, figures): the bunched
+    # share orders paused attempts only, else it would outrank steadiness among unpaused ones
+    attempts = []
     for attempt in range(1 + PAUSE_REMEASURES):  # another seed: other prompt ids, no prefix-cache hits
         figures = run_figures(serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False,
                                     label=design.name))
-        spread = copies_spread(figures, copy)
-        attempts.append((server_paused(figures), late_share(figures["itl_ms"]), max(spread, STEADY_RATIO),
+        spread, paused = copies_spread(figures, copy), server_paused(figures)
+        attempts.append((paused, late_share(figures["itl_ms"]) if paused else 0.0, max(spread, STEADY_RATIO),
                          max(figures["itl_ms"], default=0.0),
                          (from_burst_end(figures) if design.primer else figures) | {"copies_spread": spread}))
-        if not attempts[-1][0] and spread <= STEADY_RATIO:
+        if not paused and spread <= STEADY_RATIO:
             break
-    # unpaused first, else the least bunched; of those, steady, else the least unsteady; then the shortest longest
-    # gap. The bunched share orders paused attempts only: among unpaused ones it would outrank steadiness
-    kept = min(range(len(attempts)), key=lambda k: (attempts[k][0], attempts[k][1] if attempts[k][0] else 0.0,
-                                                    *attempts[k][2:4]))
+    # unpaused first, else the least bunched; of those, steady, else the least unsteady; then the shortest longest gap
+    kept = min(range(len(attempts)), key=lambda k: attempts[k][:4])
     paused, *_, figures = attempts[kept]
     return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
             "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted),

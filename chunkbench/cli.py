@@ -5,6 +5,7 @@ warnings into one `chunkbench: warning: ...` line each."""
 from __future__ import annotations
 
 import inspect
+import signal
 import sys
 import typing
 import warnings
@@ -15,7 +16,7 @@ from typer.exceptions import TyperException
 
 from chunkbench.commands import gate, generate, kernels, profile, run, serve, tune
 from chunkbench.engine.config import ConfigError
-from chunkbench.errors import StudyFailed, show_warning
+from chunkbench.errors import Interrupted, StudyFailed, show_warning
 
 app = typer.Typer(
     name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -72,23 +73,48 @@ def _root() -> None:
     """Measure and tune chunked prefill for LLM serving."""
 
 
+def _on_signal(signum, frame) -> None:
+    """SIGINT and SIGTERM: every server this process launched is stopped at once; a command that launches
+    servers then stops where it checks (launch.check_not_stopping), any other here."""
+    from chunkbench.server_process import stop_everything
+
+    if not stop_everything(signum):
+        raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
     warnings.showwarning = show_warning
+    from chunkbench.server_process import _LAUNCHED, STOPPING
+
+    STOPPING.clear()
+    _LAUNCHED.clear()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
     try:
         code = app(args=argv, standalone_mode=False)  # returns the code of a typer.Exit
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        print("chunkbench: interrupted", file=sys.stderr)
-        sys.exit(130)
+        _stopped()
     except TyperException as exc:  # usage errors: unknown flag, bad value type
         _error(exc.format_message())
     except ConfigError as exc:
         _error(str(exc))
     except StudyFailed as exc:
         _error(str(exc), code=1)
+    if code == 130:  # typer's code for a KeyboardInterrupt (ours: Interrupted, by a signal)
+        _stopped()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _stopped() -> None:
+    """Exit 128 + the signal (130 for Ctrl-C, 143 for SIGTERM), with one line."""
+    from chunkbench.server_process import stopped_by
+
+    signum = stopped_by()
+    print(f"chunkbench: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+    sys.exit(128 + signum)
 
 
 def _error(message: str, code: int = 2) -> None:

@@ -18,6 +18,14 @@ class StudyFailed(Exception):
     its finished trials stay in the study, so it resumes once the cause is fixed."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (`signum`): the command stops, and what it started is stopped on the way out."""
+
+    def __init__(self, signum: int = 2) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def read_toml(path: Path, flag: str) -> dict:
     """A TOML file the user named with `flag`; an unreadable or invalid one is a UserError."""
     try:

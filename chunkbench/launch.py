@@ -1,25 +1,35 @@
 """Servers launched per configuration from a command template (`tune --backend launch --launch ...`): the
-template's placeholders ({model}, every knob, {vllm_flags}, {chunkbench_flags}), the LaunchBackend that starts,
-measures and stops one server per session with its output in a log, and the error a server that never comes up
-raises, quoting that log."""
+template's placeholders ({model}, every knob, {vllm_flags}, {chunkbench_flags}, and the slot's {port}, {gpus},
+{cpus}, {slot}: chunkbench/node.py), and the LaunchBackend that starts, checks, measures and stops one server
+per session.
+
+A launch is trusted only as far as it can be checked: its slot's port must be free before it starts, the
+server must still be alive when it is healthy and after each run, and the process that listens on the port
+must be the server (or one of its children) wherever /proc shows it. Every server runs under a watchdog
+(chunkbench/launch_guard.py, chunkbench/server_process.py) that stops it when the tune closes its pipe or
+dies, SIGKILL included."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shlex
-import signal
-import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 from chunkbench.backends import Backend, EndpointBackend, Serve
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.errors import UserError
+from chunkbench.gpu_monitor import GpuMonitor
+from chunkbench.node import Slot, fill_endpoint
+from chunkbench.ports import holder_text, port_busy
+from chunkbench.server_process import LaunchError, Launched, check_not_stopping, check_owner, start_server
+
+__all__ = ["LaunchBackend", "LaunchError", "launch_command", "launch_values", "launches_vllm", "log_tail"]
+
 
 
 def launches_vllm(template: str) -> bool:
@@ -46,17 +56,13 @@ def launch_values(config: EngineConfig) -> dict:
     return values
 
 
-def launch_command(template: str, config: EngineConfig) -> str:
-    values = launch_values(config)
+def launch_command(template: str, config: EngineConfig, slot: Slot | None = None) -> str:
+    values = launch_values(config) | (slot or Slot()).values()
     try:
         return template.format(**values)
     except (KeyError, IndexError, ValueError) as exc:
         raise UserError(f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
                         f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
-
-
-class LaunchError(RuntimeError):
-    """A launched server that never became healthy (a failed trial); the message quotes its last lines."""
 
 
 def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
@@ -69,18 +75,33 @@ def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
     return " | ".join(kept) or "(no output)"
 
 
+
+
 @dataclass
 class LaunchBackend(Backend):
     """A server started for each config from a command template, measured over HTTP, stopped after the
     session. Its output goes to `log` (tune keeps one per trial: trials/<n>/launch.log). A server that does not
-    come up raises LaunchError quoting the log's last lines (a failed trial, not a failed study)."""
+    come up, dies, or cannot be shown to be the one answering raises LaunchError (a failed trial, not a failed
+    study). `slot`: where it runs (for_slot gives one backend per slot)."""
 
-    launch: str  # the command, with {knob} placeholders (launch_values)
-    endpoint: str  # its OpenAI base URL, e.g. http://127.0.0.1:8000/v1
+    launch: str  # the command, with {knob} and slot placeholders (launch_values, Slot.values)
+    endpoint: str  # its OpenAI base URL, e.g. http://127.0.0.1:{port}/v1
     timeout_s: float = 300.0  # to wait for /health
     client_options: dict = field(default_factory=dict)
+    slot: Slot = field(default_factory=Slot)
+    node: tuple[Slot, ...] = ()  # every slot of the tune (--slots); empty: this one
+    gpu_figures: dict = field(default_factory=dict, repr=False)  # the last session's NVML figures (gpu_monitor)
     kind = "launch"
     warms_up = True
+
+    @property
+    def slots(self) -> list["LaunchBackend"]:
+        """One backend per slot of the node, each launching into its own slot."""
+        return [replace(self, slot=slot, gpu_figures={}) for slot in self.node] or [self]
+
+    @property
+    def url(self) -> str:
+        return fill_endpoint(self.endpoint, self.slot)
 
     @contextlib.contextmanager
     def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
@@ -91,33 +112,38 @@ class LaunchBackend(Backend):
             if log is None:  # nobody keeps it: a temporary file, still quoted when the launch fails
                 log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chunkbench-launch-"))) / "launch.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            command = launch_command(self.launch, config)
-            with open(log, "w") as out:
-                out.write(f"$ {command}\n")
-                out.flush()
-                try:
-                    process = subprocess.Popen(shlex.split(command), stdout=out, stderr=subprocess.STDOUT,
-                                               start_new_session=True)
-                except OSError as exc:  # no such program, not executable
-                    raise LaunchError(f"cannot start `{command}`: {exc.strerror}") from None
-            stack.callback(stop_server, process)
+            url = self.url
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            if port_busy(parts.hostname or "127.0.0.1", port):
+                raise LaunchError(f"port {port} (slot {self.slot.index}) is already in use{holder_text(port)}: a server "
+                                  "from before, or another program; stop it, or choose another --port-base")
+            env = {"CUDA_VISIBLE_DEVICES": self.slot.values()["gpus"]} if self.slot.gpus else {}
+            server = start_server(launch_command(self.launch, config, self.slot), log, env, port)
+            stack.callback(server.stop)
             try:
-                wait_healthy(self.endpoint, self.timeout_s, process)
+                wait_healthy(url, self.timeout_s, server.guard)
+                owner = check_owner(server, port)
             except RuntimeError as exc:
                 raise LaunchError(f"{exc}; its output ended: {log_tail(log)}{where}") from None
-            with EndpointBackend(self.endpoint, client_options=self.client_options).session(config) as serve:
-                yield serve
+            with log.open("a") as out:
+                out.write(f"chunkbench: healthy at {url}: {owner}\n")
+            monitor = GpuMonitor.maybe(self.slot.gpus)
+            if monitor is not None:
+                stack.callback(lambda: self.gpu_figures.update(monitor.stop()))
+            self.gpu_figures.clear()
+            with EndpointBackend(url, client_options=self.client_options).session(config) as serve:
+                yield self._checked(serve, server, port)
+
+    @staticmethod
+    def _checked(serve: Serve, server: Launched, port: int) -> Serve:
+        """Each run's figures count only if the server that served them is still the one on the port."""
+        def run(*args, **kwargs):
+            result = serve(*args, **kwargs)
+            check_not_stopping()  # its server was stopped under it
+            check_owner(server, port)
+            return result
+        return run
 
     def __str__(self) -> str:
-        return f"launched server at {self.endpoint}"
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after 30 s."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        return f"launched server at {self.url}"

@@ -73,6 +73,8 @@ def _run_buckets(before: dict, after: dict, name: str) -> dict[float, float]:
     for labels, value in after.get(name + "_bucket", []):
         buckets[float(labels["le"])] = buckets.get(float(labels["le"]), 0.0) + value
     for labels, value in before.get(name + "_bucket", []):
+        if float(labels["le"]) not in buckets:  # not the same server's histogram before and after: no figures
+            return {}
         buckets[float(labels["le"])] -= value
     return buckets
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,6 +16,7 @@ from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhe
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.launch import launch_command, launches_vllm
+from chunkbench.node import plan_slots, varies_by_slot
 from chunkbench.outputs import check_writable
 
 
@@ -70,8 +72,25 @@ def tune(
                                                   "list, unset knobs left out: \"vllm serve {model} "
                                                   "{vllm_flags}\".")] = None,
     endpoint: Annotated[Optional[str], typer.Option(help="--backend launch: the launched server's OpenAI base "
-                                                    "URL, e.g. http://127.0.0.1:8000/v1.")] = None,
+                                                    "URL, e.g. http://127.0.0.1:8000/v1, or with the slot's port: "
+                                                    "http://127.0.0.1:{port}/v1 (the default when --launch has "
+                                                    "{port}).")] = None,
     launch_timeout: Annotated[float, typer.Option(help="--backend launch: seconds to wait for /health (s).")] = 300.0,
+    slots: Annotated[Optional[int], typer.Option(help="--backend launch: run up to this many trials at once, one "
+                                                 "launched server per slot (default: as many as --gpus or --cpus "
+                                                 "make, else 1). Slot i listens on --port-base + i: give --launch "
+                                                 "and --endpoint a {port} (or {slot}) placeholder.")] = None,
+    port_base: Annotated[int, typer.Option(help="--backend launch: the port of slot 0 ({port}); slot i gets "
+                                           "port-base + i.")] = 8000,
+    gpus: Annotated[Optional[str], typer.Option(help="--backend launch: the GPUs to tune on, e.g. 0,1,2,3 or 0-7; "
+                                                "each slot gets --gpus-per-trial of them as CUDA_VISIBLE_DEVICES "
+                                                "(and {gpus}).")] = None,
+    gpus_per_trial: Annotated[int, typer.Option(help="--backend launch: GPUs per launched server (e.g. its "
+                                                "tensor-parallel size).")] = 1,
+    cpus: Annotated[Optional[str], typer.Option(help="--backend launch on a CPU machine: the cores to tune on, "
+                                                "e.g. 0-7; each slot gets --cpus-per-trial of them as {cpus} (e.g. "
+                                                "VLLM_CPU_OMP_THREADS_BIND={cpus} vllm serve ...).")] = None,
+    cpus_per_trial: Annotated[int, typer.Option(help="--backend launch: cores per launched server.")] = 1,
     study: Annotated[Optional[str], typer.Option(help="Study name; an existing study resumes. Default: "
                                                  "<model>-<workload>-<objective>.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna RDB URL (postgresql://user:pw@host/db) to share "
@@ -128,11 +147,19 @@ def tune(
                                        tensor_parallel_size=tensor_parallel_size,
                                        kv_cache_dtype=kv_cache_dtype).items() if v is not None}
     config = EngineConfig.create(model, **overrides)  # the fixed flags, validated
+    node = plan_slots(slots, port_base, gpus, gpus_per_trial, cpus, cpus_per_trial)
+    if backend == "launch":
+        endpoint = launch_slots(launch, endpoint, jobs, node)
+    elif any(v is not None for v in (slots, gpus, cpus)):
+        raise UserError("--slots, --gpus and --cpus place launched servers: they need --backend launch")
     resolved = announce(resolve(backend, model, gpu=gpu, cost_model=cost_model, search=True, launch=launch,
                                 endpoint=endpoint, launch_timeout_s=launch_timeout, config=config,
                                 engine_overhead=engine_overhead))
     if resolved.backend.kind == "launch":
+        resolved = replace(resolved, backend=replace(resolved.backend, slot=node[0], node=tuple(node)))
         launch_command(launch, config)  # placeholders checked before anything starts
+        if len(node) > 1:
+            console.print(f"{len(node)} slots: " + "; ".join(map(str, node)), soft_wrap=True)
         if launches_vllm(launch):
             search_space, note = search_space.for_vllm()
             if note:
@@ -160,6 +187,21 @@ def tune(
     tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify or relaunch else 0,
                     progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]), jobs=jobs,
                     backend_note=resolved.note, repeats=verify_repeats or VERIFY_REPEATS)
+
+
+def launch_slots(launch: str | None, endpoint: str | None, jobs: int, node: list) -> str | None:
+    """The endpoint of --backend launch (its default where --launch has {port}), after refusing what cannot
+    work: --jobs (trials of launched servers run in --slots), one fixed port for several slots."""
+    if jobs > 1:
+        raise UserError("--jobs runs simulated trials in processes; launched servers run in --slots N")
+    if endpoint is None and launch and "{port}" in launch:
+        endpoint = "http://127.0.0.1:{port}/v1"
+    if len(node) > 1:
+        for flag, text in (("--launch", launch), ("--endpoint", endpoint)):
+            if text and not varies_by_slot(text):
+                raise UserError(f"{flag} names one fixed port, and {len(node)} slots would launch on it: put "
+                                "{port} where the port goes (slot i gets --port-base + i)")
+    return endpoint
 
 
 def register(app: typer.Typer) -> None:

@@ -21,7 +21,7 @@ from chunkbench.workload import WorkloadRequest
 console = Console()
 
 METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
-                "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
+                "p99_itl_ms", "p99_tpot_ms", "median_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms", "sla_attainment_pct",
                 "num_preemptions", "num_paused_decodes", "longest_stall_ms", "completed",
                 "server_requests", "scheduling_delay_source")  # the last two: over HTTP, from the server
 
@@ -33,6 +33,14 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
     for another configuration, where the capacity search starts (see _capacity). `repeats` > 1 runs it that
     many times in one session (one launched server) and scores the medians (median_outcome). `log`: where a
     launched server's output goes."""
+    outcomes = evaluate_runs(spec, knobs, workload, backend, progress, capacity_hint, repeats, log)
+    return outcomes[0] if repeats == 1 else median_outcome(outcomes)
+
+
+def evaluate_runs(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
+                  progress: bool = False, capacity_hint: float | None = None, repeats: int = 1,
+                  log: Path | None = None) -> list[TrialOutcome]:
+    """evaluate's runs, each scored on its own, in one session; each run's metrics name its slot."""
     config = spec.base_config(**knobs)
     backend = backend or spec.backend
     options = dict(goodput_ms=goodput_slos(spec.slos), seed=spec.seed, percentiles=[s.percentile for s in spec.slos],
@@ -48,10 +56,15 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
             return _capacity(spec, run, workload, knobs, capacity_hint)
         return _score(spec, knobs, measure(serve, config, workload, progress=progress, **options).summary)
 
+    slot = getattr(backend, "slot", None)
     with backend.session(config, log=log) as serve:
         warm_up_server(backend, serve, config, spec.seed)
         outcomes = [once(serve) for _ in range(repeats)]
-    return outcomes[0] if repeats == 1 else median_outcome(outcomes)
+    for outcome in outcomes:  # where each run was measured (a launched server's slot), its GPUs' figures
+        if slot is not None:
+            outcome.metrics["slot"] = str(slot)
+        outcome.metrics |= getattr(backend, "gpu_figures", {})
+    return outcomes
 
 
 def warm_up_server(backend: Backend, serve, config, seed: int) -> None:

@@ -33,7 +33,7 @@ from chunkbench.launch import LaunchError
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
-from chunkbench.tune.report import results_table, write_outputs
+from chunkbench.tune.report import add_runs_to_csv, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, open_storage, run_study
 from chunkbench.tune.verify import (VERIFY_REPEATS, State, compared, print_remeasured, spread_over_ties,
@@ -154,6 +154,7 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     drift = check_drift(spec, launch, state, calibration)
     write_outputs(sim_spec, study, out, measured, command, measured=verified[0] if verified else None)
     write_presearch_outputs(out, calibration, verified, drift)
+    add_runs_to_csv(out, verified)
     console.print(results_table(sim_spec, study, measured))
     print_remeasured(verified, "simulated")
     if drift:

@@ -14,13 +14,14 @@ from chunkbench.outputs import write_figure, write_text
 from chunkbench.report import embedded_png, html_page, pyplot
 from chunkbench.slo import SLO
 from chunkbench.tune import emit
+from chunkbench.tune.node_report import importance_line, importances, node_section
 from chunkbench.tune.objectives import BISECTIONS
 from chunkbench.tune.plots import plot_knobs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, closest_trials, feasible_trials, is_feasible
 
 OUTPUTS = ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
-           "knobs.png", "report.html")
+           "knobs.png", "pareto_gpu.png", "report.html")
 
 
 def trial_config(spec: TuneSpec, trial: optuna.trial.FrozenTrial) -> EngineConfig:
@@ -157,7 +158,21 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
         (out_dir / "knobs.png").unlink(missing_ok=True)  # a resumed study's old plot would be stale
     notes = not_verified(spec, study, verified, backend_note)
     _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, notes, knob_plot, measured)
+    lines.append(importance_line(importances(spec, study)))
     return winner, lines
+
+
+def add_runs_to_csv(out_dir: Path, remeasured: list[dict]) -> None:
+    """trials.csv gains a row per re-measurement run (state REMEASURED, `number` the trial whose configuration
+    it ran, `run` its index, `slot` where): the runs behind each median, not only the medians."""
+    import pandas as pd
+
+    rows = [{"number": row["trial"], "state": "REMEASURED", "run": i, "knobs": row["knobs"]} | run
+            for row in remeasured for i, run in enumerate(row.get("repeats") or [row["metrics"]])]
+    if rows:
+        path = out_dir / "trials.csv"
+        frame = pd.concat([pd.read_csv(path), pd.DataFrame(rows)], ignore_index=True)
+        write_text(frame.to_csv(index=False), path)
 
 
 def runs(record: dict) -> int:
@@ -298,6 +313,7 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, 
 <h2>Feasible trials, best first</h2>{verified_note}<table><tr><th>trial</th><th>knobs</th><th>objective</th>
 {"<th>verified (re-measured)</th>" if verified else ""}</tr>{runners}</table>
 <h2>Why the others failed</h2><table><tr><th>trial</th><th>knobs</th><th>SLA misses</th></tr>{why}</table>"""
+    body += node_section(spec, study, out_dir)
     if crashed:
         body += f"<h2>Crashed trials</h2><table><tr><th>trial</th><th>error</th></tr>{crashed}</table>"
     write_text(html_page(f"chunkbench tune {study.study_name}", body), out_dir / "report.html")

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from chunkbench.backends import EngineBackend
 from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.tune.objectives import evaluate
-from chunkbench.tune.report import OUTPUTS, results_table, write_outputs
+from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
 from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, best_distinct, print_remeasured,
@@ -107,6 +107,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
                                   measured=remeasured[0] if remeasured else None)
     if remeasured:
         add_to_report(out, verified_section(remeasured, "one run"))
+        add_runs_to_csv(out, remeasured)
     console.print(results_table(spec, study, verified))
     if remeasured:
         print_remeasured(remeasured, "one run")

@@ -19,18 +19,21 @@ import threading
 import time
 import warnings
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
 from chunkbench.engine.config import ConfigError
-from chunkbench.errors import StudyFailed, UserError
-from chunkbench.launch import LaunchError
+from chunkbench.errors import Interrupted, StudyFailed, UserError
+from chunkbench.server_process import STOPPING, LaunchError, check_not_stopping
 from chunkbench.slo import SLO
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.space import engine_kwargs
+from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.workload import build_workload
 
@@ -123,17 +126,19 @@ class _Heartbeat(threading.Thread):
 
 def run_study(spec: TuneSpec, study: optuna.Study, storage: optuna.storages.RDBStorage, url: str,
               on_trial=None, out: Path | None = None) -> None:
-    """Run trials until the study holds `n_trials` complete ones (counting all processes), or the timeout.
-    A launched server's output is kept in out/trials/<n>/launch.log. LAUNCH_FAILURES_IN_A_ROW launches in a
-    row that never come up end the study (StudyFailed): a broken --launch template fails every trial alike."""
+    """Run trials until the study holds `n_trials` complete ones (counting all processes), or the timeout,
+    one trial loop per launch slot (tune/slots.py). A launched server's output is kept in
+    out/trials/<n>/launch.log. LAUNCH_FAILURES_IN_A_ROW launches in a row that never come up end the study
+    (StudyFailed): a broken --launch template, or a port held by another server, fails every trial alike."""
     workload_max_len = spec.base_config().scheduler.max_model_len
-    workload = build_workload(spec.workload, workload_max_len)
-    deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
+    loop = _TrialLoop(spec, study, storage, url, build_workload(spec.workload, workload_max_len), workload_max_len,
+                      time.monotonic() + spec.timeout_s if spec.timeout_s else None, on_trial, out,
+                      SlotRun(slot_backends(spec.backend)))
     with warnings.catch_warnings():
         # We drive trials with ask/tell and record heartbeats ourselves (see _Heartbeat), which Optuna flags.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-        _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial, out)
+        loop.slots.map([loop.run] * len(loop.slots.backends))
 
 
 def fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage) -> None:
@@ -155,51 +160,92 @@ def fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorag
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
 
 
-def _trial_loop(spec, study, storage, url, workload, workload_max_len, deadline, on_trial, out) -> None:
-    failed_launches = 0  # in a row, in this process
-    while deadline is None or time.monotonic() < deadline:
-        with study_lock(url, study.study_name):
-            fail_orphaned_trials(study, storage)
-            trials = study.get_trials(deepcopy=False)
-            states = [t.state for t in trials]
+@dataclass
+class _TrialLoop:
+    """Trials drawn from the study, one at a time per slot, until it holds enough."""
+
+    spec: TuneSpec
+    study: optuna.Study
+    storage: optuna.storages.RDBStorage
+    url: str
+    workload: list
+    workload_max_len: int
+    deadline: float | None
+    on_trial: Callable[[optuna.Study], None] | None
+    out: Path | None
+    slots: SlotRun
+    failed_launches: int = 0  # in a row, over this process's slots
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_trial(self) -> optuna.Trial | None | bool:
+        """A new trial; None while the rest run elsewhere; False when the study is done."""
+        with study_lock(self.url, self.study.study_name):
+            fail_orphaned_trials(self.study, self.storage)
+            states = [t.state for t in self.study.get_trials(deepcopy=False)]
             complete, running = states.count(TrialState.COMPLETE), states.count(TrialState.RUNNING)
-            if complete >= spec.n_trials or len(states) >= 3 * spec.n_trials:  # done, or too many crashes
-                return
-            trial = study.ask() if complete + running < spec.n_trials else None
+            if complete >= self.spec.n_trials or len(states) >= 3 * self.spec.n_trials:  # done, or crashes
+                return False
+            trial = self.study.ask() if complete + running < self.spec.n_trials else None
             if trial is not None:  # a trial with no heartbeat is never seen as stale if this process dies
-                storage.record_heartbeat(trial._trial_id)
-        if trial is None:  # the rest are running elsewhere: wait for them to finish or go stale
-            time.sleep(1.0)
-            continue
+                self.storage.record_heartbeat(trial._trial_id)
+            return trial
+
+    def run(self, backend) -> None:
+        while not self.slots.stopping.is_set() and (self.deadline is None or time.monotonic() < self.deadline):
+            check_not_stopping()
+            trial = self.next_trial()
+            if trial is False:
+                return
+            if trial is None:  # the rest are running elsewhere: wait for them to finish or go stale
+                time.sleep(1.0)
+                continue
+            self.run_trial(trial, backend)
+
+    def run_trial(self, trial: optuna.Trial, backend) -> None:
+        spec, out = self.spec, self.out
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        heartbeat = _Heartbeat(storage, trial._trial_id)
+        slot = getattr(backend, "slot", None)
+        if slot is not None:
+            trial.set_user_attr("slot", str(slot))
+        heartbeat = _Heartbeat(self.storage, trial._trial_id)
         heartbeat.start()
         log = out / "trials" / str(trial.number) / "launch.log" if out and spec.backend.kind == "launch" else None
         if log:
             trial.set_user_attr("launch_log", str(log))
         try:
             point = spec.space.params(trial.suggest_categorical)
-            outcome = evaluate(spec, engine_kwargs(point, workload_max_len), workload,
-                               capacity_hint=_latest_capacity(trials), log=log)
+            outcome = evaluate(spec, engine_kwargs(point, self.workload_max_len), self.workload, backend=backend,
+                               capacity_hint=_latest_capacity(self.study.get_trials(deepcopy=False)), log=log)
+            if self.slots.interrupted.is_set():
+                raise Interrupted()
+        except KeyboardInterrupt:  # its server was stopped under it: not a result
+            trial.set_user_attr("error", "interrupted (SIGINT or SIGTERM): not counted")
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
         except TRIAL_FAILURES as exc:
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:1000])
-            study.tell(trial, state=TrialState.FAIL)
-            failed_launches = failed_launches + 1 if isinstance(exc, LaunchError) else 0
-            if failed_launches >= LAUNCH_FAILURES_IN_A_ROW:
-                raise StudyFailed(f"{failed_launches} launched servers in a row never became healthy, so the "
-                                  f"study stops (fix --launch and run again to resume); the last, trial "
-                                  f"{trial.number}: {exc}") from None
-            continue
+            interrupted = self.slots.interrupted.is_set() or STOPPING.is_set()
+            trial.set_user_attr("error", "interrupted (SIGINT or SIGTERM): not counted" if interrupted
+                                else f"{type(exc).__name__}: {exc}"[:1000])
+            self.study.tell(trial, state=TrialState.FAIL)
+            with self.lock:
+                self.failed_launches = self.failed_launches + 1 if isinstance(exc, LaunchError) else 0
+                failed = self.failed_launches
+            if failed >= LAUNCH_FAILURES_IN_A_ROW and not interrupted:
+                raise StudyFailed(f"{failed} launched servers in a row never became healthy or could not be "
+                                  f"trusted, so the study stops (fix --launch and run again to resume); the "
+                                  f"last, trial {trial.number}: {exc}") from None
+            return
         finally:
             heartbeat.stopped.set()
-        failed_launches = 0
+        with self.lock:
+            self.failed_launches = 0
         for name, value in outcome.constraints.items():  # the samplers read these (Optuna's constraints)
             trial.set_constraint(name, value)
         trial.set_user_attr("metrics", outcome.metrics)
         trial.set_user_attr("knobs", {k: list(v) if isinstance(v, tuple) else v for k, v in outcome.knobs.items()})
-        study.tell(trial, outcome.values if len(outcome.values) > 1 else outcome.values[0])
-        if on_trial:
-            on_trial(study)
+        self.study.tell(trial, outcome.values if len(outcome.values) > 1 else outcome.values[0])
+        if self.on_trial:
+            self.on_trial(self.study)
 
 
 def _latest_capacity(trials: list[optuna.trial.FrozenTrial]) -> float | None:

@@ -11,18 +11,23 @@ the moment it finishes, so a killed tune resumes without repeating it.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
+import threading
 from pathlib import Path
 
+import numpy as np
 import optuna
+import scipy.stats
 from rich.console import Console
 from rich.table import Table
 
 from chunkbench.backends import Backend
 from chunkbench.outputs import write_json, write_text
-from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.objectives import evaluate_runs, median_outcome
+from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.report import knobs_text, runs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import TRIAL_FAILURES, closest_trials, feasible_trials, headroom, is_feasible
@@ -94,35 +99,71 @@ def spread_over_ties(spec: TuneSpec, study: optuna.Study, k: int,
     return chosen + [t for t in ranked if t not in chosen][:k - len(chosen)]
 
 
+def split_runs(repeats: int, slots: int) -> list[int]:
+    """A configuration's `repeats` runs as launches on up to `slots` slots, e.g. 3 over 2 -> [2, 1]."""
+    parts = min(repeats, slots)
+    return [repeats // parts + (i < repeats % parts) for i in range(parts)]
+
+
 def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State,
                candidates: list[optuna.trial.FrozenTrial], repeats: int = VERIFY_REPEATS) -> list[dict]:
-    """Launch the candidate configurations (best_distinct, spread_over_ties), each measured `repeats` times on
-    its launched server and scored by the medians (objectives.median_outcome); one whose server fails is said
-    and left out. Rows best first on the measured figures (SLAs met first, then the objective, then SLA
-    headroom); `searched` holds the figures the search saw (simulated, or one run)."""
+    """Launch the candidate configurations (best_distinct, spread_over_ties), each measured `repeats` times and
+    scored by the medians (objectives.median_outcome); with several slots its runs are split over launches on
+    different slots, and every run names its slot. One whose server fails is said and left out. Rows best
+    first on the measured figures (SLAs met first, then the objective, then SLA headroom); `searched` holds
+    the figures the search saw (simulated, or one run)."""
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
-    results = []
-    for trial in candidates:
-        key = knobs_text(trial)
-        record = state.data["verified"].get(key)
-        if record is None or runs(record) != repeats:  # not yet, or by another --verify-repeats
-            console.print(f"re-measuring trial {trial.number} ({key}) on a launched server ...")
-            try:
-                log = state.path.parent / "verify" / str(trial.number) / "launch.log"
-                outcome = evaluate(spec, trial.user_attrs["knobs"], workload, backend=launch, repeats=repeats,
-                                   log=log)
-            except TRIAL_FAILURES as exc:  # as a trial's: said, and the tune goes on
-                console.print(f"[yellow]warning:[/] trial {trial.number} could not be re-measured "
-                              f"({type(exc).__name__}: {exc}); left out", soft_wrap=True)
-                continue
-            record = state.data["verified"][key] = {"metrics": outcome.metrics, "values": outcome.values,
-                                                    "constraints": outcome.constraints,
-                                                    "feasible": outcome.feasible, "repeats": outcome.repeats}
+    backends = slot_backends(launch)
+    todo = [t for t in candidates
+            if (r := state.data["verified"].get(knobs_text(t))) is None or runs(r) != repeats]  # not yet, or
+    jobs, pinned, parts_of = [], [], {}                                     # by another --verify-repeats
+    done: dict[int, list] = {}
+    lock = threading.Lock()
+
+    def finished(trial: optuna.trial.FrozenTrial, part: list | None) -> None:
+        """A launch's runs; the configuration is recorded (atomically) the moment its last launch ends."""
+        with lock:
+            done.setdefault(trial.number, []).append(part)
+            parts = done[trial.number]
+            if len(parts) < parts_of[trial.number] or any(p is None for p in parts):
+                return  # more to come, or one failed (said): left out
+            every = [run for p in parts for run in p]
+            outcome = every[0] if len(every) == 1 else median_outcome(every)
+            state.data["verified"][knobs_text(trial)] = {
+                "metrics": outcome.metrics, "values": outcome.values, "constraints": outcome.constraints,
+                "feasible": outcome.feasible, "repeats": outcome.repeats}
             state.save()
-        results.append({"trial": trial.number, "knobs": key, "searched": trial.user_attrs["metrics"]} | record)
+
+    for trial in todo:
+        counts = split_runs(repeats, len(backends))
+        parts_of[trial.number] = len(counts)
+        for part, count in enumerate(counts):
+            folder = state.path.parent / "verify" / str(trial.number) / (f"part{part}" if len(counts) > 1 else "")
+            jobs.append(functools.partial(_remeasure, spec, trial, workload, count, folder / "launch.log", finished))
+            pinned.append(len(pinned) % len(backends))
+    SlotRun(backends).map(jobs, pinned)
+    results = [{"trial": t.number, "knobs": knobs_text(t), "searched": t.user_attrs["metrics"]}
+               | state.data["verified"][knobs_text(t)] for t in candidates if knobs_text(t) in state.data["verified"]
+               and runs(state.data["verified"][knobs_text(t)]) == repeats]
     limits = {s.name: s.limit_ms for s in spec.slos}
     results.sort(key=lambda r: measured_rank(r, limits))
     return results
+
+
+def _remeasure(spec: TuneSpec, trial: optuna.trial.FrozenTrial, workload, count: int, log: Path, finished,
+               backend: Backend) -> None:
+    """One launch of a re-measured configuration, `count` runs on it, handed to `finished` (None when its
+    server failed: said)."""
+    where = f" on {backend.slot}" if getattr(backend, "slot", None) is not None else ""
+    console.print(f"re-measuring trial {trial.number} ({knobs_text(trial)}) on a launched server{where} ...",
+                  soft_wrap=True)
+    try:
+        runs_ = evaluate_runs(spec, trial.user_attrs["knobs"], workload, backend=backend, repeats=count, log=log)
+    except TRIAL_FAILURES as exc:  # as a trial's: said, and the tune goes on
+        console.print(f"[yellow]warning:[/] trial {trial.number} could not be re-measured{where} "
+                      f"({type(exc).__name__}: {exc}); left out", soft_wrap=True)
+        runs_ = None
+    finished(trial, runs_)
 
 
 def measured_rank(row: dict, limits: dict[str, float]) -> tuple:
@@ -155,6 +196,54 @@ def run_to_run_spread(verified: list[dict]) -> float | None:
     return max(spreads, default=None)
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A bootstrap interval (percentile method, seeded) of the median of repeated runs; None below 2 runs."""
+    if len(values) < 2:
+        return None
+    if min(values) == max(values):
+        return values[0], values[0]
+    result = scipy.stats.bootstrap((np.asarray(values, dtype=float),), np.median, confidence_level=confidence,
+                                   method="percentile", n_resamples=2000, random_state=0)
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def run_values(row: dict, key: str) -> list[float]:
+    return [run[key] for run in row.get("repeats") or [] if run.get(key) is not None]
+
+
+def verdict(verified: list[dict]) -> str | None:
+    """Whether the winner (the first row) is ahead of the runner-up beyond the measured noise: its 95% interval
+    of the median objective clears the runner-up's; else a tie within the noise, and what picked the winner."""
+    if len(verified) < 2:
+        return None
+    key, label = compared(verified)[0]
+    winner, runner = verified[0], verified[1]
+    if winner["feasible"] and not runner["feasible"]:
+        return (f"winner ahead: trial {winner['trial']} met the SLAs on its measured medians, the runner-up "
+                f"(trial {runner['trial']}) did not")
+    w, r = winner["metrics"].get(key) or 0.0, runner["metrics"].get(key) or 0.0
+    wi, ri = median_interval(run_values(winner, key)), median_interval(run_values(runner, key))
+    if wi is None or ri is None:
+        return (f"winner ahead of trial {runner['trial']} by {w - r:.3f} on {label} in one run each: no "
+                "interval to judge it by (--verify-repeats 3 measures one)")
+    span = f"95% intervals of the median {wi[0]:.3f}-{wi[1]:.3f} vs {ri[0]:.3f}-{ri[1]:.3f}"
+    if wi[0] > ri[1]:
+        return f"winner ahead of trial {runner['trial']} on {label}: {w:.3f} vs {r:.3f} ({span})"
+    picked = "the higher median" if round(w, 9) != round(r, 9) else "more SLA headroom (equal medians)"
+    return (f"tied within the measured noise with trial {runner['trial']} on {label}: {w:.3f} vs {r:.3f} "
+            f"({span}); picked on {picked}")
+
+
+def slots_text(row: dict) -> str:
+    """Where a verified configuration's runs were measured, e.g. 'slot 0 x2, slot 1 x1'."""
+    counts: dict[str, int] = {}
+    for run in row.get("repeats") or [row["metrics"]]:
+        if run.get("slot"):
+            name = run["slot"].split(" (")[0]
+            counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name} x{n}" for name, n in counts.items())
+
+
 def repeat_count(verified: list[dict]) -> int:
     """Runs per verified configuration (--verify-repeats, as the rows recorded it; 0 before any)."""
     return max(map(runs, verified), default=0)
@@ -170,12 +259,14 @@ def print_remeasured(verified: list[dict], searched: str) -> None:
     runs_each, figures = repeat_count(verified), compared(verified)
     table = Table(title=f"re-measured on launched servers: {searched} -> measured"
                   + (f" (median of {runs_each} runs)" if runs_each > 1 else ""))
-    for column in ["trial", "knobs", *(label for _, label in figures), "SLAs met"]:
-        table.add_column(column, justify="left" if column == "knobs" else "right")
+    where = any(slots_text(row) for row in verified)
+    for column in ["trial", "knobs", *(label for _, label in figures), "SLAs met", *(["runs on"] if where else [])]:
+        table.add_column(column, justify="left" if column in ("knobs", "runs on") else "right")
     for row in verified:
         cells = ["-" if (s := row["searched"].get(key)) is None or (m := row["metrics"].get(key)) is None else
                  f"{s:,.2f} -> {m:,.2f} ({change_pct(s, m)})" for key, _ in figures]
-        table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO")
+        table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO",
+                      *([slots_text(row)] if where else []))
     console.print(table)
     noise = run_to_run_spread(verified)
     if noise is not None:
@@ -186,6 +277,9 @@ def print_remeasured(verified: list[dict], searched: str) -> None:
         winner = verified[0]
         console.print(f"winner on measured figures: trial {winner['trial']} ({winner['knobs']})"
                       + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
+        said = verdict(verified)
+        if said:
+            console.print(said, soft_wrap=True)
 
 
 def verified_section(verified: list[dict], searched: str, extra: str = "") -> str:
@@ -197,12 +291,17 @@ def verified_section(verified: list[dict], searched: str, extra: str = "") -> st
         cells = "".join(f"<td>{row['searched'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
                         f"({change_pct(row['searched'].get(k), row['metrics'].get(k), 1)})"
                         + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
+                        + (f"<br>95% CI of the median {ci[0]:,.2f}-{ci[1]:,.2f}"
+                           if (ci := median_interval(run_values(row, k))) else "")
                         + "</td>" for k, _ in figures)
         lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{html.escape(row['knobs'])}</td>"
-                  f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td></tr>")
+                  f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td><td>{html.escape(slots_text(row))}</td></tr>")
+    said = verdict(verified)
     return ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated runs "
-            "(--verify-repeats), each figure's median over them, and the lowest and highest run below it."
-            f"{html.escape(extra)}</p><table><tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th></tr>"
+            "(--verify-repeats), each figure's median over them, the lowest and highest run and a bootstrap 95% "
+            "interval of the median below it. It is called ahead only when its interval clears the runner-up's."
+            f"{html.escape(extra)}</p>" + (f"<p><b>{html.escape(said)}</b></p>" if said else "")
+            + f"<table><tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th><th>runs on</th></tr>"
             f"{lines}</table>")
 
 

@@ -20,6 +20,8 @@ study does (Optuna keeps complete trials).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibrati
 from chunkbench.tune import calibrate as cal
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
 from chunkbench.tune.report import add_runs_to_csv, results_table, write_outputs
+from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, open_storage, run_study
 from chunkbench.tune.verify import (VERIFY_REPEATS, State, compared, print_remeasured, spread_over_ties,
@@ -53,12 +56,13 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
                 console.print(f"calibration: {escape(str(path))} (no calibration launches)")
             return calibration
     runs = {r["name"]: r for r in state.data.setdefault("calibration_runs", [])}
-    for design in cal.designs(spec):
-        if design.name in runs:
-            continue  # launched before this process: its figures are in presearch.json
-        console.print(f"calibrating: launching the server for the {design.name} run ...")
+    lock = threading.Lock()
+
+    def launch_design(design: cal.Design, backend: Backend) -> None:
+        where = f" on {backend.slot}" if getattr(backend, "slot", None) is not None else ""
+        console.print(f"calibrating: launching the server for the {design.name} run{where} ...", soft_wrap=True)
         try:
-            run = cal.measure_design(launch, spec, design, out / "calibration" / design.name / "launch.log")
+            run = cal.measure_design(backend, spec, design, out / "calibration" / design.name / "launch.log")
         except LaunchError as exc:  # nothing to calibrate on: the tune cannot go on
             raise StudyFailed(f"calibration: the server for the {design.name} run never became healthy: {exc}") \
                 from None
@@ -72,9 +76,15 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
             console.print(f"[yellow]warning:[/] the server refused part of the {design.name} run's untimed warm-up "
                           "(a budget-sized prompt among decodes): its first steps are measured cold, and simulated "
                           "without a warm-up; this run may fit worse", soft_wrap=True)
-        state.data["calibration_runs"].append(run)
-        state.save()
-        runs[design.name] = run
+        if where:
+            run["slot"] = str(backend.slot)
+        with lock:  # recorded the moment it finishes: a killed tune does not launch it again
+            state.data["calibration_runs"].append(run)
+            state.save()
+            runs[design.name] = run
+
+    todo = [d for d in cal.designs(spec) if d.name not in runs]  # the others launched before this process
+    SlotRun(slot_backends(launch)).map([functools.partial(launch_design, d) for d in todo])
     console.print("calibrating: fitting the simulator to those runs ...")
     calibration = cal.fit([runs[d.name] for d in cal.designs(spec)], spec, device, getattr(launch, "launch", ""),
                           spec.engine_overrides.get("num_blocks"))

@@ -47,10 +47,10 @@ def _free(port: int) -> bool:
             return False
 
 
-def tune_args(out: Path, launch: str, *extra: str, n_trials: int = 4, rate: float = 8) -> list[str]:
+def tune_args(out: Path, launch: str, *extra: str, n_trials: int = 4, rate: float = 8, verify: int = 0) -> list[str]:
     return ["tune", "--model", "tiny", "--backend", "launch", "--launch", launch, "--objective", "goodput",
             "--workload", "chat", "--num-requests", "4", "--rate", str(rate), "--n-trials", str(n_trials),
-            "--verify-top", "0", "--out", str(out), "--no-progress", "--launch-timeout", "60", *extra]
+            "--verify-top", str(verify), "--out", str(out), "--no-progress", "--launch-timeout", "60", *extra]
 
 
 def slow(events: Path, startup: float, token_ms: float = 2.0) -> str:
@@ -210,3 +210,64 @@ def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path, signum):
     assert len(complete) == 3 and all(before[n] == t.values for t in complete if (n := t.number) in before)
     assert set(before) <= {t.number for t in complete}
     assert not our_servers(f"--port {port}")
+
+
+class FakeNvml:
+    """pynvml's calls that gpu_monitor makes, with fixed readings: 1 GiB used per GPU, 50% busy, 100 W."""
+
+    NVMLError = RuntimeError
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Memory", (), {"used": 2**30})
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("Rates", (), {"gpu": 50})
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 100_000  # mW
+
+
+def test_a_node_tune_names_slots_gpus_and_noise(tmp_path, capsys, monkeypatch):
+    """Two slots of two GPUs each: each launch sees its slot's CUDA_VISIBLE_DEVICES; the re-measured
+    configurations run on both slots, and every run says which; trials.csv holds the runs; the report has the
+    per-user/per-GPU front, the knob importances, the GPUs' figures (NVML, faked) and the verdict."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    base, events, out = free_ports(2), tmp_path / "events", tmp_path / "out"
+    code, stdout, err = run_cli(tune_args(out, slow(events, 0.2, 0.5), "--gpus", "0-3", "--gpus-per-trial", "2",
+                                          "--port-base", str(base), "--verify-repeats", "3", n_trials=6, verify=2),
+                                capsys)
+    assert code == 0, err
+    logs = {p.read_text().split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for p in out.glob("trials/*/launch.log")}
+    assert logs == {"0,1", "2,3"}
+    trials = study_trials(out)
+    assert all(t.user_attrs["metrics"]["gpu_peak_memory_mib"] == 2048 for t in trials)  # two GPUs of 1 GiB
+    import pandas as pd
+
+    frame = pd.read_csv(out / "trials.csv")
+    runs = frame[frame.state == "REMEASURED"]
+    assert len(runs) == 6 and set(runs.groupby("number").slot.nunique()) == {2}  # each on both slots
+    assert "knobs that mattered most (PED-ANOVA importance)" in stdout
+    assert ("winner ahead" in stdout) or ("tied within the measured noise" in stdout)
+    report = (out / "report.html").read_text()
+    for text in ("Throughput per user against per GPU", "Which knobs mattered", "read through NVML",
+                 "95% CI of the median", "slot 0 x"):
+        assert text in report, text
+    assert (out / "pareto_gpu.png").exists()
+
+
+def test_the_verdict_is_ahead_only_when_the_intervals_clear():
+    from chunkbench.tune.verify import verdict
+
+    def row(trial, goodputs):
+        return {"trial": trial, "feasible": True, "metrics": {"request_goodput": sorted(goodputs)[1]},
+                "repeats": [{"request_goodput": g} for g in goodputs]}
+
+    assert verdict([row(1, [5.0, 5.1, 5.2]), row(2, [4.0, 4.1, 4.2])]).startswith("winner ahead of trial 2")
+    tied = verdict([row(1, [5.2, 5.3, 4.5]), row(2, [4.9, 5.0, 5.1])])
+    assert tied.startswith("tied within the measured noise with trial 2") and "the higher median" in tied

@@ -42,3 +42,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(count: int) -> int:
+    """A base port with `count` free ports from it up (launch slots listen on base + i)."""
+    while True:
+        base = free_port()
+        if base + count < 65535 and all(_bindable(base + i) for i in range(count)):
+            return base
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False

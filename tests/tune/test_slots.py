@@ -22,29 +22,10 @@ from chunkbench.launch import LaunchBackend
 from chunkbench.node import plan_slots
 from chunkbench.server_process import LaunchError, check_owner, start_server
 from chunkbench.errors import UserError
-from tests.conftest import REPO, free_port, run_cli
+from tests.conftest import REPO, free_ports, run_cli
 
 SLOW_SERVER = Path(__file__).with_name("slow_server.py")
 CHUNKBENCH = [sys.executable, "-m", "chunkbench.cli"]
-
-
-def free_ports(count: int) -> int:
-    """A base port with `count` free ports above it."""
-    while True:
-        base = free_port()
-        if base + count < 65535 and all(_free(base + i) for i in range(count)):
-            return base
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def tune_args(out: Path, launch: str, *extra: str, n_trials: int = 4, rate: float = 8, verify: int = 0) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
-from tests.conftest import free_port, run_cli
+from tests.conftest import free_port, free_ports, run_cli
 from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, VLLM_PYTHON, start_server, vllm_env
 
 VLLM_OPTIONS = """
@@ -95,6 +95,25 @@ def test_a_launched_tune_of_the_default_space_completes_and_its_yaml_starts_vllm
                  "verified.json"):
         assert (out / name).exists(), name
     assert "max-num-partial-prefills" not in (out / "vllm.yaml").read_text()
+    serves(str(out / "vllm.yaml"), tmp_path)
+
+
+def test_two_slots_tune_vllm_in_parallel_each_on_its_port_and_core(tiny_model, tmp_path, capsys, vllm_environment):
+    """--slots 2 --cpus 0,1: two vLLM servers at a time, one core each (vLLM's VLLM_CPU_OMP_THREADS_BIND), each
+    on its own port; the tune completes and its vllm.yaml starts vLLM."""
+    import optuna
+
+    out, base = tmp_path / "slots", free_ports(2)
+    code, stdout, stderr = run_cli(["tune", "--model", str(tiny_model), "--backend", "launch", "--launch",
+                                    "VLLM_CPU_OMP_THREADS_BIND={cpus} " + template("{port}"), "--slots", "2",
+                                    "--cpus", "0,1", "--port-base", str(base), "--n-trials", "4", "--verify-top", "0",
+                                    *WORKLOAD, "--out", str(out), "--no-progress"], capsys)
+    assert code == 0, stderr
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    commands = [p.read_text().splitlines()[0] for p in out.glob("trials/*/launch.log")]
+    assert {c.split("--port ")[1].split()[0] for c in commands} == {str(base), str(base + 1)}
+    assert {c.split("VLLM_CPU_OMP_THREADS_BIND=")[1].split()[0] for c in commands} == {"0", "1"}
     serves(str(out / "vllm.yaml"), tmp_path)
 
 

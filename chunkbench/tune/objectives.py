@@ -4,14 +4,13 @@ in one backend session: one launched server per trial), `pareto` (p99 TTFT, p99 
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 
 from chunkbench.backends import Backend
+from chunkbench.capacity import search_capacity
 from chunkbench.runs import measure
 from chunkbench.slo import goodput_slos, violations
 from chunkbench.tune.early_stop import certain_miss
@@ -111,53 +110,14 @@ def _score(spec: TuneSpec, knobs: dict, summary: dict) -> TrialOutcome:
                         knobs)
 
 
-BRACKET = 7  # the bracket's rates are base * 2**k for k in [-BRACKET, BRACKET]
-BISECTIONS = 5  # geometric halvings of the bracket: resolution 2**(1/32), about 2.2%
-
-
 def _capacity(spec: TuneSpec, run, workload: list[WorkloadRequest], knobs: dict,
               hint: float | None = None) -> TrialOutcome:
-    """Highest rate (req/s) meeting every SLO with median scheduling delay <= the bound: the workload's
-    arrivals are compressed or stretched, bracketed on the grid base * 2**k (the workload's own rate `base`
-    times a power of two), then bisected (geometric) between a feasible and an infeasible rate.
-
-    The bracket is the largest feasible k (its neighbour above infeasible). It is searched from k = 0, or from
-    the grid point nearest `hint` (another configuration's capacity): feasibility falls as the rate grows,
-    so both find the same bracket and the same capacity, the second in fewer probes. `run` returns None for
-    a probe it stopped early because an SLA was certainly missed (infeasible, as the whole run would be)."""
-    base_rate = len(workload) / max(workload[-1].arrival_time, 1e-9)
-
-    def feasible(rate: float, may_stop: bool = True) -> tuple[bool, dict | None]:
-        summary = run([replace(w, arrival_time=w.arrival_time * base_rate / rate) for w in workload], may_stop)
-        ok = summary is not None and max(violations(summary, spec.slos), default=0) <= 0 and \
-            summary["median_scheduling_delay_ms"] <= spec.max_sched_delay_ms
-        return ok, summary
-
-    k = 0 if not hint or hint <= 0 else max(-BRACKET, min(BRACKET, round(math.log2(hint / base_rate))))
-    lo, hi, best = None, None, None
-    ok, summary = feasible(base_rate * 2.0 ** k)
-    step = 1 if ok else -1  # feasible: climb until a rate fails; infeasible: descend until one passes
-    while True:
-        if ok:
-            lo, best = base_rate * 2.0 ** k, summary
-        else:
-            hi = base_rate * 2.0 ** k
-        if (lo is not None and hi is not None) or not -BRACKET <= k + step <= BRACKET:
-            break
-        k += step
-        ok, summary = feasible(base_rate * 2.0 ** k)
-    if lo is not None and hi is not None:
-        for _ in range(BISECTIONS):
-            mid = (lo * hi) ** 0.5
-            ok, summary = feasible(mid)
-            lo, best = (mid, summary) if ok else (lo, best)
-            hi = hi if ok else mid
-    capacity = lo or 0.0
-    if best is None:  # no rate met the SLAs: show by how much the lowest one missed (its full run)
-        best = summary if summary is not None else feasible(base_rate * 2.0 ** k, may_stop=False)[1]
+    """A trial's capacity (chunkbench/capacity.py's search), its figures at that rate (or, when no rate met
+    the SLAs, the lowest rate's miss) and each SLO's margin there."""
+    found = search_capacity(run, workload, spec.slos, spec.max_sched_delay_ms, hint)
     keys = METRIC_ATTRS + tuple(s.summary_key for s in spec.slos)
-    metrics = {k: best[k] for k in keys if k in best}
+    metrics = {k: found.best[k] for k in keys if k in found.best}
     # Each SLO's margin at the capacity (or its miss at the lowest rate): ties on capacity go to more headroom.
-    constraints = {"capacity": 0.0 if capacity > 0 else 1.0} | dict(zip((s.name for s in spec.slos),
-                                                                       violations(best, spec.slos)))
-    return TrialOutcome([capacity], constraints, metrics | {"capacity_rps": capacity}, knobs)
+    constraints = {"capacity": 0.0 if found.capacity > 0 else 1.0} | dict(zip((s.name for s in spec.slos),
+                                                                             violations(found.best, spec.slos)))
+    return TrialOutcome([found.capacity], constraints, metrics | {"capacity_rps": found.capacity}, knobs)

@@ -15,7 +15,7 @@ from chunkbench.report import embedded_png, html_page, pyplot
 from chunkbench.slo import SLO
 from chunkbench.tune import emit
 from chunkbench.tune.node_report import importance_line, importances, node_section
-from chunkbench.tune.objectives import BISECTIONS
+from chunkbench.capacity import resolution_pct
 from chunkbench.tune.plots import plot_knobs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, closest_trials, feasible_trials, is_feasible
@@ -70,7 +70,7 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     return table
 
 
-CAPACITY_RESOLUTION_PCT = 100 * (2 ** (1 / 2 ** BISECTIONS) - 1)
+CAPACITY_RESOLUTION_PCT = resolution_pct()
 
 
 def margin(spec: TuneSpec, study: optuna.Study) -> str | None:

@@ -112,14 +112,14 @@ def request_seconds(cost: FittedCostModel, prompt_len: int, output_len: int) -> 
     return prefill + output_len * decode_step_seconds(cost) / DECODE_BATCH
 
 
-def default_num_requests(requests: list, cost: FittedCostModel, num_runs: int,
-                         wall_s: float = WALL_S) -> tuple[int, str]:
+def default_num_requests(requests: list, cost: FittedCostModel, num_runs: int, wall_s: float = WALL_S,
+                         minimum: int = MIN_REQUESTS) -> tuple[int, str]:
     """How many of the workload's requests fit `wall_s` of work over `num_runs` runs on this device, by the
     cost model (policies that batch worse, `static`, take up to twice the estimate: hence the factor 2)."""
     per_run, work, n = wall_s / num_runs, 0.0, 0
     for r in requests:
         work += 2 * request_seconds(cost, r.prompt_len, r.output_len)
-        if work > per_run and n >= MIN_REQUESTS:
+        if work > per_run and n >= minimum:
             break
         n += 1
     return n, (f"CPU: the first {n} requests by default (about {per_run:.0f} s of predicted work per run, "
@@ -133,7 +133,7 @@ def on_cpu(backend, config: EngineConfig) -> bool:
 
 
 def fit_to_device(backend, config: EngineConfig, options: dict, num_runs: int, chunked: bool,
-                  requests: list) -> tuple[list, dict, list[str]]:
+                  requests: list, minimum: int = MIN_REQUESTS) -> tuple[list, dict, list[str]]:
     """Defaults for what the user left unset, fitted to where the runs execute: on the CPU the first requests
     that fit a few minutes of work (unless --num-requests), and for `chunked` without a token budget or a
     time target a step-time target. Returns the requests, the chunked knobs to add and lines that say why."""
@@ -143,7 +143,7 @@ def fit_to_device(backend, config: EngineConfig, options: dict, num_runs: int, c
     notes, knobs = [], {}
     cost, source = backend.step_cost_model(config)
     if options.get("num_requests") is None:
-        n, note = default_num_requests(requests, cost, num_runs)
+        n, note = default_num_requests(requests, cost, num_runs, minimum=minimum)
         requests = requests[:n]
         notes.append(note)
     if chunked and not sized_by_user:

@@ -81,6 +81,13 @@ Shuffle = Annotated[bool, typer.Option(
     "--seed (as vLLM's and Sarathi-Serve's loaders do) instead of the first rows (the default); a timestamped "
     "trace keeps time order.")]
 NumPrefixes = Annotated[int, typer.Option(help="Distinct shared prefixes, assigned round-robin (prefixes).")]
+SlaTtft = Annotated[Optional[str], typer.Option(help="TTFT target: 300ms, 0.3s, or p90:300ms for another "
+                                                "percentile than --sla-percentile.")]
+SlaTbt = Annotated[Optional[str], typer.Option(help="Time-between-tokens (ITL) target, same forms.")]
+SlaTpot = Annotated[Optional[str], typer.Option(help="Time-per-output-token target, same forms.")]
+SlaE2el = Annotated[Optional[str], typer.Option(help="End-to-end latency target, same forms.")]
+SlaPercentile = Annotated[float, typer.Option(help="Percentile the targets apply to (0-100].")]
+MaxSchedDelay = Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay (ms).")]
 
 
 # ---- option groups, declared once and added to each command that takes them ----

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from chunkbench.backend_choice import resolve
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
-from chunkbench.commands.options import ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, Model, pick, with_options
+from chunkbench.commands.options import (ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, MaxSchedDelay, Model,
+                                         SlaE2el, SlaPercentile, SlaTbt, SlaTpot, SlaTtft, pick, with_options)
 from chunkbench.engine.config import EngineConfig
-from chunkbench.errors import check_number
+from chunkbench.errors import UserError, check_number
 from chunkbench.outputs import check_writable
-from chunkbench.slo import parse_goodput
+from chunkbench.slo import parse_goodput, parse_slas
 
 
 @with_options(RUN_OPTIONS)
@@ -59,19 +60,36 @@ def run(model: Model = "small", **options) -> None:
 
 @with_options(RUN_OPTIONS)
 @with_options(ENGINE_OPTIONS)
-@with_options(WORKLOAD_OPTIONS, workload="rag-mix", num_requests=None)
+@with_options(WORKLOAD_OPTIONS, workload="rag-mix", num_requests=None, rate=None)
 def compare(
     policies: Annotated[list[str], typer.Argument(
         help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
         "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios.")],
     model: Model = "small",
+    rates: Annotated[Optional[str], typer.Option(help="Across load (the default, without --rate): arrival rates "
+                                                 "to run each policy at besides its capacity search, e.g. "
+                                                 "0.5,1,2,4 (requests/s), or a count of rates spread up to each "
+                                                 "policy's saturation throughput, e.g. 4.")] = None,
+    sla_ttft: SlaTtft = None,
+    sla_tbt: SlaTbt = None,
+    sla_tpot: SlaTpot = None,
+    sla_e2el: SlaE2el = None,
+    sla_percentile: SlaPercentile = 99.0,
+    max_sched_delay: MaxSchedDelay = 2000.0,
     **options,
 ) -> None:
     """Run the same requests through several policies; print one table (a column per policy, ratios against
-    the first) and write comparison.json, plots and report.html. Policies that never split a prompt get a
-    budget of at least max-model-len. Unset, the request count and (chunked on the CPU) the step size fit
-    the device: the output says what was chosen."""
-    from chunkbench.device_defaults import fit_to_device
+    the first) and write comparison.json, plots and report.html.
+
+    Without --rate, across load: each policy's capacity at the SLA (the highest arrival rate it sustains,
+    searched as `tune --objective capacity` does) and its latency-load curves (load.png); the table is taken at
+    the highest rate every policy sustains, and a verdict line compares the capacities. Without an --sla-*,
+    the SLA is Sarathi-Serve's strict p99 TBT (5x a decode iteration of 32 requests at 4k context, on this
+    backend). With --rate R: one run per policy at R req/s.
+
+    Policies that never split a prompt get a budget of at least max-model-len. Unset, the request count and
+    (chunked on the CPU) the step size fit the device: the output says what was chosen."""
+    from chunkbench.device_defaults import MIN_REQUESTS, fit_to_device, on_cpu
     from chunkbench.report import comparison_table, failure_notes, write_comparison
     from chunkbench.runs import compare as compare_policies, unsized_chunked
 
@@ -82,14 +100,31 @@ def compare(
     base = dict(model=model, **engine)
     seed, workload = options["seed"], options["workload"]
     base_config = EngineConfig.create(**base)
+    across_load = options["rate"] is None
+    slas = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el}, sla_percentile)
+    if not across_load and (rates or slas):
+        raise UserError("--rates and --sla-* are for compare across load: leave out --rate")
+    check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
+    sweep_rates, count = parse_rates(rates)
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
                                config=base_config, engine_overhead=o["engine_overhead"])).backend
     spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **workload_options(options))
-    requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies), unsized_chunked(policies),
-                                           requests)
+    runs_each, fewest = (RUNS_PER_POLICY, CPU_FEWEST) if across_load else (1, MIN_REQUESTS)
+    requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies) * runs_each,
+                                           unsized_chunked(policies), requests, fewest)
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
     spec = dataclasses.replace(spec, num_requests=len(requests))
+    if across_load:
+        from chunkbench.capacity import BISECTIONS
+        from chunkbench.commands.compare_load import compare_across_load
+
+        bisections = CPU_BISECTIONS if on_cpu(backend, base_config) else BISECTIONS
+        compare_across_load(base, policies, requests, spec, backend, slas, max_sched_delay, sweep_rates, count,
+                            bisections, knobs, seed=seed, goodput_ms=slos, warmup_steps=o["warmup_steps"],
+                            out=o["out"] or default_out("compare"), json_out=o["json_out"],
+                            title=f"{model}, {workload}, {len(requests)} requests")
+        return
     runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
                             chunked_defaults=knobs, warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
                             on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
@@ -110,11 +145,30 @@ def compare(
                   "timeline.png, step_times.png and one folder per policy")
 
 
+# Across load on the CPU engine, a run near capacity lasts its requests over the rate: each policy's sweep is
+# sized for this many runs (fit_to_device), as few as CPU_FEWEST requests, and one bisection (said).
+RUNS_PER_POLICY, CPU_FEWEST, CPU_BISECTIONS = 6, 4, 1
+
+
+def parse_rates(text: str | None) -> tuple[list[float], int | None]:
+    """--rates: '0.5,1,2' (req/s) or a count '4'."""
+    if not text:
+        return [], None
+    if text.strip().isdigit():
+        return [], int(check_number("--rates", int(text), low=1, high=20, integer=True))
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"--rates: '{text}' is neither a count nor a list of rates like 0.5,1,2") from None
+    return [check_number("--rates", v, low=0, low_open=True) for v in values], None
+
+
 def workload_options(options: dict) -> dict:
     """The workload flags; an unset --num-requests is the workload's default of 100 (fit_to_device may take
     fewer on the CPU)."""
     given = options.get("num_requests")
-    return pick(options, WORKLOAD_OPTIONS) | {"num_requests": 100 if given is None else given}
+    fields = pick(options, WORKLOAD_OPTIONS) | {"num_requests": 100 if given is None else given}
+    return {k: v for k, v in fields.items() if not (k == "rate" and v is None)}  # compare across load: its own
 
 
 def run_options(options: dict) -> dict:

@@ -52,8 +52,9 @@ def plot_load(loads: list[PolicyLoad], slos: list[SLO], path: Path) -> None:
         for load in loads:
             points = [(s["request_throughput"], s[key]) for _, s in load.points() if s and s.get(key) is not None]
             line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=load.label)
-            if load.capacity > 0:
-                ax.axvline(load.capacity, color=line.get_color(), ls=":", lw=1)
+            at_capacity = load.runs.get(load.capacity)
+            if at_capacity is not None and at_capacity.summary:  # where the capacity's run lies on this axis
+                ax.axvline(at_capacity.summary["request_throughput"], color=line.get_color(), ls=":", lw=1)
         for slo in slos:
             if slo.name == slo_name and slo.percentile == 99:
                 ax.axhline(slo.limit_ms, color="black", ls="--", lw=1, label=str(slo))
@@ -61,7 +62,8 @@ def plot_load(loads: list[PolicyLoad], slos: list[SLO], path: Path) -> None:
         ax.set_ylabel(name)
         ax.set_yscale("log")
         ax.legend(fontsize=8)
-    fig.suptitle("latency against load (dotted: each policy's capacity at the SLA)")
+    fig.suptitle("latency against load (rightmost points: all requests at once; dotted: the run at each policy's "
+                 "capacity)")
     fig.tight_layout()
     write_figure(fig, path)
     plt.close(fig)

@@ -11,8 +11,9 @@ import typer
 
 from chunkbench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
-from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype, MaxModelLen,
-                                         Model, NoProgress, NumBlocks, Seed, TensorParallelSize)
+from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype,
+                                         MaxModelLen, MaxSchedDelay, Model, NoProgress, NumBlocks, Seed, SlaE2el,
+                                         SlaPercentile, SlaTbt, SlaTpot, SlaTtft, TensorParallelSize)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.launch import launch_command, launches_vllm
@@ -22,12 +23,11 @@ from chunkbench.outputs import check_writable
 
 def tune(
     model: Model = "llama-3-8b",
-    sla_ttft: Annotated[Optional[str], typer.Option(help="TTFT target: 300ms, 0.3s, or p90:300ms for another "
-                                                    "percentile than --sla-percentile.")] = None,
-    sla_tbt: Annotated[Optional[str], typer.Option(help="Time-between-tokens (ITL) target, same forms.")] = None,
-    sla_tpot: Annotated[Optional[str], typer.Option(help="Time-per-output-token target, same forms.")] = None,
-    sla_e2el: Annotated[Optional[str], typer.Option(help="End-to-end latency target, same forms.")] = None,
-    sla_percentile: Annotated[float, typer.Option(help="Percentile the targets apply to (0-100].")] = 99.0,
+    sla_ttft: SlaTtft = None,
+    sla_tbt: SlaTbt = None,
+    sla_tpot: SlaTpot = None,
+    sla_e2el: SlaE2el = None,
+    sla_percentile: SlaPercentile = 99.0,
     objective: Annotated[str, typer.Option(help="capacity (highest req/s meeting the SLAs with median scheduling "
                                            "delay <= --max-sched-delay, by bisection: Sarathi-Serve's), goodput "
                                            "(request goodput under the SLAs at the workload's rate) or pareto "
@@ -101,8 +101,7 @@ def tune(
     num_blocks: NumBlocks = None,
     tensor_parallel_size: TensorParallelSize = 1,
     kv_cache_dtype: KvCacheDtype = "auto",
-    max_sched_delay: Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay "
-                                                   "(ms).")] = 2000.0,
+    max_sched_delay: MaxSchedDelay = 2000.0,
     seed: Seed = 0,
     no_progress: NoProgress = False,
 ) -> None:

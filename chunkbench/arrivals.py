@@ -27,30 +27,47 @@ def check_real_time(requests: list, where: str) -> None:
                         "(--backend sim)")
 
 
-def vllm_arrivals(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
-    """The send times of `vllm bench serve --request-rate RATE --burstiness B --seed SEED` (0.32's get_request,
-    no ramp-up): after np.random.seed(seed), one gamma gap per request (shape B, scale 1/(rate B); the first
-    request waits its gap too), summed, then rescaled so the last is due at n / rate. A RandomState of its own
-    draws the stream np.random's global one would, without touching it."""
+RAMP_UPS = ("linear", "exponential")
+
+
+def ramp_rates(strategy: str, start: float, end: float, n: int) -> np.ndarray:
+    """Request i's rate under vLLM's --ramp-up-strategy: from `start` to `end` req/s over the n requests,
+    linearly or geometrically in the request's index (0.32's _get_current_request_rate)."""
+    progress = np.arange(n) / max(n - 1, 1)
+    if strategy == "linear":
+        return start + (end - start) * progress
+    if strategy == "exponential":
+        return start * (end / start) ** progress
+    raise UserError(f"--ramp-up-strategy must be one of {', '.join(RAMP_UPS)}, got '{strategy}'")
+
+
+def vllm_arrivals(n: int, rate: float, burstiness: float, seed: int,
+                  ramp: tuple[str, float, float] | None = None) -> np.ndarray:
+    """The send times of `vllm bench serve --request-rate RATE --burstiness B --seed SEED` (0.32's get_request):
+    after np.random.seed(seed), one gamma gap per request (shape B, scale 1/(rate B); the first request waits
+    its gap too), summed, then rescaled so the last is due at n / rate. With `ramp` (strategy, start, end:
+    --ramp-up-*) each request's gap is drawn at its own rate (ramp_rates) and nothing is rescaled. A
+    RandomState of its own draws the stream np.random's global one would, without touching it."""
     if n == 0:
         return np.zeros(0)
-    if rate == float("inf"):
+    rates = ramp_rates(*ramp, n) if ramp else np.full(n, rate)
+    if not ramp and rate == float("inf"):
         return np.zeros(n)
     if burstiness == float("inf"):
-        due = np.cumsum(np.full(n, 1.0 / rate))
+        due = np.cumsum(1.0 / rates)
     else:
         state = np.random.RandomState(seed)
-        theta = 1.0 / (rate * burstiness)
-        due = np.cumsum([state.gamma(shape=burstiness, scale=theta) for _ in range(n)])  # one draw each, as vLLM
-    if due[-1] != 0:
+        due = np.cumsum([state.gamma(shape=burstiness, scale=1.0 / (r * burstiness)) for r in rates])  # as vLLM
+    if not ramp and due[-1] != 0:
         due = due * ((n / rate) / due[-1])
     return due
 
 
 def sample_arrivals(kind: str, n: int, rate: float, burstiness: float, rng: np.random.Generator,
-                    seed: int = 0) -> np.ndarray:
+                    seed: int = 0, ramp: tuple[str, float, float] | None = None) -> np.ndarray:
     """Arrival times (s). gamma follows vLLM's shape: shape = burstiness, mean gap = 1/rate; burstiness 1 =
-    poisson. vllm: vLLM's own schedule for `seed` (vllm_arrivals), the other kinds draw from `rng`."""
+    poisson. vllm: vLLM's own schedule for `seed` (vllm_arrivals), the other kinds draw from `rng`. `ramp`
+    (strategy, start, end): the rate rises (or falls) over the requests instead of staying at `rate`."""
     if kind == "all-at-once":
         return np.zeros(n)
     if rate <= 0:
@@ -58,15 +75,16 @@ def sample_arrivals(kind: str, n: int, rate: float, burstiness: float, rng: np.r
     if kind == "vllm":
         if burstiness <= 0:
             raise UserError(f"--burstiness must be > 0, got {burstiness}")
-        return vllm_arrivals(n, rate, burstiness, seed)
+        return vllm_arrivals(n, rate, burstiness, seed, ramp)
+    rates = ramp_rates(*ramp, n) if ramp else np.full(n, rate)
     if kind == "constant":
-        gaps = np.full(n, 1.0 / rate)
+        gaps = 1.0 / rates
     elif kind == "poisson":
-        gaps = rng.exponential(1.0 / rate, n)
+        gaps = rng.exponential(1.0 / rates)
     elif kind == "gamma":
         if burstiness <= 0:
             raise UserError(f"--burstiness must be > 0, got {burstiness}")
-        gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), n)
+        gaps = rng.gamma(burstiness, 1.0 / (rates * burstiness))
     else:
         raise UserError(f"--arrival must be one of {', '.join(ARRIVALS)} or trace, got '{kind}'")
     gaps[0] = 0.0  # the first request opens the run

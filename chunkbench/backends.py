@@ -207,6 +207,7 @@ class EndpointBackend(Backend):
         import asyncio
 
         from chunkbench.client import bench_endpoint
+        from chunkbench.metrics import probe_figures
         from chunkbench.server_metrics import scrape_metrics, server_figures
 
         def serve(workload, *, seed=0, warmup_steps=0, progress=False, label="run") -> RunResult:
@@ -216,6 +217,8 @@ class EndpointBackend(Backend):
                                                 self.model, seed=seed, **self.client_options))
             ttfts = [r.ttft for r in result.records if r.ok]
             server = server_figures(before, scrape_metrics(self.endpoint), ttfts)
+            if self.client_options.get("probe_rate"):
+                server |= probe_figures(result.probes)
             return RunResult(result.records, [], result.duration, 0, server=server)
         yield serve
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from chunkbench.slo import SLO, violations
-from chunkbench.workload import WorkloadRequest
+from chunkbench.workload import WorkloadRequest, add_probes
 
 BRACKET = 7  # the bracket's rates are base * 2**k for k in [-BRACKET, BRACKET]
 BISECTIONS = 5
@@ -41,13 +41,18 @@ def resolution_pct(bisections: int = BISECTIONS) -> float:
 
 
 def base_rate(workload: list[WorkloadRequest]) -> float:
-    return len(workload) / max(workload[-1].arrival_time, 1e-9)
+    """The load's rate (req/s): its requests over its last arrival, --probe-request-rate's probes left out."""
+    load = [w for w in workload if not w.probe]
+    return len(load) / max(load[-1].arrival_time, 1e-9)
 
 
 def at_rate(workload: list[WorkloadRequest], rate: float) -> list[WorkloadRequest]:
-    """The workload with its arrivals scaled to `rate` requests/s."""
+    """The workload with its load's arrivals scaled to `rate` requests/s; its probes, if any, stay at their own
+    rate over the new span."""
     scale = base_rate(workload) / rate
-    return [replace(w, arrival_time=w.arrival_time * scale) for w in workload]
+    scaled = [replace(w, arrival_time=w.arrival_time * scale) for w in workload if not w.probe]
+    probes = [w.arrival_time for w in workload if w.probe]
+    return add_probes(scaled, 1.0 / (probes[1] - probes[0])) if len(probes) > 1 else scaled
 
 
 def meets(summary: dict | None, slos: list[SLO], max_sched_delay_ms: float) -> bool:

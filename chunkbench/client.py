@@ -35,6 +35,7 @@ import aiohttp
 import httpx
 
 from chunkbench.arrivals import check_real_time
+
 from chunkbench.gc_pause import frozen_heap
 from chunkbench.harness import prompt_ids
 from chunkbench.metrics import RequestRecord
@@ -58,6 +59,7 @@ class EndpointResult:
     end_times: list[float] = field(default_factory=list)  # when each request ended, relative to start (s)
     start: float = 0.0  # time.perf_counter() at the clock start, after any warm-ups
     warmup_error: str | None = None  # a warm-up's failure (the run goes on), None when they passed or were off
+    probes: list[tuple[float, str | None]] = field(default_factory=list)  # --probe-request-rate: (E2EL s, error)
 
 
 @dataclass
@@ -174,13 +176,17 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
                          max_concurrency: int | None = None, seed: int = 0, timeout_s: float = 600.0,
                          disconnect: dict[int, int] | None = None, *, api: str = "completions",
                          api_key: str | None = None, headers: dict[str, str] | None = None,
-                         num_warmups: int = 0, sampling: dict | None = None) -> EndpointResult:
+                         num_warmups: int = 0, sampling: dict | None = None,
+                         probe_rate: float = 0.0) -> EndpointResult:
     """Run `workload` against `endpoint` (the base URL, e.g. http://host:8000/v1).
 
     timeout_s: per request, from its send to its end; a request past it fails. api: "completions" or "chat".
     sampling: request fields from SAMPLING_FIELDS (none by default, as vLLM 0.32). num_warmups: untimed copies
     of request 0 sent at once before the clock starts (vLLM's --num-warmups, default 0).
-    `disconnect` maps request index -> chunks after which that client hangs up (for robustness tests)."""
+    `disconnect` maps request index -> chunks after which that client hangs up (for robustness tests).
+    probe_rate: as vllm bench serve's --probe-request-rate, one-token requests ("Hi", one token out) one at a
+    time beside the load, each followed by a pause of 1/probe_rate s, outside --max-concurrency, from before
+    the first request until the last has ended; their E2ELs are kept apart (EndpointResult.probes)."""
     if api not in APIS:
         raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
     check_real_time(workload, "the server")
@@ -211,6 +217,10 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
             warmups = await asyncio.gather(*(limited(-1, bodies[0]) for _ in range(num_warmups if bodies else 0)))
             warmup_error = next((error for *_, error in warmups if error), None)
             tasks: dict[int, asyncio.Task] = {}
+            probes: list[tuple[float, str | None]] = []
+            probing = asyncio.Event()
+            prober = asyncio.create_task(_probe_loop(session, url, probe_body(api, model, sampling), all_headers,
+                                                     timeout_s, probe_rate, probes, probing)) if probe_rate else None
             start = time.perf_counter()
             for i in order:  # vLLM's get_request: sleep to the due time, then start the request's task
                 due = start + workload[i].arrival_time
@@ -219,11 +229,34 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
                 dispatched[i] = time.perf_counter()
                 tasks[i] = asyncio.create_task(limited(i, bodies[i], (disconnect or {}).get(i)))
             outcomes = [await tasks[i] for i in range(len(workload))]
+            if prober is not None:
+                probing.set()
+                await prober
     records = [_record(w, start, dispatch, *outcome) for w, dispatch, outcome in zip(workload, dispatched, outcomes)]
     end_times = [end - start for _, end, _, _ in outcomes]
     return EndpointResult(records, [received.response_id for _, _, received, _ in outcomes],
                           [error for *_, error in outcomes], max(end_times, default=0.0), end_times, start,
-                          warmup_error)
+                          warmup_error, probes)
+
+
+def probe_body(api: str, model: str | None, sampling: dict | None) -> _Prepared:
+    """vLLM's probe: the text "Hi", one token out."""
+    body = request_body(api, model, [], 1, sampling)
+    if api == "chat":
+        body["messages"][0]["content"] = "Hi"
+    else:
+        body["prompt"] = "Hi"
+    return prepare(body)
+
+
+async def _probe_loop(session, url: str, body: _Prepared, headers: dict, timeout_s: float, rate: float,
+                      into: list[tuple[float, str | None]], stop: asyncio.Event) -> None:
+    """One probe at a time until `stop`: send, wait for its end, pause 1/rate s (as vLLM 0.32's probe_loop)."""
+    while not stop.is_set():
+        send, end, _, error = await _request(session, url, body, headers, timeout_s)
+        into.append((end - send, error))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0 / rate)
 
 
 def _record(w: WorkloadRequest, start: float, dispatch: float, send: float, end: float, received: _Stream,
@@ -236,7 +269,7 @@ def _record(w: WorkloadRequest, start: float, dispatch: float, send: float, end:
                          error=error, send_time=send - start, dispatch_time=dispatch - start,
                          num_output_tokens=received.completion_tokens if usage else received.text_chunks,
                          output_token_source="usage" if usage else "chunks", end_time=end - start,
-                         response_id=received.response_id)
+                         response_id=received.response_id, probe=w.probe)
 
 
 def wait_healthy(base_url: str, timeout_s: float, process=None) -> None:

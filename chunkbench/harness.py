@@ -174,5 +174,5 @@ def _record(request: Request, w: WorkloadRequest, start: float, num_paused: int 
         token_times=[t - start for t in request.token_times] if start else list(request.token_times),  # t - 0.0 is t
         first_scheduled_time=None if request.first_scheduled_time is None else request.first_scheduled_time - start,
         num_preemptions=request.num_preemptions, num_cached_tokens=request.num_cached_tokens,
-        num_paused_decodes=num_paused, paused_gaps=tuple(sorted(paused_gaps)),
+        num_paused_decodes=num_paused, paused_gaps=tuple(sorted(paused_gaps)), probe=w.probe,
         error=request.error or {"abort": "aborted", None: "unfinished"}.get(request.finish_reason))

@@ -47,6 +47,7 @@ class RequestRecord:
     end_time: float | None = None  # endpoint runs: when the request ended (last byte, failure or timeout)
     response_id: str | None = None  # endpoint runs: the server's id for it
     dispatch_time: float | None = None  # endpoint runs: when the client's loop started it (due time + send lag)
+    probe: bool = False  # a --probe-request-rate probe: summarized apart (probe_figures)
 
     @property
     def ok(self) -> bool:
@@ -295,3 +296,15 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
         summary |= {"median_step_ms": float(np.median(step_ms)), "p99_step_ms": float(np.percentile(step_ms, 99)),
                     "max_step_ms": float(step_ms.max())}
     return summary
+
+
+def probe_figures(probes: list[tuple[float, str | None]], percentiles=()) -> dict:
+    """vllm bench serve's probe keys: completed and failed counts, and the completed ones' median, p99 and max
+    E2EL (ms; absent when none completed, as there); `percentiles`: more, as probe_p90_e2el_ms."""
+    done = [e2el for e2el, error in probes if error is None]
+    figures = {"probe_completed": len(done), "probe_failed": len(probes) - len(done)}
+    if done:
+        figures |= {"probe_median_e2el_ms": float(np.median(done)) * 1000, "probe_max_e2el_ms": max(done) * 1000}
+        figures |= {f"probe_{pct_key(p)}_e2el_ms": float(np.percentile(done, p)) * 1000
+                    for p in sorted({99.0, *percentiles})}
+    return figures

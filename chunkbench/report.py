@@ -63,6 +63,9 @@ HEADLINE = [
     ("peak_kv_usage_pct", "peak KV usage (%)", None),
     ("peak_activation_bytes", "peak activation memory (MiB/GPU)", True),
     ("sla_attainment_pct", "SLA attainment (%)", False),
+    ("probe_completed", "probes completed (--probe-request-rate)", None),
+    ("probe_median_e2el_ms", "median probe E2EL (ms)", True),
+    ("probe_p99_e2el_ms", "p99 probe E2EL (ms)", True),
 ]
 
 UNITS = {"peak_activation_bytes": 2**20}  # keys shown in a larger unit than the summary's: divide by this

@@ -19,7 +19,7 @@ from chunkbench.engine.knobs import KNOBS
 from chunkbench.errors import UserError
 from chunkbench.gc_pause import gc_paused
 from chunkbench.harness import RunResult
-from chunkbench.metrics import step_table, summarize
+from chunkbench.metrics import probe_figures, step_table, summarize
 from chunkbench.outputs import write_json, write_parquet
 from chunkbench.workload import WorkloadRequest, WorkloadSpec
 
@@ -51,8 +51,12 @@ def measure(serve: Serve, config: EngineConfig, workload: list[WorkloadRequest],
     result = serve(workload, seed=seed, warmup_steps=warmup_steps, progress=progress, label=label, **options)
     if result.stopped:
         return BenchRun(label, config, {}, result, backend)
-    summary = summarize(result.requests, result.steps, result.duration, goodput_ms, result.num_kv_blocks or None,
+    load = [r for r in result.requests if not r.probe]
+    summary = summarize(load, result.steps, result.duration, goodput_ms, result.num_kv_blocks or None,
                         extra_percentiles=percentiles)
+    if len(load) < len(result.requests):  # probes in the workload (--probe-request-rate): summarized apart
+        summary |= probe_figures([(r.e2el if r.ok else 0.0, None if r.ok else r.error or "no token")
+                                  for r in result.requests if r.probe], percentiles)
     summary |= result.server or {}  # what only the server can see (its queue time) replaces the client's proxy
     return BenchRun(label, config, summary, result, backend)
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from chunkbench.errors import UserError
 from chunkbench.metrics import pct_key
 
-SLA_METRICS = {"ttft": "ttft", "tbt": "itl", "tpot": "tpot", "e2el": "e2el"}  # flag name -> summary metric
+# flag name -> summary metric; probe: a --probe-request-rate probe's E2EL (its keys are vLLM's, probe_p99_e2el_ms)
+SLA_METRICS = {"ttft": "ttft", "tbt": "itl", "tpot": "tpot", "e2el": "e2el", "probe": "e2el"}
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # metrics with a per-request value (ITL has one per token)
 _VALUE = re.compile(r"^(?:p(?P<pct>\d+(?:\.\d+)?):)?(?P<num>\d+(?:\.\d+)?)(?P<unit>ms|s)?$")
 
@@ -26,7 +27,8 @@ class SLO:
 
     @property
     def summary_key(self) -> str:
-        return f"{pct_key(self.percentile)}_{SLA_METRICS[self.name]}_ms"
+        key = f"{pct_key(self.percentile)}_{SLA_METRICS[self.name]}_ms"
+        return "probe_" + key if self.name == "probe" else key
 
     def __str__(self) -> str:
         return f"p{self.percentile:g} {self.name.upper()} <= {self.limit_ms:g} ms"

@@ -84,6 +84,7 @@ def vllm_result(summary: dict, records: list[RequestRecord], *, api: str, model_
         result |= _stats("client_queue_time", queue, percentiles)
         if request_rate != "inf":
             result |= _stats("e2el_including_client_queue", [r.e2el + q for r, q in zip(done, queue)], percentiles)
+    result |= {k: v for k, v in summary.items() if k.startswith("probe_")}  # --probe-request-rate, as vLLM's
     if not detailed:
         result = {k: v for k, v in result.items() if k not in DETAILED_KEYS}
     return result

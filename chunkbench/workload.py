@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkbench.arrivals import MAX_SPAN_S, arrival_span, sample_arrivals
+from chunkbench.arrivals import MAX_SPAN_S, RAMP_UPS, arrival_span, sample_arrivals
 from chunkbench.errors import UserError, check_number
 from chunkbench.workload_files import MAX_TOKENS, read_sharegpt, read_token_file
 
@@ -29,6 +29,8 @@ class WorkloadRequest:
     # The prompt starts with these segments (key, tokens): equal keys give equal tokens across requests, so
     # shared system prompts and conversation histories hit the prefix cache. The rest is the request's own.
     shared: tuple[tuple[int, int], ...] = ()
+    probe: bool = False  # a one-token probe beside the load (--probe-request-rate), reported apart
+
 
 
 # ---------- distributions ----------
@@ -162,6 +164,16 @@ class WorkloadSpec:
     # arrivals; True takes them in an order shuffled by `seed` first, as vLLM's dataset loaders do by default
     # (ShareGPT), and a timestamped trace's rows taken are put back in time order.
     shuffle: bool = False
+    # vLLM's --ramp-up-*: the arrival rate goes from start to end req/s over the requests (linear or exponential
+    # in the request's index) instead of staying at `rate`.
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    probe_request_rate: float = 0.0  # one-token probes per second beside the load (add_probes)
+
+    @property
+    def ramp(self) -> tuple[str, float, float] | None:
+        return (self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps) if self.ramp_up_strategy else None
 
     def validate(self) -> None:
         """Every number checked (build_workload does, before any work): finite (NaN passes `<= 0`), in
@@ -176,6 +188,17 @@ class WorkloadSpec:
         check_number("--prefix-len", self.prefix_len, low=0, high=MAX_TOKENS, integer=True)
         check_number("--num-prefixes", self.num_prefixes, low=1, integer=True)
         check_number("--seed", self.seed, low=0, high=2**32 - 1, integer=True)
+        if self.ramp_up_strategy is not None:
+            if self.ramp_up_strategy not in RAMP_UPS:
+                raise UserError(f"--ramp-up-strategy must be one of {', '.join(RAMP_UPS)}, got "
+                                f"'{self.ramp_up_strategy}'")
+            if self.ramp_up_start_rps is None or self.ramp_up_end_rps is None:
+                raise UserError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
+            check_number("--ramp-up-start-rps", self.ramp_up_start_rps, low=0, low_open=True)
+            check_number("--ramp-up-end-rps", self.ramp_up_end_rps, low=0, low_open=True)
+        elif self.ramp_up_start_rps is not None or self.ramp_up_end_rps is not None:
+            raise UserError("--ramp-up-start-rps and --ramp-up-end-rps need --ramp-up-strategy linear|exponential")
+        check_number("--probe-request-rate", self.probe_request_rate, low=0)
         defaults = {f.name: f.default for f in fields(self)}
         for name in ("prompt_len", "output_len"):
             if self.name != "synthetic" and getattr(self, name) != defaults[name]:
@@ -230,7 +253,8 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
     if arrivals is None:
         if spec.arrival == "trace":
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")
-        arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng, spec.seed)
+        arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng, spec.seed,
+                                   spec.ramp)
     shared = shared or [()] * len(prompts)
     requests = [WorkloadRequest(int(p), int(o), float(a), sh)
                 for p, o, a, sh in zip(prompts, outputs, arrivals, shared)]
@@ -247,7 +271,22 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
                         "--time-scale")
     if max_model_len is not None:
         requests = clip_to_model(requests, max_model_len)
-    return requests
+    return add_probes(requests, spec.probe_request_rate)
+
+
+PROBE_PROMPT = 2  # vLLM's probe prompt "Hi": its token and a BOS
+
+
+def add_probes(requests: list[WorkloadRequest], rate: float) -> list[WorkloadRequest]:
+    """One-token probes (PROBE_PROMPT tokens in, one out) every 1/rate s from the first arrival to the last,
+    merged in time order. vllm bench serve sends its probes one at a time, each after the last one's end and a
+    pause of 1/rate (the client does so for `bench`); here, for the engine, the simulator and a tune's
+    launched servers, they are due on a fixed clock: at a probe E2EL well under 1/rate, nearly the same count."""
+    if not rate or not requests:
+        return requests
+    span = max(r.arrival_time for r in requests)
+    probes = [WorkloadRequest(PROBE_PROMPT, 1, k / rate, probe=True) for k in range(int(span * rate) + 1)]
+    return sorted(requests + probes, key=lambda r: r.arrival_time)
 
 
 def clip_to_model(requests: list[WorkloadRequest], max_model_len: int) -> list[WorkloadRequest]:

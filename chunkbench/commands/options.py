@@ -81,6 +81,22 @@ Shuffle = Annotated[bool, typer.Option(
     "--seed (as vLLM's and Sarathi-Serve's loaders do) instead of the first rows (the default); a timestamped "
     "trace keeps time order.")]
 NumPrefixes = Annotated[int, typer.Option(help="Distinct shared prefixes, assigned round-robin (prefixes).")]
+RampUpStrategy = Annotated[Optional[str], typer.Option(help="linear or exponential: the arrival rate goes from "
+                                                       "--ramp-up-start-rps to --ramp-up-end-rps over the requests "
+                                                       "(in the request's index, as vllm bench serve's), instead of "
+                                                       "--rate.")]
+RampUpRps = Annotated[Optional[float], typer.Option(help="--ramp-up-strategy's first (start) or last (end) request's "
+                                                    "rate (requests/s).")]
+ProbeRate = Annotated[float, typer.Option(help="One-token probes (2 tokens in, 1 out) beside the load, this many "
+                                          "per second (req/s), summarized apart (probe_completed, "
+                                          "probe_median/p99/max_e2el_ms): what a newly arriving user waits while "
+                                          "the load's prefills run. bench sends them as vllm bench serve does, one "
+                                          "at a time with a pause of 1/R s after each; run, compare and tune put "
+                                          "them on a fixed clock. 0: none.")]
+SlaProbe = Annotated[Optional[str], typer.Option(help="Probe E2EL target (--probe-request-rate's one-token "
+                                                 "requests, 2 req/s unless given), same forms as --sla-ttft: "
+                                                 "'a new user's one-token request is answered within 200 ms at "
+                                                 "p99 while the load runs'.")]
 SlaTtft = Annotated[Optional[str], typer.Option(help="TTFT target: 300ms, 0.3s, or p90:300ms for another "
                                                 "percentile than --sla-percentile.")]
 SlaTbt = Annotated[Optional[str], typer.Option(help="Time-between-tokens (ITL) target, same forms.")]
@@ -100,6 +116,8 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
     "prompt_len": (PromptLen, _SPEC["prompt_len"]), "output_len": (OutputLen, _SPEC["output_len"]),
     "tokenizer": (Tokenizer, _SPEC["tokenizer"]), "prefix_len": (PrefixLen, _SPEC["prefix_len"]),
     "num_prefixes": (NumPrefixes, _SPEC["num_prefixes"]), "shuffle": (Shuffle, _SPEC["shuffle"]),
+    "ramp_up_strategy": (RampUpStrategy, None), "ramp_up_start_rps": (RampUpRps, None),
+    "ramp_up_end_rps": (RampUpRps, None), "probe_request_rate": (ProbeRate, _SPEC["probe_request_rate"]),
 }
 
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from chunkbench.commands.common import console, default_out, load_workload, save_json
+from chunkbench.commands.options import ProbeRate  # noqa: I001
 from chunkbench.commands.options import (ENGINE_OPTIONS, WORKLOAD_OPTIONS, Goodput, JsonOut, MaxModelLen, Model, Out,
                                          Seed, pick, with_options)
 from chunkbench.engine.config import EngineConfig
@@ -78,6 +79,7 @@ def bench(
                                                    "past it counts as failed.")] = 600.0,
     num_warmups: Annotated[int, typer.Option(help="Untimed copies of request 0 sent at once before the clock "
                                              "starts (requests; as vllm bench serve's, default 0).")] = 0,
+    probe_request_rate: ProbeRate = 0.0,
     temperature: Sampling = None,
     top_p: Sampling = None,
     top_k: Annotated[Optional[int], typer.Option(help="Sent with every request when given (as vllm bench "
@@ -126,6 +128,7 @@ def bench(
     if vocab_size is not None:
         check_number("--vocab-size", vocab_size, low=2)
     check_number("--num-warmups", num_warmups, low=0, integer=True)
+    check_number("--probe-request-rate", probe_request_rate, low=0)
     if api not in APIS:
         raise UserError(f"--api must be {' or '.join(APIS)}, got '{api}'")
     check_number("--request-timeout", request_timeout, low=0, low_open=True)
@@ -150,7 +153,8 @@ def bench(
         options["arrival"] = "vllm"  # vllm bench serve's schedule for the same --rate, --burstiness, --seed
     backend = EndpointBackend.connect(endpoint, served_model, vocab_size, options["tokenizer"],
                                       max_concurrency=max_concurrency, api=api, api_key=api_key, headers=headers,
-                                      timeout_s=request_timeout, num_warmups=num_warmups, sampling=sampling)
+                                      timeout_s=request_timeout, num_warmups=num_warmups, sampling=sampling,
+                                      probe_rate=probe_request_rate)
     limit = max_model_len or backend.max_model_len or 8192
     spec, requests = load_workload(limit, seed=seed, **options)
     run = run_benchmark(None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=seed,
@@ -162,6 +166,11 @@ def bench(
     console.print(comparison_table([run], title=f"{endpoint}, {spec.name}, {len(requests)} requests"))
     for failure in failures[:10]:
         console.print(f"[red]request {failure['request']} failed:[/] {failure['error']}")
+    if probe_request_rate:
+        s = run.summary
+        console.print(f"probes: {s['probe_completed']} completed, {s['probe_failed']} failed"
+                      + (f"; E2EL median {s['probe_median_e2el_ms']:,.1f} ms, p99 {s['probe_p99_e2el_ms']:,.1f} ms, "
+                         f"max {s['probe_max_e2el_ms']:,.1f} ms" if s["probe_completed"] else ""))
     console.print(f"wrote {out}/summary.json, requests.parquet")
     if save_result:
         timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn"

@@ -13,7 +13,8 @@ from chunkbench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype,
                                          MaxModelLen, MaxSchedDelay, Model, NoProgress, NumBlocks, Seed, SlaE2el,
-                                         SlaPercentile, SlaTbt, SlaTpot, SlaTtft, TensorParallelSize)
+                                         SlaPercentile, SlaProbe, SlaTbt, SlaTpot, SlaTtft, TensorParallelSize,
+                                         ProbeRate)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.launch import launch_command, launches_vllm
@@ -27,6 +28,8 @@ def tune(
     sla_tbt: SlaTbt = None,
     sla_tpot: SlaTpot = None,
     sla_e2el: SlaE2el = None,
+    sla_probe: SlaProbe = None,
+    probe_request_rate: ProbeRate = 0.0,
     sla_percentile: SlaPercentile = 99.0,
     objective: Annotated[str, typer.Option(help="capacity (highest req/s meeting the SLAs with median scheduling "
                                            "delay <= --max-sched-delay, by bisection: Sarathi-Serve's), goodput "
@@ -114,7 +117,11 @@ def tune(
     from chunkbench.tune.verify import VERIFY_REPEATS
     from chunkbench.workload import WorkloadSpec, build_workload
 
-    slos = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el}, sla_percentile)
+    slos = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el, "probe": sla_probe},
+                      sla_percentile)
+    check_number("--probe-request-rate", probe_request_rate, low=0)
+    if sla_probe and not probe_request_rate:
+        probe_request_rate = DEFAULT_PROBE_RATE
     if objective == "auto":
         objective = "capacity" if slos else "goodput"
     if objective not in OBJECTIVES:
@@ -140,7 +147,8 @@ def tune(
         check_number("--timeout", timeout, low=0, low_open=True)
     check_writable(out, "--out", folder=True)
     search_space = SearchSpace.load(space)
-    given = dict(name=workload, rate=rate, num_requests=num_requests, seed=seed)
+    given = dict(name=workload, rate=rate, num_requests=num_requests, seed=seed,
+                 probe_request_rate=probe_request_rate or None)
     spec_workload = WorkloadSpec(**{**search_space.workload, **{k: v for k, v in given.items() if v is not None}})
     overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed,
                                        tensor_parallel_size=tensor_parallel_size,
@@ -186,6 +194,9 @@ def tune(
     tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify or relaunch else 0,
                     progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]), jobs=jobs,
                     backend_note=resolved.note, repeats=verify_repeats or VERIFY_REPEATS)
+
+
+DEFAULT_PROBE_RATE = 2.0  # --sla-probe without --probe-request-rate: probes per second (vLLM's docs' example)
 
 
 def launch_slots(launch: str | None, endpoint: str | None, jobs: int, node: list) -> str | None:

@@ -38,7 +38,7 @@ import asyncio, json, random, sys
 import numpy as np
 from vllm.benchmarks import serve
 
-def due_times(n, rate, burstiness, seed):
+def due_times(n, rate, burstiness, seed, strategy=None, start=None, end=None):
     random.seed(seed)
     np.random.seed(seed)  # as vllm bench serve's main does before its dataset and get_request
     asked = []
@@ -46,7 +46,7 @@ def due_times(n, rate, burstiness, seed):
         asked.append(seconds)
     serve.asyncio.sleep, serve.time.time = sleep, lambda: 0.0
     async def run():
-        return [r async for r, _ in serve.get_request(list(range(n)), rate, burstiness)]
+        return [r async for r, _ in serve.get_request(list(range(n)), rate, burstiness, strategy, start, end)]
     asyncio.run(run())
     return asked
 
@@ -72,8 +72,22 @@ def test_arrivals_are_vllm_get_request_s_for_the_same_seed():
         assert list(vllm_arrivals(*case)) == due, case  # exactly: the same draws, sums and rescaling
 
 
-def run_chunkbench(url: str, out: Path) -> tuple[dict, dict]:
-    args = [str(CHUNKBENCH), "bench", "--endpoint", url, "--workload", "synthetic", "--prompt-len",
+def test_ramp_up_send_times_are_vllm_s_for_the_same_seed():
+    """--ramp-up-strategy linear|exponential: the same draws at each request's own rate, not rescaled."""
+    from chunkbench.arrivals import vllm_arrivals
+
+    cases = [(30, 1.0, 1.0, 0, "linear", 1.0, 10.0), (40, 1.0, 1.0, 7, "exponential", 2.0, 32.0),
+             (25, 1.0, 0.5, 123, "linear", 20.0, 4.0)]
+    done = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SCHEDULES, json.dumps(cases)], capture_output=True,
+                          text=True, env=vllm_env(), timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for (n, rate, burstiness, seed, *ramp), due in zip(cases, theirs):
+        assert list(vllm_arrivals(n, rate, burstiness, seed, tuple(ramp))) == pytest.approx(due, rel=1e-12), ramp
+
+
+def run_chunkbench(url: str, out: Path, *extra: str) -> tuple[dict, dict]:
+    args = [str(CHUNKBENCH), "bench", *extra, "--endpoint", url, "--workload", "synthetic", "--prompt-len",
             f"fixed:{PROMPT}", "--output-len", f"fixed:{OUTPUT}", "--num-requests", str(N), "--rate", str(RATE),
             "--seed", str(SEED), "--out", str(out), "--save-result", "--result-dir", str(out),
             "--result-filename", "result.json", "--percentile-metrics", METRICS]
@@ -93,8 +107,8 @@ def token_trace(path: Path) -> Path:
     return path
 
 
-def run_vllm(url: str, model: Path, out: Path, trace: Path) -> dict:
-    args = [str(VLLM_CLI), "bench", "serve", "--backend", "openai", "--base-url", url.removesuffix("/v1"),
+def run_vllm(url: str, model: Path, out: Path, trace: Path, *extra: str) -> dict:
+    args = [str(VLLM_CLI), "bench", "serve", *extra, "--backend", "openai", "--base-url", url.removesuffix("/v1"),
             "--model", str(model), "--dataset-name", "timed_trace", "--dataset-path", str(trace),
             "--no-self-timed", "--num-prompts", str(N), "--request-rate", str(RATE), "--seed", str(SEED),
             "--ignore-eos", "--save-result", "--result-dir", str(out), "--result-filename", "result.json",
@@ -185,3 +199,26 @@ def test_the_vocabulary_bound_from_vllm_s_detokenize_is_the_tokenizer_s(vllm_ser
     from chunkbench.vocab import detokenize_vocab_size
 
     assert detokenize_vocab_size(vllm_server, str(tiny_model)) == len(AutoTokenizer.from_pretrained(tiny_model))
+
+
+def test_probes_measure_what_vllm_s_probes_measure(vllm_server, tiny_model, tmp_path):
+    """--probe-request-rate 2 beside the same load and schedule, 3 back-to-back pairs (ABBAAB): the same probe
+    counts (each pair within one: the loop fits as many probes as the run's length allows, and two runs of one
+    schedule differ by a few milliseconds) and the median probe E2EL's paired difference within 10% of vLLM's
+    median or 2 ms (close())."""
+    trace = token_trace(tmp_path / "trace.jsonl")
+    probe = ("--probe-request-rate", "2")
+    ours, theirs = [], []
+    for i in range(3):
+        for client in ("chunkbench", "vllm") if i % 2 == 0 else ("vllm", "chunkbench"):
+            if client == "chunkbench":
+                ours.append(run_chunkbench(vllm_server, tmp_path / f"chunkbench-{i}", *probe)[0])
+            else:
+                theirs.append(run_vllm(vllm_server, tiny_model, tmp_path / f"vllm-{i}", trace, *probe))
+    counts = [(a["probe_completed"], b["probe_completed"]) for a, b in zip(ours, theirs)]
+    medians = [(round(a["probe_median_e2el_ms"], 2), round(b["probe_median_e2el_ms"], 2)) for a, b in zip(ours, theirs)]
+    print(f"\nprobes completed (chunkbench, vLLM): {counts}; median probe E2EL (ms): {medians}")
+    assert all(a["probe_failed"] == b["probe_failed"] == 0 for a, b in zip(ours, theirs))
+    assert all(abs(a - b) <= 1 for a, b in counts) and statistics.median(a - b for a, b in counts) == 0, counts
+    gap = statistics.median(a - b for a, b in medians)
+    assert close(gap, statistics.median(b for _, b in medians)), medians

@@ -1,4 +1,5 @@
-"""The watchdog between a tune and a server it launched: `python -m chunkbench.launch_guard FD -- COMMAND...`.
+"""The watchdog between a tune and a server it launched: `python launch_guard.py FD -- COMMAND...` (standard
+library only: it runs beside every launched server).
 
 It starts COMMAND in a process group of its own and reads FD, a pipe whose only writer is the tune. When the
 pipe closes, whether the tune stopped the server, exited, or was killed (SIGKILL included: the kernel closes

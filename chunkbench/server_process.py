@@ -18,6 +18,7 @@ from pathlib import Path
 from chunkbench.errors import Interrupted
 from chunkbench.ports import descendants, describe, holder_text, port_holders
 
+GUARD = str(Path(__file__).with_name("launch_guard.py"))
 ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")  # a command's leading NAME=value words set the environment
 
 
@@ -110,7 +111,9 @@ def start_server(command: str, log: Path, env: dict[str, str], port: int | None)
         with open(log, "w") as out:
             out.write(f"$ {command}\n")
             out.flush()
-            guard = subprocess.Popen([sys.executable, "-m", "chunkbench.launch_guard", str(read_end), "--", *argv],
+            # The guard by its path, not `-m chunkbench.launch_guard`: the package's import (torch) is no part
+            # of a watchdog that sits beside every server.
+            guard = subprocess.Popen([sys.executable, GUARD, str(read_end), "--", *argv],
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      pass_fds=(read_end,), start_new_session=True,
                                      env=os.environ | env | extra)

@@ -42,15 +42,22 @@ class Launched:
     """A running server: the watchdog process and the tune's end of its pipe (closing it stops the server)."""
 
     guard: subprocess.Popen
-    pipe: int
+    pipe: int | None  # None once closed: a closed descriptor's number may already name another file
     port: int | None
 
     def alive(self) -> bool:
         return self.guard.poll() is None
 
+    def close_pipe(self) -> None:
+        """Close the tune's end once (the guard then stops the server), whoever asks first."""
+        with _LIVE_LOCK:
+            pipe, self.pipe = self.pipe, None
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(pipe)
+
     def stop(self, wait_s: float = 30.0) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.pipe)
+        self.close_pipe()
         try:
             self.guard.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
@@ -93,8 +100,7 @@ def stop_all_servers() -> None:
     with _LIVE_LOCK:
         live = list(_LIVE.values())
     for server in live:
-        with contextlib.suppress(OSError):
-            os.close(server.pipe)
+        server.close_pipe()
     for server in live:
         server.stop(wait_s=15)
 

@@ -107,7 +107,7 @@ def test_a_launch_that_dies_while_another_server_answers_is_a_failed_trial(tmp_p
     try:
         while not events.exists():
             time.sleep(0.05)
-        code, _, err = run_cli(tune_args(tmp_path / "out", f"sh -c 'sleep 0.3; exit 3' {{port}}",
+        code, _, err = run_cli(tune_args(tmp_path / "out", "sh -c 'sleep 0.3; exit 3' {port}",
                                          "--port-base", str(base)), capsys)
     finally:
         stale.terminate()

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkbench import vllm_datasets as datasets
 from chunkbench.arrivals import MAX_SPAN_S, RAMP_UPS, arrival_span, sample_arrivals
 from chunkbench.errors import UserError, check_number
+from chunkbench.lengths import sample_lengths
 from chunkbench.workload_files import MAX_TOKENS, read_sharegpt, read_token_file
 
 MAX_REQUESTS = 10**7  # requests in a workload: beyond is a mistake (1.2e12 asked numpy for 8.8 TiB of lengths)
@@ -31,60 +33,6 @@ class WorkloadRequest:
     shared: tuple[tuple[int, int], ...] = ()
     probe: bool = False  # a one-token probe beside the load (--probe-request-rate), reported apart
 
-
-
-# ---------- distributions ----------
-
-def _parse_numbers(spec: str, flag: str) -> tuple[str, list[float]]:
-    kind, *params = spec.split(":")
-    try:
-        values = [float(p) for p in params]
-    except ValueError:
-        raise UserError(f"{flag}: '{spec}' has a non-numeric parameter") from None
-    for v in values:
-        check_number(f"{flag} {spec}:", v, low=0, high=MAX_TOKENS)
-    return kind, values
-
-
-LENGTH_KINDS = {  # kind -> (required parameter names, help)
-    "fixed": (["N"], "every request N tokens"),
-    "uniform": (["LO", "HI"], "uniform integers in [LO, HI]"),
-    "normal": (["MEAN", "STD"], "normal, rounded"),
-    "lognormal": (["MEDIAN", "SIGMA"], "log-normal with this median and log-space sigma"),
-    "zipf": (["A", "MAX"], "Zipf with exponent A > 1, clamped to MAX"),
-}
-LENGTH_HELP = ("Length distribution: " + "; ".join(f"{k}:{':'.join(p)} ({h})" for k, (p, h) in LENGTH_KINDS.items())
-               + "; normal, lognormal and zipf take an optional :MIN:MAX clamp (tokens).")
-
-
-def sample_lengths(spec: str, n: int, rng: np.random.Generator, flag: str = "--prompt-len") -> np.ndarray:
-    kind, params = _parse_numbers(spec, flag)
-    if kind not in LENGTH_KINDS:
-        raise UserError(f"{flag}: unknown distribution '{kind}'; use one of {', '.join(LENGTH_KINDS)}")
-    need = len(LENGTH_KINDS[kind][0])
-    if len(params) not in (need, need + 2) or (kind in ("fixed", "uniform") and len(params) != need):
-        raise UserError(f"{flag}: '{spec}' needs {kind}:{':'.join(LENGTH_KINDS[kind][0])}")
-    lo, hi = (params[need], params[need + 1]) if len(params) == need + 2 else (1, np.inf)
-    if kind in ("fixed", "uniform") and min(params) < 1:
-        raise UserError(f"{flag}: '{spec}' gives lengths below 1 token")
-    if kind == "fixed":
-        values = np.full(n, params[0])
-    elif kind == "uniform":
-        if params[0] > params[1]:
-            raise UserError(f"{flag}: uniform:LO:HI needs LO <= HI, got '{spec}'")
-        values = rng.integers(int(params[0]), int(params[1]) + 1, n)
-    elif kind == "normal":
-        values = rng.normal(params[0], params[1], n)
-    elif kind == "lognormal":
-        values = rng.lognormal(np.log(max(params[0], 1e-9)), params[1], n)
-    else:
-        if params[0] <= 1:
-            raise UserError(f"{flag}: zipf needs an exponent A > 1, got '{spec}'")
-        values, hi = rng.zipf(params[0], n), min(hi, params[1])
-    values = np.clip(np.rint(values), max(lo, 1), hi).astype(np.int64)
-    if values.min(initial=1) < 1:
-        raise UserError(f"{flag}: '{spec}' gives lengths below 1")
-    return values
 
 
 # ---------- named workloads ----------
@@ -170,6 +118,23 @@ class WorkloadSpec:
     ramp_up_start_rps: float | None = None
     ramp_up_end_rps: float | None = None
     probe_request_rate: float = 0.0  # one-token probes per second beside the load (add_probes)
+    # vllm bench serve's dataset options (chunkbench/datasets.py), with vLLM's defaults.
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0
+    prefix_repetition_prefix_len: int = 256
+    prefix_repetition_suffix_len: int = 256
+    prefix_repetition_num_prefixes: int = 10
+    prefix_repetition_output_len: int = 128
+    custom_output_len: int = 256  # -1: each line's output_tokens
+    hf_subset: str | None = None
+    hf_split: str = "train"
+    hf_output_len: int | None = None  # None: the answer column's tokens
+    timed_trace_chunk_hash_size: int = 16
+    timed_trace_label_timestamp: str = "timestamp"
+    timed_trace_label_input_length: str = "input_length"
+    timed_trace_label_output_length: str = "output_length"
+    timed_trace_label_hash_ids: str = "hash_ids"
 
     @property
     def ramp(self) -> tuple[str, float, float] | None:
@@ -199,6 +164,7 @@ class WorkloadSpec:
         elif self.ramp_up_start_rps is not None or self.ramp_up_end_rps is not None:
             raise UserError("--ramp-up-start-rps and --ramp-up-end-rps need --ramp-up-strategy linear|exponential")
         check_number("--probe-request-rate", self.probe_request_rate, low=0)
+        datasets.validate(self)
         defaults = {f.name: f.default for f in fields(self)}
         for name in ("prompt_len", "output_len"):
             if self.name != "synthetic" and getattr(self, name) != defaults[name]:
@@ -213,7 +179,13 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
     n = spec.num_requests or 1000
     arrivals = None
     shared = None  # per request shared prefix segments, when the source has them
-    if spec.name in TRACE_FILES or Path(spec.name).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
+    dataset = datasets.parse(spec.name)
+    if dataset is not None:
+        drawn = datasets.draw(spec, *dataset, spec.num_requests if dataset[1] else n, rng)
+        prompts, outputs, shared = drawn.prompts, drawn.outputs, drawn.shared
+        arrivals = drawn.arrivals if spec.arrival in (None, "trace") else None
+        n = len(prompts)
+    elif spec.name in TRACE_FILES or Path(spec.name).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
         if spec.name in TRACE_FILES:
             frame = read_trace(spec.name).rename(columns={"num_prefill_tokens": "prompt_len",
                                                           "num_decode_tokens": "output_len",
@@ -249,7 +221,8 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
         outputs = sample_lengths(spec.output_len, n, rng, "--output-len")
     else:
         raise UserError(f"--workload: unknown workload '{spec.name}'; use one of "
-                        f"{', '.join([*NAMED, 'synthetic'])} or a .csv/.jsonl/.json file")
+                        f"{', '.join([*NAMED, 'synthetic', *datasets.DATASETS])} (KIND:PATH for a file "
+                        "dataset) or a .csv/.jsonl/.json file")
     if arrivals is None:
         if spec.arrival == "trace":
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")

@@ -36,17 +36,23 @@ def read_token_file(path: Path) -> pd.DataFrame:
             raise UserError(f"--workload: {path} has no {name} column (accepted names: {', '.join(aliases)})")
         if found is not None:
             columns[name] = pd.to_numeric(frame[found], errors="coerce")
-    result = pd.DataFrame(columns)
-    if result.empty:
-        raise UserError(f"--workload: {path} has no rows")
-    counts = result[["prompt_len", "output_len"]]
-    if result.isna().any().any() or (counts < 1).any().any() or (counts > MAX_TOKENS).any().any() \
-            or (counts != counts.round()).any().any():
-        raise UserError(f"--workload: {path} has missing, non-numeric, fractional, non-positive or absurd "
-                        f"(> {MAX_TOKENS:,}) token counts")
+    result = check_counts(pd.DataFrame(columns), path)
     if "arrival_time" in result and (~np.isfinite(result["arrival_time"]) | (result["arrival_time"] < 0)).any():
         raise UserError(f"--workload: {path} has arrival times that are negative or not finite")
     return result
+
+
+def check_counts(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """`frame` if it has rows and every value is present and its prompt_len/output_len are whole token
+    counts in [1, MAX_TOKENS]; else one UserError naming the file."""
+    if frame.empty:
+        raise UserError(f"--workload: {path} has no rows")
+    counts = frame[["prompt_len", "output_len"]]
+    if frame.isna().any().any() or (counts < 1).any().any() or (counts > MAX_TOKENS).any().any() \
+            or (counts != counts.round()).any().any():
+        raise UserError(f"--workload: {path} has missing, non-numeric, fractional, non-positive or absurd "
+                        f"(> {MAX_TOKENS:,}) token counts")
+    return frame
 
 
 def read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
@@ -61,7 +67,7 @@ def read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
         raise UserError(f"--workload: cannot read {path} as ShareGPT JSON: {first}") from None
     if "conversations" not in rows.column_names:
         raise UserError(f"--workload: {path} has no 'conversations' field (ShareGPT format)")
-    count = _token_counter(tokenizer_dir)
+    count = token_counter(tokenizer_dir)
     prompts, outputs = [], []
     for conversation in rows["conversations"]:
         if not isinstance(conversation, list) or not all(isinstance(t, dict) for t in conversation):
@@ -77,7 +83,7 @@ def read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
     return pd.DataFrame({"prompt_len": prompts, "output_len": outputs})
 
 
-def _token_counter(tokenizer_dir: str | None):
+def token_counter(tokenizer_dir: str | None):
     if tokenizer_dir is None:
         return lambda text: max(1, round(len(text) / CHARS_PER_TOKEN))
     from transformers import AutoTokenizer

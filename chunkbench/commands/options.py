@@ -12,7 +12,9 @@ import typer
 
 from chunkbench.engine.model_config import MODEL_PRESETS
 from chunkbench.engine.knobs import KNOBS, Knob
-from chunkbench.workload import LENGTH_HELP, WorkloadSpec
+from chunkbench.vllm_datasets import HELP as DATASETS_HELP
+from chunkbench.lengths import LENGTH_HELP
+from chunkbench.workload import WorkloadSpec
 
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Model preset (" + ", ".join(MODEL_PRESETS) + ") or a local Hugging Face directory with "
@@ -36,20 +38,24 @@ MaxModelLen, NumBlocks, Device, Dtype, Seed, TensorParallelSize, KvCacheDtype = 
 
 # ---- workload and output options ----
 Workload = Annotated[str, typer.Option(
-    help="Named workload (chat, long-doc, rag-mix, azure-conv, azure-code, arxiv-summarization), 'synthetic' "
-    "(see --prompt-len/--output-len), or a file: .csv/.jsonl with prompt_len,output_len[,arrival_time] token "
-    "counts, .json in ShareGPT format.")]
-NumRequests = Annotated[Optional[int], typer.Option(help="Requests to send (requests); traces: the first N "
-                                                     "(see --shuffle).")]
+    help="Named workload (chat, long-doc, rag-mix, azure-conv, azure-code, arxiv-summarization, multi-turn), "
+    "'synthetic' (see --prompt-len/--output-len), a file: .csv/.jsonl with prompt_len,output_len[,arrival_time] "
+    "token counts, .json in ShareGPT format; or one of vllm bench serve's datasets: " + DATASETS_HELP + ".")]
+NumRequests = Annotated[Optional[int], typer.Option("--num-requests", "--num-prompts",
+                                                    help="Requests to send (requests); traces: the first N "
+                                                    "(see --shuffle).")]
 Duration = Annotated[Optional[float], typer.Option(help="Keep only requests arriving in the first this many "
                                                    "seconds (s).")]
-Rate = Annotated[float, typer.Option(help="Mean arrival rate (requests/s); traces with timestamps ignore it.")]
+Rate = Annotated[float, typer.Option("--rate", "--request-rate",
+                                     help="Mean arrival rate (requests/s); traces with timestamps ignore it.")]
 Arrival = Annotated[Optional[str], typer.Option(
     help="Arrival process: poisson, gamma (see --burstiness), constant, all-at-once, or trace (the file's "
     "timestamps). Default: trace timestamps when the workload has them, else poisson.")]
 Burstiness = Annotated[float, typer.Option(help="gamma arrivals: shape factor; < 1 burstier, 1 = Poisson "
                                            "(as vLLM's --burstiness).")]
-TimeScale = Annotated[float, typer.Option(help="Multiply trace timestamps by this (< 1 replays faster).")]
+TimeScale = Annotated[float, typer.Option("--time-scale", "--timed-trace-sec-multiplier",
+                                          help="Multiply trace timestamps by this (< 1 replays faster; 0.001 "
+                                          "for Mooncake's milliseconds).")]
 PromptLen = Annotated[str, typer.Option(help="synthetic prompts: " + LENGTH_HELP)]
 OutputLen = Annotated[str, typer.Option(help="synthetic outputs: same forms as --prompt-len (tokens).")]
 Tokenizer = Annotated[Optional[str], typer.Option(
@@ -74,8 +80,9 @@ CostModelPath = Annotated[Optional[str], typer.Option(
 EngineOverhead = Annotated[Optional[str], typer.Option(
     "--engine-overhead", help="sim (roofline): the simulated engine's per-step overhead: vllm (default, 1.5 ms), "
     "sglang (0.4), trtllm (0.2), chunkbench (3), or milliseconds, e.g. 0.8ms.")]
-PrefixLen = Annotated[int, typer.Option(help="Shared prefix put before every prompt (tokens), as vLLM's random "
-                                        "dataset with --random-prefix-len.")]
+PrefixLen = Annotated[int, typer.Option("--prefix-len", "--random-prefix-len",
+                                        help="Shared prefix put before every prompt (tokens), as vLLM's random "
+                                        "dataset's --random-prefix-len.")]
 Shuffle = Annotated[bool, typer.Option(
     "--shuffle/--no-shuffle", help="Trace and ShareGPT files: take --num-requests rows in an order shuffled by "
     "--seed (as vLLM's and Sarathi-Serve's loaders do) instead of the first rows (the default); a timestamped "
@@ -119,6 +126,33 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
     "ramp_up_strategy": (RampUpStrategy, None), "ramp_up_start_rps": (RampUpRps, None),
     "ramp_up_end_rps": (RampUpRps, None), "probe_request_rate": (ProbeRate, _SPEC["probe_request_rate"]),
 }
+
+
+def _dataset_option(name: str, kind: type, help: str) -> tuple:
+    default = _SPEC[name]
+    return Annotated[Optional[kind] if default is None else kind, typer.Option(help=help)], default
+
+
+DATASET_OPTIONS = {name: _dataset_option(name, kind, help) for name, kind, help in [  # vllm bench serve's
+    ("random_input_len", int, "random: mean prompt tokens, less the tokenizer's special tokens (tokens)."),
+    ("random_output_len", int, "random: mean output tokens (tokens)."),
+    ("random_range_ratio", float, "random: lengths uniform in [mean*(1-r), mean*(1+r)], 0 <= r < 1."),
+    ("prefix_repetition_prefix_len", int, "prefix_repetition: shared prefix (tokens)."),
+    ("prefix_repetition_suffix_len", int, "prefix_repetition: each request's own suffix (tokens)."),
+    ("prefix_repetition_num_prefixes", int, "prefix_repetition: distinct prefixes (prefixes)."),
+    ("prefix_repetition_output_len", int, "prefix_repetition: output (tokens)."),
+    ("custom_output_len", int, "custom: output per request (tokens); -1: each line's output_tokens."),
+    ("hf_subset", str, "hf: the dataset's subset (configuration name)."),
+    ("hf_split", str, "hf: the split to read."),
+    ("hf_output_len", int, "hf: output per request (tokens); default: the answer column's tokens."),
+    ("timed_trace_chunk_hash_size", int, "timed_trace: tokens per hash id (512 in Mooncake's traces, 16 in "
+     "Qwen's)."),
+    ("timed_trace_label_timestamp", str, "timed_trace: the timestamp's JSON label."),
+    ("timed_trace_label_input_length", str, "timed_trace: the input length's JSON label."),
+    ("timed_trace_label_output_length", str, "timed_trace: the output length's JSON label."),
+    ("timed_trace_label_hash_ids", str, "timed_trace: the hash ids' JSON label."),
+]}
+WORKLOAD_OPTIONS |= DATASET_OPTIONS
 
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write
     "goodput": (Goodput, None), "backend": (BackendOpt, "auto"), "gpu": (Gpu, None),

@@ -12,9 +12,12 @@ from chunkbench.commands.common import console, default_out, load_workload, save
 from chunkbench.commands.options import ProbeRate  # noqa: I001
 from chunkbench.commands.options import (ENGINE_OPTIONS, WORKLOAD_OPTIONS, Goodput, JsonOut, MaxModelLen, Model, Out,
                                          Seed, pick, with_options)
+from chunkbench.commands.vllm_flags import VLLM_FLAGS, dataset_workload, server_url
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.outputs import check_writable
+from chunkbench.timeline import parse_thresholds, write_timeline
+from chunkbench.vllm_datasets import DATASETS
 
 
 @with_options(ENGINE_OPTIONS)
@@ -60,10 +63,14 @@ Sampling = Annotated[Optional[float], typer.Option(help="Sent with every request
                                                      "serve's flag); default: not sent, the server's default.")]
 
 
+@with_options(VLLM_FLAGS)
 @with_options(WORKLOAD_OPTIONS)
 def bench(
-    endpoint: Annotated[str, typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
-                                          "(chunkbench serve, vLLM, SGLang).")],
+    endpoint: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL, e.g. "
+                                                    "http://127.0.0.1:8000/v1 (chunkbench serve, vLLM, SGLang); "
+                                                    "or vLLM's API path (/v1/completions, /v1/chat/completions) "
+                                                    "with --base-url or --host/--port. Default: "
+                                                    "http://127.0.0.1:8000/v1.")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option(help="Client slots: most requests in flight "
                                                            "(requests); default: no limit. TTFT and E2EL start "
                                                            "at the send; the wait for a slot is reported as "
@@ -101,6 +108,13 @@ def bench(
     save_detailed: Annotated[bool, typer.Option(help="--save-result keeps the per-request lists (as vLLM's)."
                                                 )] = False,
     label: Annotated[Optional[str], typer.Option(help="--save-result's label (default: the backend).")] = None,
+    plot_timeline: Annotated[bool, typer.Option(help="Also write each request's timeline as HTML: a bar from "
+                                                "send to last token, the gaps between tokens coloured by "
+                                                "--timeline-itl-thresholds (timeline.html in --out; with "
+                                                "--save-result, beside the result file as vLLM's).")] = False,
+    timeline_itl_thresholds: Annotated[str, typer.Option(help="--plot-timeline's two ITL thresholds, LOW,HIGH "
+                                                         "(ms): green below LOW, orange up to HIGH, red "
+                                                         "above.")] = "25,50",
     percentile_metrics: Annotated[str, typer.Option(help="--save-result: metrics with percentiles, of ttft, "
                                                     "tpot, itl, e2el.")] = "ttft,tpot,itl",
     metric_percentiles: Annotated[str, typer.Option(help="--save-result: percentiles, comma-separated "
@@ -110,12 +124,14 @@ def bench(
     seed: Seed = 0,
     out: Out = None,
     json_out: JsonOut = None,
-    **workload_options,
+    **options,
 ) -> None:
     """Benchmark any OpenAI-compatible server with chunkbench's workloads and metrics (same files as `run`),
     including failed requests and their errors, as vllm bench serve 0.32 measures: no sampling parameter or
     warm-up unless asked, and synthetic arrivals on vLLM's own schedule for --rate, --burstiness and --seed
-    (--arrival vllm, the default here)."""
+    (--arrival vllm, the default here). vllm bench serve's command lines run as they are: its --base-url,
+    --host/--port, --endpoint path, --backend, --dataset-name/--dataset-path, --request-rate, --num-prompts
+    and dataset options are read; the options it has that change nothing here are accepted and ignored."""
     from chunkbench.backends import EndpointBackend
     from chunkbench.client import APIS
     from chunkbench.report import comparison_table
@@ -129,7 +145,7 @@ def bench(
         check_number("--vocab-size", vocab_size, low=2)
     check_number("--num-warmups", num_warmups, low=0, integer=True)
     check_number("--probe-request-rate", probe_request_rate, low=0)
-    if api not in APIS:
+    if api not in APIS:  # checked again once vLLM's --backend or --endpoint path has chosen it
         raise UserError(f"--api must be {' or '.join(APIS)}, got '{api}'")
     check_number("--request-timeout", request_timeout, low=0, low_open=True)
     sampling = {name: value for name, value in
@@ -147,9 +163,16 @@ def bench(
     check_writable(out, "--out", folder=True)
     check_writable(json_out, "--json")
     metrics, percentiles = parse_percentiles(percentile_metrics, metric_percentiles)
+    thresholds = parse_thresholds(timeline_itl_thresholds)
     slos = parse_goodput(goodput)
-    options = pick(workload_options, WORKLOAD_OPTIONS)
-    if options["arrival"] is None and not has_timestamps(options["workload"]):
+    endpoint, api = server_url(endpoint, options["base_url"], options["host"], options["port"],
+                               options["vllm_backend"], api)
+    served_model = options["served_model_name"] or served_model
+    if options["dataset_name"] is not None:
+        options["workload"] = dataset_workload(options["dataset_name"], options["dataset_path"])
+    self_timed = not options["no_self_timed"]
+    options = pick(options, WORKLOAD_OPTIONS)
+    if options["arrival"] is None and not (self_timed and has_timestamps(options["workload"])):
         options["arrival"] = "vllm"  # vllm bench serve's schedule for the same --rate, --burstiness, --seed
     backend = EndpointBackend.connect(endpoint, served_model, vocab_size, options["tokenizer"],
                                       max_concurrency=max_concurrency, api=api, api_key=api_key, headers=headers,
@@ -182,12 +205,19 @@ def bench(
         path = result_path(result_dir, result_filename, result)
         save_vllm_result(result, path)
         console.print(f"wrote {path} (vllm bench serve --save-result's layout)")
+    if plot_timeline:
+        where = path.with_suffix(".timeline.html") if save_result else out / "timeline.html"
+        write_timeline(run.result.requests, where, thresholds, f"{endpoint}, {spec.name}, {len(requests)} requests")
+        console.print(f"wrote {where}")
 
 
 def has_timestamps(workload: str) -> bool:
     """Whether the workload brings its own arrival times (a named trace, multi-turn, a file with them)."""
     from chunkbench.workload import TRACE_FILES
 
+    kind = workload.partition(":")[0]
+    if kind in DATASETS:
+        return kind == "timed_trace"
     if workload in TRACE_FILES or workload == "multi-turn":
         return True
     if Path(workload).suffix in (".csv", ".jsonl", ".ndjson", ".json"):

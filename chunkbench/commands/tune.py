@@ -14,7 +14,7 @@ from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype,
                                          MaxModelLen, MaxSchedDelay, Model, NoProgress, NumBlocks, Seed, SlaE2el,
                                          SlaPercentile, SlaProbe, SlaTbt, SlaTpot, SlaTtft, TensorParallelSize,
-                                         ProbeRate)
+                                         ProbeRate, DATASET_OPTIONS, TimeScale, pick, with_options)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.launch import launch_command, launches_vllm
@@ -22,6 +22,10 @@ from chunkbench.node import plan_slots, varies_by_slot
 from chunkbench.outputs import check_writable
 
 
+TUNE_WORKLOAD_OPTIONS = DATASET_OPTIONS | {"time_scale": (TimeScale, 1.0)}
+
+
+@with_options(TUNE_WORKLOAD_OPTIONS)
 def tune(
     model: Model = "llama-3-8b",
     sla_ttft: SlaTtft = None,
@@ -107,6 +111,7 @@ def tune(
     max_sched_delay: MaxSchedDelay = 2000.0,
     seed: Seed = 0,
     no_progress: NoProgress = False,
+    **dataset_options,
 ) -> None:
     """Search token budget, chunk caps, progressive chunk schedules and seats against SLAs; write the best
     config for chunkbench, vLLM and SGLang, trials.csv, plots and report.html."""
@@ -149,6 +154,8 @@ def tune(
     search_space = SearchSpace.load(space)
     given = dict(name=workload, rate=rate, num_requests=num_requests, seed=seed,
                  probe_request_rate=probe_request_rate or None)
+    given |= {k: v for k, v in pick(dataset_options, TUNE_WORKLOAD_OPTIONS).items()
+              if v != TUNE_WORKLOAD_OPTIONS[k][1]}  # a flag left at its default keeps the space file's value
     spec_workload = WorkloadSpec(**{**search_space.workload, **{k: v for k, v in given.items() if v is not None}})
     overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed,
                                        tensor_parallel_size=tensor_parallel_size,

@@ -22,7 +22,7 @@ import numpy as np
 
 from chunkbench.backends import Backend, EngineBackend, SimBackend
 from chunkbench.runs import config_for_policy, environment, run_benchmark
-from chunkbench.engine.config import POLICIES
+from chunkbench.engine import policies
 from chunkbench import sweeps
 from chunkbench.errors import UserError, check_number, read_toml
 from chunkbench.metrics import summarize
@@ -96,8 +96,8 @@ def load_suite(path: str | Path) -> list[Case]:
             raise UserError(f"{where}: needs a name and a policy")
         _check_types(where, entry)
         for policy in filter(None, (entry["policy"].split(":")[0], (entry.get("reference") or "").split(":")[0])):
-            if policy not in POLICIES:
-                raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(POLICIES)}")
+            if policy not in policies.REGISTRY:
+                raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(policies.names())}")
         if entry.get("backend", "sim") not in ("sim", "engine"):
             raise UserError(f"{where}: backend must be sim or engine")
         if entry.get("clock", "wall") not in ("wall", "cpu"):

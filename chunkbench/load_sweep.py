@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from chunkbench.backends import Backend
 from chunkbench.capacity import Capacity, Probe, at_rate, meets, search_capacity
 from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.policies import chunks_prompts
 from chunkbench.engine.shape import StepShape
 from chunkbench.runs import BenchRun, measure
 from chunkbench.slo import SLO, violations
@@ -158,7 +159,7 @@ def verdict(loads: list[PolicyLoad], slos: list[SLO], max_sched_delay_ms: float,
         else:
             parts.append(f"{load.label} {load.capacity:.3g} req/s ({first.label} met it at no rate)")
     line = f"at {sla}: " + ("; ".join(parts) if parts else f"{first.label} sustains {first.capacity:.3g} req/s")
-    chunked = [load for load in loads if load.config.scheduler.policy == "chunked"]
+    chunked = [load for load in loads if chunks_prompts(load.config.scheduler.policy)]
     best = max(loads, key=lambda load: load.capacity)
     if not chunked or len(loads) < 2 or best in chunked:
         return line

@@ -15,6 +15,7 @@ import pandas as pd
 
 from chunkbench.backends import Backend, EngineBackend, Serve
 from chunkbench.engine.config import EngineConfig, default_budget, parse_chunk_schedule
+from chunkbench.engine.policies import chunks_prompts
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.errors import UserError
 from chunkbench.gc_pause import gc_paused
@@ -103,7 +104,7 @@ def unsized_chunked(specs: list[str]) -> bool:
     """Whether a chunked policy among these specs sets neither a token budget nor a time target itself: only
     such a policy takes a CPU's default step-time target (config_for_policy), so only then is it chosen and
     said (the flags' own budget or target is fit_to_device's to see)."""
-    return any(policy == "chunked" and not any(knobs.get(k) for k in STEP_SIZING)
+    return any(chunks_prompts(policy) and not any(knobs.get(k) for k in STEP_SIZING)
                for policy, knobs in map(parse_policy_spec, specs))
 
 
@@ -114,9 +115,9 @@ def config_for_policy(base: dict, spec: str, chunked_defaults: dict | None = Non
     flags and spec set neither a token budget nor a time target."""
     policy, overrides = parse_policy_spec(spec)
     kwargs = {**base, **overrides}
-    if policy == "chunked" and chunked_defaults and not any(kwargs.get(k) for k in STEP_SIZING):
+    if chunks_prompts(policy) and chunked_defaults and not any(kwargs.get(k) for k in STEP_SIZING):
         kwargs |= chunked_defaults
-    if "max_num_batched_tokens" not in overrides and policy != "chunked":
+    if "max_num_batched_tokens" not in overrides and not chunks_prompts(policy):
         max_model_len = EngineConfig.create(**{**kwargs, "max_num_batched_tokens": None}).scheduler.max_model_len
         if (kwargs.get("max_num_batched_tokens") or 0) < default_budget(policy, max_model_len):
             kwargs["max_num_batched_tokens"] = None  # the policy's default

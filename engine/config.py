@@ -9,11 +9,11 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from . import policies
 from .knobs import KNOBS, default
 from .model_config import ConfigError, ModelConfig, _positive, _require
 from .sharding import check_tensor_parallel
 
-POLICIES = ("static", "continuous", "orca", "chunked")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 # Far above any real deployment (vLLM's budgets reach ~10^5 tokens, its seats ~10^3); they keep the memory
 # model's per-step shapes (a tuple per sequence of vLLM's profiling step) a size Python can build.
@@ -73,9 +73,13 @@ def parse_chunk_schedule(text: str | None) -> tuple[int, ...]:
 
 
 def min_budget(policy: str, max_model_len: int) -> int:
-    """The smallest token budget a policy can run with: policies that never split a prompt need a whole
-    max-length prompt in one step (vLLM enforces the same without chunked prefill)."""
-    return 1 if policy == "chunked" else max_model_len
+    """The smallest token budget a policy can run with (engine/policies/base.py)."""
+    check_policy(policy)
+    return policies.get(policy).min_budget(max_model_len)
+
+
+def check_policy(name: str) -> None:
+    _require(name in policies.REGISTRY, f"--policy must be one of {', '.join(policies.names())}, got '{name}'")
 
 
 def check_device(name: str) -> None:
@@ -111,7 +115,7 @@ class SchedulerConfig:
     watermark: float = default("watermark")
 
     def __post_init__(self) -> None:
-        _require(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got '{self.policy}'")
+        check_policy(self.policy)
         _positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         _positive("--max-num-seqs", self.max_num_seqs)
         _require(self.max_num_batched_tokens <= MAX_BUDGET,

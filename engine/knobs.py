@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import policies
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -41,7 +43,7 @@ class Knob:
 VLLM_VERSION = "0.32.0"  # the vLLM release whose options the `vllm` column names (checked in tests/vllm/)
 
 KNOBS: dict[str, Knob] = {k.name: k for k in [
-    Knob("policy", str, "chunked", "Batching policy: static, continuous, orca or chunked.", "scheduler",
+    Knob("policy", str, "chunked", "Batching policy: " + ", ".join(policies.names()) + ".", "scheduler",
          searchable=True),
     Knob("max_num_batched_tokens", int, None, "Token budget per step (tokens). Default: 2048 for chunked, "
          "max(2048, max-model-len) otherwise.", "scheduler", flags=("--max-num-batched-tokens", "--budget"),

@@ -11,7 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from .config import ConfigError
+from .model_config import ConfigError
 
 
 class RequestStatus(enum.Enum):

@@ -1,23 +1,10 @@
-"""Token-budget scheduler: four batching policies over one request model (see docs/architecture.md).
+"""Token-budget scheduler: the request queues, KV blocks and preemption under a batching policy
+(engine/policies/: static, continuous, orca, chunked; see docs/architecture.md).
 
-Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_num_seqs`). A request is
-scheduled `n` of its uncomputed tokens; the step that computes its last token samples the next one.
-
-    static      admit a batch when nothing runs; prefill it whole, decode it to completion
-    continuous  whole prompts in prefill-only steps that pause decodes (vLLM before chunked prefill)
-    orca        whole prompts ride in the same step as the decodes
-    chunked     running requests in order, a decode token or a prompt chunk each, then waiting prompts' chunks
-                fill the rest of the budget (Sarathi-Serve, vLLM v1); with `step_time_target_ms`, decodes
-                first and chunks also fill the rest of the step's predicted time (engine/step_time.py)
-
-`chunked` makes vLLM 0.32's decisions (vllm/v1/core/sched/scheduler.py; the same per-step, per-request token
-counts, preemptions and prefix-cache hits, checked against vLLM itself by tests/vllm/test_scheduler_oracle.py):
-`chunk_size` is its long_prefill_token_threshold, not applied while a single request is running or waiting
-(there is nobody to starve) and, with long_prefill_token_threshold_adaptive, raised to a fair share of the
-budget; with scheduler_reserve_full_isl a waiting request is admitted only when blocks for its whole prompt are
-free; max_num_active_seqs caps admissions; admissions leave the watermark free while others run. Its
-chunkbench-only knobs (chunk_schedule, num_chunks, tile, max_partial_prefills, step_time_target_ms) are
-extensions vLLM lacks.
+Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_num_seqs`). The policy picks
+`n` uncomputed tokens of each request it schedules; the step that computes a request's last token samples the
+next one. `chunked` makes vLLM 0.32's decisions (the same per-step, per-request token counts, preemptions and
+prefix-cache hits, checked against vLLM itself by tests/vllm/test_scheduler_oracle.py).
 
 When KV blocks run out, the newest running request not yet in this step is preempted and later
 recomputed from scratch. Plain Python: no torch, so the simulator runs it at full speed.
@@ -28,19 +15,19 @@ from __future__ import annotations
 import zlib
 from collections import deque
 
-from .baselines import WholePromptPolicies
+from . import policies
 from .block_manager import BlockManager, cdiv
 from .config import SchedulerConfig
 from .outputs import ScheduledChunk, SchedulerOutput, StepResult
 from .request import Request, RequestStatus
 from .shape import StepCost
-from .step_time import StepTimer
 
 
-class Scheduler(WholePromptPolicies):
+class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, seed: int = 0,
                  step_cost: StepCost | None = None) -> None:
         self.config = config
+        self.policy = policies.get(config.policy)
         self.step_cost = step_cost  # predicts a step's seconds; needed by step_time_target_ms
         self.block_manager = block_manager
         self.seed = seed
@@ -99,7 +86,7 @@ class Scheduler(WholePromptPolicies):
         running, config = self.running, self.config
         if not running or len(running) > config.max_num_batched_tokens:
             return None
-        if self.waiting and len(running) < config.max_active and config.policy != "static":
+        if self.waiting and len(running) < config.max_active and self.policy.admits_while_running:
             return None
         if not running[-1].is_decoding:  # the newest admission, the likeliest to be mid-prefill: a quick no
             return None
@@ -111,89 +98,11 @@ class Scheduler(WholePromptPolicies):
         scheduled: dict[Request, int] = {}  # request -> tokens to compute this step (in step order)
         preempted: list[Request] = []
         self._step_cached_tokens = 0
-        policy = self.config.policy
-        if policy == "chunked":
-            self._schedule_chunked(scheduled, preempted)
-        elif policy == "orca":
-            self._schedule_orca(scheduled, preempted)
-        else:
-            self._schedule_prefill_first(scheduled, preempted)
+        self.policy.schedule(self, scheduled, preempted)
         return self._make_output(scheduled, preempted, now)
 
-    def _long_prefill_token_threshold(self) -> int | None:
-        """`chunk_size` as vLLM 0.32 applies its long_prefill_token_threshold this step: not at all while one
-        request is running or waiting (it has nobody to starve), and with long_prefill_token_threshold_adaptive
-        at least max_num_batched_tokens // (running + waiting)."""
-        config = self.config
-        size, eligible = config.chunk_size, len(self.running) + len(self.waiting)
-        if size is None or eligible <= 1:
-            return None
-        if config.long_prefill_token_threshold_adaptive:
-            size = max(size, config.max_num_batched_tokens // eligible)
-        return size
+    # ---- helpers (the policies' too) ----
 
-    def _schedule_chunked(self, scheduled: dict[Request, int], preempted: list[Request]) -> None:
-        config = self.config
-        budget = config.max_num_batched_tokens
-        target = config.step_time_target_ms
-        timer = StepTimer(self.step_cost, target / 1000) if target else None
-        threshold = self._long_prefill_token_threshold()
-        if timer is None:  # vLLM: in running order
-            running = list(self.running)
-        else:  # decodes first: their time is fixed, the chunks fill what is left of the target
-            running = [r for r in self.running if r.is_decoding] + [r for r in self.running if not r.is_decoding]
-        for request in running:
-            if budget == 0:
-                break
-            if preempted and request in preempted:  # preempted earlier in this step (a short list, mostly empty)
-                continue
-            n = self._chunk_len(request, budget, scheduled, timer, threshold)
-            if n and self._reserve(request, n, scheduled, preempted):
-                budget -= n
-                self._timed(timer, request, n)
-        if preempted:
-            return  # vLLM v1: a step that preempts admits nothing
-        cap = config.max_partial_prefills
-        full_isl = config.scheduler_reserve_full_isl
-        watermark = int(config.watermark * (self.block_manager.num_blocks + 1))  # vLLM counts its null block
-        while self.waiting and budget > 0 and len(self.running) < config.max_active:
-            if cap is not None and cap <= sum(1 for r in self.running  # prompts still mid-prefill after this step
-                                              if not r.is_decoding and scheduled.get(r, 0) < r.num_tokens_to_compute):
-                break
-            request = self.waiting[0]
-            hits = self._lookup_prefix(request)
-            n = self._chunk_len(request, budget, scheduled, timer, threshold)
-            # vLLM's scheduler_reserve_full_isl: blocks for the whole prompt must be free, not just the chunk's
-            if not n or not self._admit(request, n, scheduled, hits, full_isl, watermark if self.running else 0):
-                break
-            budget -= n
-            self._timed(timer, request, n)
-
-    # ---- helpers ----
-
-    def _chunk_len(self, request: Request, budget: int, scheduled: dict[Request, int],
-                   timer: StepTimer | None = None, threshold: int | None = None) -> int:
-        """Tokens of `request` to compute this step under the chunked policy's caps: the token budget, the
-        per-request caps (`threshold`: this step's chunk_size) and, with a time target, the step's predicted
-        time."""
-        if request.is_decoding:
-            return 1
-        remaining = request.num_tokens_to_compute
-        n = min(remaining, budget, self.config.chunk_cap(request.num_chunks, request.num_prompt_tokens, threshold))
-        if timer is not None:
-            n = timer.fit(n, request.num_computed_tokens, remaining)
-        tile = self.config.tile
-        if tile and n < remaining:  # trim a cut chunk so the step ends on a tile boundary
-            excess = (sum(scheduled.values()) + n) % tile
-            if excess < n:
-                n -= excess
-        return n
-
-    @staticmethod
-    def _timed(timer: StepTimer | None, request: Request, n: int) -> None:
-        """Tell the step timer a chunk joined the step (before update() moves the computed count on)."""
-        if timer is not None:
-            timer.add(n, request.num_computed_tokens, request.is_decoding, n == request.num_tokens_to_compute)
 
     def _lookup_prefix(self, request: Request) -> list[int]:
         """Cached blocks a waiting request's tokens start with; tentatively counts them as computed (a

@@ -13,6 +13,7 @@ from __future__ import annotations
 import tomli_w
 import yaml
 
+from chunkbench.engine import policies
 from chunkbench.engine.config import EngineConfig, SchedulerConfig
 from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
 
@@ -60,7 +61,8 @@ def server_knobs(config: EngineConfig):
 def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
     """vLLM options (dashed names, as `vllm serve --config` reads them) and notes on what has no vLLM form."""
     s, notes = config.scheduler, []
-    options = {"enable-chunked-prefill": s.policy == "chunked"} if "policy" in config.chosen else {}
+    policy = policies.get(s.policy)
+    options = {"enable-chunked-prefill": policy.chunks_prompts} if "policy" in config.chosen else {}
     options |= {k.vllm: value for k, value in server_knobs(config) if k.vllm and k.name != "chunk_size"}
     if first_chunk_cap(s):
         options["long-prefill-token-threshold"] = first_chunk_cap(s)  # vLLM v1's per-step cap on a long prompt
@@ -71,7 +73,7 @@ def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
         if not k.vllm and k.name not in ("policy", "chunk_schedule") and value not in ((), False):
             was = f"; earlier vLLM releases had {k.vllm_before}" if k.vllm_before else ""
             notes.append(f"{k.name} {value} is chunkbench-only (no vLLM {VLLM_VERSION} option){was}")
-    if s.policy in ("static", "orca"):
+    if not policy.in_vllm:
         notes.append(f"policy '{s.policy}' has no vLLM equivalent; the closest is chunked prefill off")
     return options, notes
 
@@ -111,14 +113,15 @@ def sglang_flags(config: EngineConfig) -> str:
     """SGLang has one chunk size and a prefill-token budget; mixed chunks are Sarathi-style stall-free. Flag
     names as in SGLang's ServerArgs (python/sglang/srt/server_args.py)."""
     s = config.scheduler
+    chunks_prompts = policies.get(s.policy).chunks_prompts
     chunk = first_chunk_cap(s) or s.max_num_batched_tokens
     flags = [f"--model-path {model_id(config)}"]
     if {"policy", "chunk_size", "chunk_schedule", "max_num_batched_tokens"} & config.chosen:
-        flags.append(f"--chunked-prefill-size {chunk if s.policy == 'chunked' else -1}")
+        flags.append(f"--chunked-prefill-size {chunk if chunks_prompts else -1}")
     flags += [f"{k.sglang} {value}" for k, value in server_knobs(config) if k.sglang]
     if config.cache.kv_cache_dtype == "fp8":
         flags.append("--kv-cache-dtype fp8_e4m3")  # SGLang names the fp8 format; vLLM's fp8 is e4m3 too
-    if s.policy == "chunked" and "policy" in config.chosen:
+    if chunks_prompts and "policy" in config.chosen:
         flags.append("--enable-mixed-chunk")
     if "enable_prefix_caching" in config.chosen and not config.cache.enable_prefix_caching:
         flags.append("--disable-radix-cache")

@@ -8,7 +8,8 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, POLICIES, min_budget
+from chunkbench.engine import policies as engine_policies
+from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, min_budget
 from chunkbench.engine.knobs import CHUNKED_ONLY, KNOBS as ENGINE_KNOBS, SEARCHABLE as KNOBS, VLLM_VERSION
 from chunkbench.errors import UserError, read_toml
 from chunkbench import sweeps
@@ -61,8 +62,8 @@ class SearchSpace:
             if len(set(map(str, values))) != len(values):
                 raise UserError(f"{where}: '{key}' lists a value twice")
         for policy in self.values.get("policy", ["chunked"]):
-            if policy not in POLICIES:
-                raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(POLICIES)}")
+            if policy not in engine_policies.REGISTRY:
+                raise UserError(f"{where}: unknown policy '{policy}'; use {', '.join(engine_policies.names())}")
         if any(not isinstance(v, bool) for v in self.values.get("enable_prefix_caching", [])):
             raise UserError(f"{where}: 'enable_prefix_caching' values must be true or false")
         for family in self.values.get("chunk_schedule", ["fixed"]):
@@ -96,7 +97,7 @@ class SearchSpace:
         the user's own space file naming them is refused in one line, before any launch."""
         only = [k for k in self.values if k != "policy" and not ENGINE_KNOBS[k].vllm
                 and self.values[k] not in (["fixed"], [0])]  # a single 'off' value changes nothing
-        policies = [p for p in self.values.get("policy", []) if p in ("static", "orca")]
+        policies = [p for p in self.values.get("policy", []) if not engine_policies.get(p).in_vllm]
         if not only and not policies:
             return self, None
         what = ", ".join(only + [f"policy {p}" for p in policies])
@@ -118,7 +119,7 @@ class SearchSpace:
         point["max_num_seqs"] = suggest("max_num_seqs", self.values.get("max_num_seqs", [256]))
         if "enable_prefix_caching" in self.values:
             point["enable_prefix_caching"] = suggest("enable_prefix_caching", self.values["enable_prefix_caching"])
-        if point["policy"] == "chunked":
+        if engine_policies.chunks_prompts(point["policy"]):
             for key in CHUNKED_ONLY:
                 if key in self.values:
                     point[key] = suggest(key, self.values[key])
@@ -142,7 +143,7 @@ def engine_kwargs(point: dict, max_model_len: int) -> dict:
     kwargs = {"policy": point["policy"], "max_num_seqs": point["max_num_seqs"]}
     if "enable_prefix_caching" in point:
         kwargs["enable_prefix_caching"] = point["enable_prefix_caching"]
-    if point["policy"] != "chunked":
+    if not engine_policies.chunks_prompts(point["policy"]):
         kwargs["max_num_batched_tokens"] = max(budget, min_budget(point["policy"], max_model_len))
         return kwargs
     tile = point.get("tile") or None

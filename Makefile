@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-vllm docs install clean
+.PHONY: demo test test-vllm docs lint install clean
 
 install: $(STAMP)
 
@@ -39,6 +39,17 @@ docs: $(VENV)/.installed-docs
 
 $(VENV)/.installed-docs: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
+
+# Lint and types: ruff (rules and format in pyproject.toml) over the repository, mypy over the engine and the
+# simulator (the torch-free core every simulated trial runs).
+lint: $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+$(VENV)/.installed-lint: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[lint]'
 	touch $@
 
 clean:

@@ -60,9 +60,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     (kernels.write_kv if triton else write_kv_ref)(k, v, k_cache, v_cache, m.slot_mapping)
     out = torch.empty_like(q)
     if sampled_only:
-        m = m.sampled
-        if m is None:  # nothing sampled this step: the K/V was all the last layer had to give
+        sampled = m.sampled
+        if sampled is None:  # nothing sampled this step: the K/V was all the last layer had to give
             return out
+        m = sampled
     if triton:
         kernels.paged_attention(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table,
                                 m.max_seqlen_q, m.max_seqlen_k, softmax_scale)

@@ -24,6 +24,7 @@ when its live entry is taken, after its stale ones.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from .request import Request
 
@@ -113,6 +114,7 @@ class BlockManager:
     def _evict(self, block: int) -> None:
         """Drop a block about to be overwritten from the prefix cache; a later block with its hash takes over."""
         h = self.block_hash[block]
+        assert h is not None, f"block {block} is not in the prefix cache"
         self.block_hash[block] = None
         dupes = self._dupes.get(h)
         if self.cached.get(h) == block:
@@ -127,19 +129,20 @@ class BlockManager:
 
     # ---- allocation ----
 
-    def blocks_needed(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> int:
+    def blocks_needed(self, request: Request, num_new_tokens: int, hits: Sequence[int] = ()) -> int:
         """New blocks to take so the table covers the computed tokens plus `num_new_tokens`."""
         have = len(self.block_tables.get(request.request_id, ())) or len(hits)
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - have  # cdiv, inlined: hot
         return needed if needed > 0 else 0
 
-    def can_allocate(self, request: Request, num_new_tokens: int, hits: list[int] = (), reserve: int = 0) -> bool:
+    def can_allocate(self, request: Request, num_new_tokens: int, hits: Sequence[int] = (),
+                     reserve: int = 0) -> bool:
         """Whether blocks for `num_new_tokens` more tokens are free, leaving `reserve` blocks free (vLLM's
         watermark)."""
         reused_free = sum(1 for b in hits if self.ref_counts[b] == 0)  # taking them shrinks the free list
         return self.blocks_needed(request, num_new_tokens, hits) + reserve <= self.num_free - reused_free
 
-    def allocate(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> list[int]:
+    def allocate(self, request: Request, num_new_tokens: int, hits: Sequence[int] = ()) -> list[int]:
         """Give a newly admitted request its cached prefix blocks `hits`, then blocks for `num_new_tokens`."""
         assert request.request_id not in self.block_tables, f"{request.request_id} already holds blocks"
         for block in hits:
@@ -193,7 +196,8 @@ class BlockManager:
 
     def _live(self, popped: list[int]) -> list[int]:
         """The popped entries less the stale ones, topped up from the front to as many live blocks."""
-        stale, live, popleft = self._stale, [], self.free_blocks.popleft
+        live: list[int] = []
+        stale, popleft = self._stale, self.free_blocks.popleft
         want = len(popped)
         popped.reverse()  # consumed from the end, in the order popped
         while len(live) < want:
@@ -216,7 +220,9 @@ class BlockManager:
         Tail blocks are freed first, so they are evicted before the prefix blocks others may share; uncached
         blocks go to the front of the free list (reused first, as vLLM 0.32), cached ones to the end."""
         self.num_registered.pop(request.request_id, None)
-        refs, released, uncached = self.ref_counts, [], []
+        released: list[int] = []
+        uncached: list[int] = []
+        refs = self.ref_counts
         hashed = self.block_hash if self.enable_caching else None
         for block in reversed(self.block_tables.pop(request.request_id, [])):
             left = refs[block] = refs[block] - 1

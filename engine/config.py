@@ -158,16 +158,15 @@ class SchedulerConfig:
         """The most prompt tokens a request may compute in its `chunk_index`-th chunk (0-based); with
         `num_chunks`, at most ceil(prompt_len / num_chunks). `chunk_size`: the cap the scheduler applies this
         step in place of the configured one (vLLM's long_prefill_token_threshold: see engine/scheduler.py)."""
-        if chunk_size == "config":
-            chunk_size = self.chunk_size
-        cap = math.inf
+        size = self.chunk_size if chunk_size == "config" else chunk_size
+        cap: float = math.inf
         if self.num_chunks is not None and prompt_len:
             cap = -(-prompt_len // self.num_chunks)
         if self.chunk_schedule:
             cap = self.chunk_schedule[min(chunk_index, len(self.chunk_schedule) - 1)]
-        if chunk_size is not None:
-            cap = min(cap, chunk_size)
-        return cap if cap != math.inf else self.max_num_batched_tokens
+        if size is not None:
+            cap = min(cap, int(size))
+        return int(cap) if cap != math.inf else self.max_num_batched_tokens
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,10 @@ class ModelExecutor:
 
     def _metadata(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         bs = self.block_size
-        input_ids, positions, slots, cu, lens_k = [], [], [], [0], []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu, lens_k = [0], []
         for c in chunks:
             input_ids += c.token_ids
             pos = range(c.start_pos, c.context_len)

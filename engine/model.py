@@ -139,7 +139,7 @@ class LlamaMLP(nn.Module):
         return _linear(F.silu(gate).mul_(up), self.down_proj.weight, None, self.packed.get("down"))
 
 
-def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
+def _fuse(params: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate parameters along dim 0 and make each a view of the result (copy once, share after)."""
     fused = torch.cat([p.detach() for p in params])
     start = 0

@@ -31,7 +31,10 @@ class Chunked(Policy):
         s, config = scheduler, scheduler.config
         budget = config.max_num_batched_tokens
         target = config.step_time_target_ms
-        timer = StepTimer(s.step_cost, target / 1000) if target else None
+        timer = None
+        if target:
+            assert s.step_cost is not None, "step_time_target_ms needs the scheduler's step cost"
+            timer = StepTimer(s.step_cost, target / 1000)
         threshold = long_prefill_token_threshold(s)
         if timer is None:  # vLLM: in running order
             running = list(s.running)

@@ -1,24 +1,22 @@
 """Workloads: seeded, reproducible lists of requests (prompt length, output length, arrival time).
 
-Synthetic ones draw lengths and arrivals from distributions; named ones are presets of those or real traces
-shipped in chunkbench/data; user files are CSV/JSONL with token counts, or ShareGPT JSON.
+WorkloadSpec says what to draw; build_workload takes the source's token counts (chunkbench/workload_sources.py:
+named workloads, synthetic distributions, real traces, vLLM's datasets, users' files), gives them arrival
+times, shared prefixes and probes, and checks the result.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, fields
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from chunkbench import vllm_datasets as datasets
+from chunkbench.workload_sources import NAMED, find  # noqa: F401  (NAMED: the named workloads, for --help)
 from chunkbench.arrivals import MAX_SPAN_S, RAMP_UPS, arrival_span, sample_arrivals
 from chunkbench.errors import UserError, check_number
-from chunkbench.lengths import sample_lengths
-from chunkbench.workload_files import MAX_TOKENS, read_sharegpt, read_token_file
+from chunkbench.workload_files import MAX_TOKENS
 
 MAX_REQUESTS = 10**7  # requests in a workload: beyond is a mistake (1.2e12 asked numpy for 8.8 TiB of lengths)
 
@@ -33,59 +31,6 @@ class WorkloadRequest:
     shared: tuple[tuple[int, int], ...] = ()
     probe: bool = False  # a one-token probe beside the load (--probe-request-rate), reported apart
 
-
-
-# ---------- named workloads ----------
-
-NAMED = {
-    "chat": "short chat prompts (lognormal, median 256 tokens) and answers (median 128)",
-    "long-doc": "long documents, 8k-32k-token prompts, 256-token answers",
-    "rag-mix": "9 chats in 10 (median 200 tokens) with a 2k-6k-token document prompt among them",
-    "azure-conv": "Azure LLM conversation trace (Splitwise, 2023), real arrivals",
-    "azure-code": "Azure LLM coding trace (Splitwise, 2023), real arrivals",
-    "arxiv-summarization": "arXiv summarization token counts (long prompts), Poisson arrivals at --rate",
-    "multi-turn": "4-turn chats: each turn's prompt is the whole conversation so far plus a new message",
-}
-MULTI_TURN_TURNS, MULTI_TURN_GAP_S = 4, 5.0  # turns per conversation; seconds between a conversation's turns
-TRACE_FILES = {"azure-conv": "splitwise_conv.csv", "azure-code": "splitwise_code.csv",
-               "arxiv-summarization": "arxiv_summarization.csv"}
-
-
-def _named_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    if name == "chat":
-        return sample_lengths("lognormal:256:0.8:4:4096", n, rng), sample_lengths("lognormal:128:0.6:4:1024", n, rng)
-    if name == "long-doc":
-        return sample_lengths("uniform:8192:32768", n, rng), sample_lengths("fixed:256", n, rng)
-    # rag-mix: every 10th request (from a seeded offset) is a long document.
-    prompts = sample_lengths("lognormal:200:0.6:16:1024", n, rng)
-    outputs = sample_lengths("lognormal:128:0.5:16:512", n, rng)
-    docs = np.arange(n) % 10 == rng.integers(10)
-    prompts[docs] = rng.integers(2048, 6145, docs.sum())
-    return prompts, outputs
-
-
-def _multi_turn(n: int, rate: float, rng: np.random.Generator) -> list[WorkloadRequest]:
-    """Conversations start as a Poisson process at rate / turns; turn t comes MULTI_TURN_GAP_S after t-1.
-    The answers in later prompts are the workload's, not the model's (as when replaying a chat dataset), so
-    the cache serves each turn the previous turn's prompt, not its generated answer."""
-    conversations = -(-n // MULTI_TURN_TURNS)
-    starts = sample_arrivals("poisson", conversations, rate / MULTI_TURN_TURNS, 1.0, rng)
-    requests = []
-    for c, start in enumerate(starts):
-        users = sample_lengths("lognormal:128:0.6:8:1024", MULTI_TURN_TURNS, rng)
-        answers = sample_lengths("lognormal:128:0.6:8:512", MULTI_TURN_TURNS, rng)
-        history: tuple[tuple[int, int], ...] = ()
-        for t in range(MULTI_TURN_TURNS):
-            segments = history + ((c * 2 * MULTI_TURN_TURNS + 2 * t, int(users[t])),)
-            requests.append(WorkloadRequest(sum(length for _, length in segments), int(answers[t]),
-                                            float(start + t * MULTI_TURN_GAP_S), segments))
-            history = segments + ((c * 2 * MULTI_TURN_TURNS + 2 * t + 1, int(answers[t])),)
-    return sorted(requests, key=lambda r: r.arrival_time)[:n]
-
-
-def read_trace(name: str) -> pd.DataFrame:
-    with resources.files("chunkbench.data").joinpath(TRACE_FILES[name]).open() as f:
-        return pd.read_csv(f)
 
 
 # ---------- the one entry point ----------
@@ -177,52 +122,11 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
     spec.validate()
     rng = np.random.default_rng(spec.seed)
     n = spec.num_requests or 1000
-    arrivals = None
-    shared = None  # per request shared prefix segments, when the source has them
-    dataset = datasets.parse(spec.name)
-    if dataset is not None:
-        drawn = datasets.draw(spec, *dataset, spec.num_requests if dataset[1] else n, rng)
-        prompts, outputs, shared = drawn.prompts, drawn.outputs, drawn.shared
-        arrivals = drawn.arrivals if spec.arrival in (None, "trace") else None
-        n = len(prompts)
-    elif spec.name in TRACE_FILES or Path(spec.name).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
-        if spec.name in TRACE_FILES:
-            frame = read_trace(spec.name).rename(columns={"num_prefill_tokens": "prompt_len",
-                                                          "num_decode_tokens": "output_len",
-                                                          "arrived_at": "arrival_time"})
-        else:
-            path = Path(spec.name)
-            if not path.is_file():
-                raise UserError(f"--workload: no such file: {path}")
-            frame = read_sharegpt(path, spec.tokenizer) if path.suffix == ".json" else read_token_file(path)
-        if spec.shuffle:
-            frame = frame.sample(frac=1.0, random_state=spec.seed).reset_index(drop=True)
-        frame = frame.head(spec.num_requests) if spec.num_requests else frame
-        if spec.shuffle and "arrival_time" in frame:
-            frame = frame.sort_values("arrival_time", kind="stable").reset_index(drop=True)
-        prompts, outputs = frame["prompt_len"].to_numpy(np.int64), frame["output_len"].to_numpy(np.int64)
-        if "prefix_group" in frame:  # a group's requests share their first prefix_len tokens
-            lens = frame["prefix_len"] if "prefix_len" in frame else pd.Series(np.zeros(len(frame)))
-            shared = [((1_000_000 + int(g), min(int(length), int(p))),) if length > 0 else ()
-                      for g, length, p in zip(frame["prefix_group"], lens, prompts)]
-        if "arrival_time" in frame and spec.arrival in (None, "trace"):
-            arrivals = frame["arrival_time"].to_numpy(float) * spec.time_scale  # as given, as vLLM's timed_trace
-        n = len(prompts)
-    elif spec.name == "multi-turn":
-        requests = _multi_turn(n, spec.rate, rng)
-        prompts = np.array([r.prompt_len for r in requests])
-        outputs = np.array([r.output_len for r in requests])
-        arrivals = np.array([r.arrival_time for r in requests])
-        shared = [r.shared for r in requests]
-    elif spec.name in NAMED:
-        prompts, outputs = _named_lengths(spec.name, n, rng)
-    elif spec.name == "synthetic":
-        prompts = sample_lengths(spec.prompt_len, n, rng, "--prompt-len")
-        outputs = sample_lengths(spec.output_len, n, rng, "--output-len")
-    else:
-        raise UserError(f"--workload: unknown workload '{spec.name}'; use one of "
-                        f"{', '.join([*NAMED, 'synthetic', *datasets.DATASETS])} (KIND:PATH for a file "
-                        "dataset) or a .csv/.jsonl/.json file")
+    source = find(spec.name)
+    drawn = source.draw(spec, n, rng)
+    prompts, outputs, shared = drawn.prompts, drawn.outputs, drawn.shared
+    arrivals = drawn.arrivals if source.own_arrivals or spec.arrival in (None, "trace") else None
+    n = len(prompts)
     if arrivals is None:
         if spec.arrival == "trace":
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")

@@ -10,10 +10,8 @@ and 1/num_layers of a prefill step's work saved (vLLM computes every row and the
 
 On the CPU in fp32, `pack_for_cpu` also keeps each linear layer's weight in oneDNN's blocked layout, reordered
 once (as vLLM's CPU build does), and every step's products use it: a plain F.linear goes through MKL's sgemm,
-which re-packs its weight on every call and here reaches half oneDNN's rate. Measured (one process, `small`'s
-layer GEMMs): on an AVX-512 EPYC (2026-12-04) 375-517 GFLOP/s packed against 185-222 with F.linear at 128 to
-2048 rows; on the earlier 2-core machine 1.38x at 32 rows, 1.05x at 100, 0.97x at 2048. It costs a second
-copy of the weights, so it is done only below PACK_MAX_BYTES of them.
+which re-packs its weight on every call and reaches about half oneDNN's rate (measured: docs/measurements/).
+It costs a second copy of the weights, so it is done only below PACK_MAX_BYTES of them.
 """
 
 from __future__ import annotations

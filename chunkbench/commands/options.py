@@ -15,6 +15,7 @@ from chunkbench.engine.knobs import KNOBS, Knob
 from chunkbench.vllm_datasets import HELP as DATASETS_HELP
 from chunkbench.lengths import LENGTH_HELP
 from chunkbench.workload import WorkloadSpec
+from chunkbench.workload_sources import NAMED
 
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Model preset (" + ", ".join(MODEL_PRESETS) + ") or a local Hugging Face directory with "
@@ -38,9 +39,9 @@ MaxModelLen, NumBlocks, Device, Dtype, Seed, TensorParallelSize, KvCacheDtype = 
 
 # ---- workload and output options ----
 Workload = Annotated[str, typer.Option(
-    help="Named workload (chat, long-doc, rag-mix, azure-conv, azure-code, arxiv-summarization, multi-turn), "
-    "'synthetic' (see --prompt-len/--output-len), a file: .csv/.jsonl with prompt_len,output_len[,arrival_time] "
-    "token counts, .json in ShareGPT format; or one of vllm bench serve's datasets: " + DATASETS_HELP + ".")]
+    help="Named workload (" + ", ".join(NAMED) + "), 'synthetic' (see --prompt-len/--output-len), a file: "
+    ".csv/.jsonl with prompt_len,output_len[,arrival_time] token counts, .json in ShareGPT format; or one of "
+    "vllm bench serve's datasets: " + DATASETS_HELP + ".")]
 NumRequests = Annotated[Optional[int], typer.Option("--num-requests", "--num-prompts",
                                                     help="Requests to send (requests); traces: the first N "
                                                     "(see --shuffle).")]

@@ -2,11 +2,9 @@
 
 The torch path gathers each decode's keys out of the paged cache into a padded copy (`index_select`) and then
 runs SDPA over the copy, so every layer moves the batch's K and V three times. The C kernel reads each key
-and value once, in place, through the block table. Measured on the 2-core machine (2026-12-03, `small`'s
-shapes, 32 requests of ~130 keys, one layer): 1.4-2.3 ms against 5.8-6.3 ms for the torch path. Later the same
-day (32 requests of 130-200 keys, kernels alternated in one process): 0.87-0.89 ms, against 1.29-1.56 ms for
-the first version, which made each (request, KV head) pair a unit: whole slots per request gave 1.25-1.3x and
-512-bit vectors (-mprefer-vector-width=512; gcc keeps to 256 by default) 1.4x.
+and value once, in place, through the block table: whole slots per request as the unit of work, and 512-bit
+vectors (-mprefer-vector-width=512; gcc keeps to 256 by default). Its speed against the torch path:
+docs/measurements/.
 
 It is plain C with OpenMP, no torch headers, so it compiles in under a second (cc with FLAGS) into
 $XDG_CACHE_HOME/chunkbench (default ~/.cache/chunkbench), keyed by the source, flags and CPU. The OpenMP

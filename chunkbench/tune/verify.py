@@ -4,8 +4,7 @@ winner picked on those measurements.
 
 Two tunes use it. `--presearch sim` checks its simulated best this way. A tune that launches every trial
 (`--backend launch`) does too, against the winner's curse: on a noisy server the best of 60 single runs is
-partly the luckiest run (issue 18 measured a best trial of 0.87 req/s whose configuration, launched again,
-measured 0.72-0.80, median 0.78). Each finished re-measurement is recorded in a JSON file in the study folder
+partly the luckiest run (a measured case: docs/measurements/). Each finished re-measurement is recorded in a JSON file in the study folder
 the moment it finishes, so a killed tune resumes without repeating it.
 """
 

@@ -7,7 +7,8 @@ import pytest
 
 from chunkbench.errors import UserError
 from chunkbench.arrivals import sample_arrivals
-from chunkbench.workload import NAMED, WorkloadSpec, build_workload, clip_to_model, sample_lengths
+from chunkbench.lengths import sample_lengths
+from chunkbench.workload import NAMED, WorkloadSpec, build_workload, clip_to_model
 
 
 @pytest.mark.parametrize("name", [*NAMED, "synthetic"])

@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
+from chunkbench.engine.limits import longest_prompt
+
 logger = logging.getLogger("chunkbench.server")
 INT64 = dict(ge=-2**63, le=2**63 - 1)  # vLLM's bounds for a seed
 MAX_STOP_STRINGS = 64
@@ -32,7 +34,9 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 def neutral(kind: type, value: Any, what: str):
-    """A field accepted only at `value` (or null), the value at which it changes nothing; the schema says so."""
+    """A field accepted only at `value` (or null), the value at which it changes nothing; the schema says so.
+    One whose value holds a string is named outside the class (pyflakes reads a string in an annotation as a
+    forward reference)."""
     def check(given):
         if given is not None and given != value:
             raise ValueError(f"{what} is not implemented by chunkbench serve: only {value!r} (or null) is accepted")
@@ -76,21 +80,28 @@ class ErrorResponse(BaseModel):
 def request_models(vocab_size: int, max_model_len: int, max_prompt_chars: int) -> tuple[type, type]:
     """(CompletionBody, ChatBody) for a server of this vocabulary, context length and prompt size limit."""
     # The token id range and the prompt's length are checked by the server (with messages that name
-    # max_model_len and the vocabulary), and stated here for the OpenAPI document.
+    # max_model_len and the vocabulary), and stated here for the OpenAPI document. A prompt and max_tokens, at
+    # least one token each, fit in max_model_len together (engine/limits.py), so either is at most `most_tokens`;
+    # the room a given prompt leaves is checked per request, with both numbers.
+    most_tokens = longest_prompt(max_model_len, max_tokens=1)
     TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, "maximum": vocab_size - 1})]
-    PromptText = Annotated[Text, Field(min_length=1, json_schema_extra={"maxLength": max_prompt_chars})]
-    PromptIds = Annotated[list[TokenId], Field(min_length=1, json_schema_extra={"maxItems": max_model_len - 1})]
-    # The room left after the prompt (max_model_len - prompt tokens) is checked per request, with both numbers.
-    MaxTokens = Annotated[int, Field(ge=1, json_schema_extra={"maximum": max_model_len - 1})]
+    MaxTokens = Annotated[int, Field(ge=1, json_schema_extra={"maximum": most_tokens})]
+    Body = _body(TokenId, most_tokens)
+    return (_completion_body(Body, TokenId, MaxTokens, most_tokens, max_prompt_chars),
+            _chat_body(Body, MaxTokens, max_prompt_chars))
+
+
+def _body(TokenId, most_tokens: int) -> type:
+    """The fields both APIs take: sampling, stopping, streaming, and the known ones not implemented."""
     StopText = Annotated[Text, Field(min_length=1)]
-    ContentText = Annotated[Text, Field(json_schema_extra={"maxLength": max_prompt_chars})]
+    TextFormat = neutral(dict, {"type": "text"}, "response_format")
 
     class Body(Tolerant):
         model: Text | None = None
         temperature: Annotated[float, Field(ge=0, le=2)] | None = 1.0
         top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
         top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or 0: no limit
-        min_tokens: Annotated[int, Field(ge=0, json_schema_extra={"maximum": max_model_len - 1})] = 0
+        min_tokens: Annotated[int, Field(ge=0, json_schema_extra={"maximum": most_tokens})] = 0
         seed: Annotated[int, Field(**INT64)] | None = None
         ignore_eos: bool = False
         stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
@@ -111,7 +122,7 @@ def request_models(vocab_size: int, max_model_len: int, max_prompt_chars: int) -
         use_beam_search: neutral(bool, False, "use_beam_search") = None
         logit_bias: neutral(dict, {}, "logit_bias") = None
         prompt_logprobs: neutral(int, 0, "prompt_logprobs") = None
-        response_format: neutral(dict, {"type": "text"}, "response_format") = None
+        response_format: TextFormat = None
 
         def sampling_kwargs(self) -> dict:
             return dict(temperature=1.0 if self.temperature is None else self.temperature,
@@ -123,12 +134,27 @@ def request_models(vocab_size: int, max_model_len: int, max_prompt_chars: int) -
         def stop_strings(self) -> list[str]:
             return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    return Body
+
+
+def _completion_body(Body: type, TokenId, MaxTokens, longest: int, max_prompt_chars: int) -> type:
+    PromptText = Annotated[Text, Field(min_length=1, json_schema_extra={"maxLength": max_prompt_chars})]
+    PromptIds = Annotated[list[TokenId], Field(min_length=1, json_schema_extra={"maxItems": longest})]
+    NoSuffix = neutral(str, "", "suffix")
+
     class CompletionBody(Body):
         prompt: PromptText | PromptIds
         max_tokens: MaxTokens | None = 16  # null: 16, as vLLM
         echo: bool | None = False  # the prompt's text before the completion
         logprobs: neutral(int, 0, "logprobs") = None
-        suffix: neutral(str, "", "suffix") = None
+        suffix: NoSuffix = None
+
+    return CompletionBody
+
+
+def _chat_body(Body: type, MaxTokens, max_prompt_chars: int) -> type:
+    ContentText = Annotated[Text, Field(json_schema_extra={"maxLength": max_prompt_chars})]
+    NoToolChoice, NoTemplate = neutral(str, "none", "tool_choice"), neutral(str, "", "chat_template")
 
     class TextPart(Tolerant):
         type: Annotated[str, AfterValidator(_text_part), WithJsonSchema({"const": "text"})]
@@ -154,11 +180,11 @@ def request_models(vocab_size: int, max_model_len: int, max_prompt_chars: int) -
         echo: neutral(bool, False, "echo") = None
         continue_final_message: neutral(bool, False, "continue_final_message") = None
         tools: neutral(list, [], "tools") = None
-        tool_choice: neutral(str, "none", "tool_choice") = None
-        chat_template: neutral(str, "", "chat_template") = None
+        tool_choice: NoToolChoice = None
+        chat_template: NoTemplate = None
         chat_template_kwargs: neutral(dict, {}, "chat_template_kwargs") = None
 
-    return CompletionBody, ChatBody
+    return ChatBody
 
 
 def _text_part(kind: str) -> str:

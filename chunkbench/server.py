@@ -8,57 +8,65 @@ OpenAI-style error body naming the field, and the server goes on; the OpenAPI do
 the limits. A client that disconnects, streaming or not, aborts its request, which frees its KV blocks. A
 request the engine fails gets an HTTP 500 (or a stream error event); /health is 503 once the engine cannot go on.
 
+Here: the app, its routes and the checks a request passes before the engine sees it. One request's run, whole
+or streamed, is server_generation.py's; the response shapes are responses.py's.
+
 Text (server_text.py): with a Hugging Face model directory holding a tokenizer, that tokenizer and its chat
 template; otherwise (dummy weights) a byte-level stand-in. Tokenizing runs in a worker thread, after a length
 check, so a big prompt does not stall the event loop.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the handlers' body types, built in create_app.
-import asyncio
+# No `from __future__ import annotations`: FastAPI reads the handlers' body types, built in add_generation_routes.
 import contextlib
 import itertools
-import json
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from chunkbench.async_engine import AsyncEngine, TokenEvent, now
+from chunkbench.async_engine import AsyncEngine, now
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
+from chunkbench.engine.limits import prompt_fits
 from chunkbench.engine.request import SamplingError, SamplingParams
 from chunkbench.gc_pause import frozen_heap
 from chunkbench.openai_models import UnknownFields, request_models
+from chunkbench.responses import Reply, RequestError, error
 from chunkbench.server_docs import POST_RESPONSES, TEXT_RESPONSES, document_errors
-from chunkbench.server_limits import BodyLimit, ServerLimits
+from chunkbench.server_generation import Generation
+from chunkbench.server_limits import BodyLimit, ServerLimits, check_prompt_ids
 from chunkbench.server_text import ChatTemplateError, TextStream, chat_prompt_ids, load_tokenizer
 
 BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
-def error_body(message: str, status: int = 400, param: str | None = None) -> dict:
-    message = message.encode("utf-8", "backslashreplace").decode()  # it may quote a lone surrogate
-    return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": param, "code": None}}
+@dataclass
+class Served:
+    """What the routes share: the engine, the tokenizer, the name and limits it is served under."""
 
-
-def error(message: str, status: int = 400, param: str | None = None, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content=error_body(message, status, param), headers=headers)
+    engine: AsyncEngine
+    tokenizer: Any
+    name: str
+    max_model_len: int
+    vocab_size: int
+    limits: ServerLimits
+    unknown: UnknownFields = field(default_factory=UnknownFields)
+    ids: Iterator[int] = field(default_factory=itertools.count)  # request ids' numbers
 
 
 def create_app(config: EngineConfig, served_name: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
+    """The app serving `config`'s engine as `served_name` (default: the model's name); its engine thread runs
+    from now until the app's lifespan ends."""
     limits = limits or ServerLimits()
     name = served_name or config.model.name
-    max_model_len, vocab_size = config.scheduler.max_model_len, config.model.vocab_size
-    engine = AsyncEngine(LLMEngine(config), name)
-    tokenizer = load_tokenizer(config.model.hf_dir)
-    max_prompt_chars = limits.prompt_chars(max_model_len)
-    CompletionBody, ChatBody = request_models(vocab_size, max_model_len, max_prompt_chars)
-    unknown = UnknownFields()
-    ids = itertools.count()
+    served = Served(AsyncEngine(LLMEngine(config), name), load_tokenizer(config.model.hf_dir), name,
+                    config.scheduler.max_model_len, config.model.vocab_size, limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -66,31 +74,46 @@ def create_app(config: EngineConfig, served_name: str | None = None, limits: Ser
             with frozen_heap():  # the model and the imports out of the collector's walks while serving (gc_pause.py)
                 yield
         finally:
-            engine.shutdown()
+            served.engine.shutdown()
 
     app = FastAPI(title="chunkbench serve", lifespan=lifespan)
-    app.state.engine, app.state.tokenizer = engine, tokenizer
+    app.state.engine, app.state.tokenizer = served.engine, served.tokenizer
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
     document_errors(app)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestError, refused)
+    add_info_routes(app, served)
+    add_generation_routes(app, served)
+    return app
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if errors and errors[0].get("type") == "json_invalid":  # its location is a character offset, not a field
-            offset = errors[0].get("loc", (None, None))[-1]
-            return error(f"the body is not valid JSON (at character {offset}): "
-                         f"{errors[0].get('ctx', {}).get('error', 'invalid JSON')}")
-        # For a union (prompt: text or token ids) the deepest error is the one about what was sent; its
-        # location has the union's branch tags ("list[int]", "function-after[...]") that name no field.
-        first = max(errors, key=lambda e: len(e.get("loc", ())), default={})
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]
-                         if isinstance(p, int) or (p.isidentifier() and p not in BRANCH_TAGS)) or None
-        message = first.get("msg", "invalid request").removeprefix("Value error, ")
-        return error(f"{where or 'body'}: {message}", param=where)
 
-    @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return error(str(exc.detail), status=exc.status_code, headers=getattr(exc, "headers", None))  # 405: Allow
+async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """A body that is not JSON, or not the request model: a 400 naming the field at fault."""
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":  # its location is a character offset, not a field
+        offset = errors[0].get("loc", (None, None))[-1]
+        return error(f"the body is not valid JSON (at character {offset}): "
+                     f"{errors[0].get('ctx', {}).get('error', 'invalid JSON')}")
+    # For a union (prompt: text or token ids) the deepest error is the one about what was sent; its
+    # location has the union's branch tags ("list[int]", "function-after[...]") that name no field.
+    first = max(errors, key=lambda e: len(e.get("loc", ())), default={})
+    where = ".".join(str(p) for p in first.get("loc", ())[1:]
+                     if isinstance(p, int) or (p.isidentifier() and p not in BRANCH_TAGS)) or None
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
+    return error(f"{where or 'body'}: {message}", param=where)
+
+
+async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    return error(str(exc.detail), status=exc.status_code, headers=getattr(exc, "headers", None))  # 405: Allow
+
+
+async def refused(_: Request, exc: RequestError) -> JSONResponse:
+    return exc.response()
+
+
+def add_info_routes(app: FastAPI, served: Served) -> None:
+    engine = served.engine
 
     @app.get("/health", response_class=PlainTextResponse, responses=TEXT_RESPONSES)
     async def health() -> PlainTextResponse:
@@ -100,192 +123,89 @@ def create_app(config: EngineConfig, served_name: str | None = None, limits: Ser
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "chunkbench",
-                                            "max_model_len": max_model_len, "vocab_size": vocab_size}]}
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "owned_by": "chunkbench",
+                                            "max_model_len": served.max_model_len,
+                                            "vocab_size": served.vocab_size}]}
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT_RESPONSES[200]})
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(engine.stats.render(engine.engine).decode(),
                                  media_type="text/plain; version=0.0.4")
 
-    async def next_event(http: Request, stream: asyncio.Queue) -> TokenEvent | None:
-        """The request's next event, or None once its client has gone (checked before each event, and every
-        `disconnect_poll_s` while none comes)."""
-        while not await http.is_disconnected():
-            try:
-                return await asyncio.wait_for(stream.get(), limits.disconnect_poll_s)
-            except asyncio.TimeoutError:
-                pass
-        return None
 
-    def engine_error(event: TokenEvent) -> JSONResponse:
-        if event.finish_reason == "rejected":
-            return error(event.error, param="prompt" if "prompt" in event.error else None)
-        return error(event.error, status=500 if engine.healthy else 503)
-
-    def sampling_for(body, prompt: list[int], chat: bool) -> SamplingParams | JSONResponse:
-        """The request's sampling, or the 400 that refuses it: as vLLM, a prompt must leave room for one token,
-        and max_tokens may not ask for more than the room left (null: all of it)."""
-        max_tokens, field = body.max_tokens, "max_tokens"
-        if chat and body.max_completion_tokens is not None:
-            max_tokens, field = body.max_completion_tokens, "max_completion_tokens"
-        room = max_model_len - len(prompt)
-        if room < 1:
-            return error(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
-                         f"contains {len(prompt)} input tokens, which leaves no room for an output token.",
-                         param="messages" if chat else "prompt")
-        if max_tokens is None:
-            max_tokens = room if chat else 16
-        if max_tokens > room:
-            return error(f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                         f"{field}={max_tokens} output tokens and your prompt contains {len(prompt)} input tokens, "
-                         f"for a total of {max_tokens + len(prompt)} tokens: at most {room} output tokens fit.",
-                         param=field)
-        bad = [t for t in body.stop_token_ids or () if t >= vocab_size]
-        if bad:
-            return error(f"stop_token_ids must be in [0, {vocab_size}), got {bad[0]}", param="stop_token_ids")
-        try:
-            return SamplingParams(max_tokens=max_tokens, **body.sampling_kwargs())
-        except SamplingError as exc:
-            param = field if exc.param == "max_tokens" else exc.param
-            return error(str(exc).replace(exc.param, param, 1), param=param)
-
-    async def generate(http: Request, body, prompt: list[int], chat: bool, echo: str = ""):
-        unknown.report(body)
-        sampling = sampling_for(body, prompt, chat)
-        if isinstance(sampling, JSONResponse):
-            return sampling
-        if not engine.healthy:
-            return error(f"the engine is not running: {engine.dead}", status=503)
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(ids)}"
-        stream = engine.submit(request_id, prompt, sampling, now())
-        text = TextStream(tokenizer, prompt, body.stop_strings, body.include_stop_str_in_output,
-                          body.skip_special_tokens)
-        created, kind = int(time.time()), "chat.completion" if chat else "text_completion"
-        options = body.stream_options
-        include_usage = bool(options and options.include_usage)
-        continuous = include_usage and bool(options.continuous_usage_stats)
-        count = 0  # output tokens the response stands for (a stop string ends them)
-
-        def usage() -> dict:
-            return {"prompt_tokens": len(prompt), "completion_tokens": count, "total_tokens": len(prompt) + count}
-
-        def consume(event: TokenEvent) -> bool:
-            """Detokenize the event's tokens; True once the text is done (a stop string, or the engine finished)."""
-            nonlocal count
-            for token in event.token_ids:
-                count += 1
-                if text.push(token):
-                    engine.abort(request_id, keep_tokens=count)  # the engine ends it as stopped, at this token
-                    return True
-            return event.finished and (text.finish() or True)
-
-        def finish(event: TokenEvent) -> tuple[str, str | int | None]:
-            if text.stop_reason is not None:
-                return "stop", text.stop_reason
-            return event.finish_reason, event.stop_reason
-
-        def choice(content: str, done: tuple | None, first: bool) -> dict:
-            reason, stop_reason = done or (None, None)
-            if chat:
-                delta = {"role": "assistant", "content": content} if first else {"content": content}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason,
-                        "stop_reason": stop_reason}
-            return {"index": 0, "text": content, "logprobs": None, "finish_reason": reason, "stop_reason": stop_reason}
-
-        def chunk(choices: list, with_usage: bool) -> str:
-            data = {"id": request_id, "object": kind + (".chunk" if chat else ""), "created": created, "model": name,
-                    "choices": choices}
-            if with_usage:
-                data["usage"] = usage()
-            return f"data: {json.dumps(data)}\n\n"
-
-        try:
-            first = await next_event(http, stream)
-            if first is None:
-                engine.abort(request_id)
-                return error("the client disconnected", status=499)
-            if first.error:
-                return engine_error(first)
-            if not body.stream:
-                event = first
-                while not consume(event):
-                    event = await next_event(http, stream)
-                    if event is None:  # the client went away: stop generating for it
-                        engine.abort(request_id)
-                        return error("the client disconnected", status=499)
-                    if event.error:
-                        return engine_error(event)
-                reason, stop_reason = finish(event)
-                content = echo + text.take(final=True)
-                out = ({"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
-                        "finish_reason": reason, "stop_reason": stop_reason} if chat else
-                       {"index": 0, "text": content, "logprobs": None, "finish_reason": reason,
-                        "stop_reason": stop_reason})
-                return {"id": request_id, "object": kind, "created": created, "model": name, "choices": [out],
-                        "usage": usage()}
-        except BaseException:  # cancelled with the client gone: free its blocks
-            engine.abort(request_id)
-            raise
-
-        async def events():
-            event, is_first = first, True
-            try:
-                while True:
-                    if event.error:  # the engine failed it mid-stream
-                        yield f"data: {json.dumps(error_body(event.error, 500))}\n\n"
-                        break
-                    done = consume(event)
-                    if event.token_ids or done:
-                        content = (echo if is_first else "") + text.take(final=done)
-                        yield chunk([choice(content, finish(event) if done else None, is_first)], continuous)
-                        is_first = False
-                    if done:
-                        break
-                    event = await next_event(http, stream)
-                    if event is None:
-                        engine.abort(request_id)
-                        return
-                if include_usage and not event.error:
-                    yield chunk([], True)
-                yield "data: [DONE]\n\n"
-            except BaseException:  # the client went away (cancelled): free its blocks
-                engine.abort(request_id)
-                raise
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    def too_long(length: int) -> JSONResponse:
-        return error(f"prompt has {length} characters, more than this server takes ({max_prompt_chars}); "
-                     f"max_model_len is {max_model_len} tokens", param="prompt")
+def add_generation_routes(app: FastAPI, served: Served) -> None:
+    max_prompt_chars = served.limits.prompt_chars(served.max_model_len)
+    CompletionBody, ChatBody = request_models(served.vocab_size, served.max_model_len, max_prompt_chars)
 
     @app.post("/v1/completions", responses=POST_RESPONSES)
     async def completions(http: Request, body: CompletionBody):
-        if isinstance(body.prompt, list):
-            prompt = body.prompt
-            if len(prompt) >= max_model_len:
-                return error(f"prompt has {len(prompt)} tokens, more than max_model_len - 1 ({max_model_len - 1}): "
-                             "no room for an output token", param="prompt")
-            if any(not 0 <= t < vocab_size for t in prompt):
-                return error(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
-            echo = tokenizer.decode(prompt) if body.echo else ""
-        elif len(body.prompt) > max_prompt_chars:
-            return too_long(len(body.prompt))
-        else:
-            prompt = await run_in_threadpool(tokenizer.encode, body.prompt)
-            echo = body.prompt if body.echo else ""
-        return await generate(http, body, prompt, chat=False, echo=echo)
+        prompt, echo = await completion_prompt(served, body)
+        return await generate(served, http, body, prompt, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions", responses=POST_RESPONSES)
     async def chat_completions(http: Request, body: ChatBody):
-        messages = [m.template_dict() for m in body.messages]
-        length = sum(len(m["role"]) + len(m["content"]) for m in messages)
-        if length > max_prompt_chars:
-            return too_long(length)
-        try:
-            prompt = await run_in_threadpool(chat_prompt_ids, tokenizer, messages, body.add_generation_prompt)
-        except ChatTemplateError as exc:
-            return error(str(exc), param="messages")
-        return await generate(http, body, prompt, chat=True)
+        return await generate(served, http, body, await chat_prompt(served, body), chat=True)
 
-    return app
+
+async def completion_prompt(served: Served, body) -> tuple[list[int], str]:
+    """The completion's prompt token ids, and the text echo puts before the completion."""
+    if isinstance(body.prompt, list):
+        check_prompt_ids(body.prompt, served.max_model_len, served.vocab_size)
+        return body.prompt, served.tokenizer.decode(body.prompt) if body.echo else ""
+    served.limits.check_prompt_chars(len(body.prompt), served.max_model_len)
+    prompt = await run_in_threadpool(served.tokenizer.encode, body.prompt)
+    return prompt, body.prompt if body.echo else ""
+
+
+async def chat_prompt(served: Served, body) -> list[int]:
+    """The chat's prompt token ids, rendered by the model's chat template."""
+    messages = [m.template_dict() for m in body.messages]
+    served.limits.check_prompt_chars(sum(len(m["role"]) + len(m["content"]) for m in messages),
+                                     served.max_model_len)
+    try:
+        return await run_in_threadpool(chat_prompt_ids, served.tokenizer, messages, body.add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise RequestError(str(exc), param="messages") from None
+
+
+async def generate(served: Served, http: Request, body, prompt: list[int], chat: bool, echo: str = ""):
+    """Submit the request to the engine and answer it, whole or streamed."""
+    served.unknown.report(body)
+    sampling = sampling_for(served, body, len(prompt), chat)
+    engine = served.engine
+    if not engine.healthy:
+        raise RequestError(f"the engine is not running: {engine.dead}", status=503)
+    reply = Reply(f"{'chatcmpl' if chat else 'cmpl'}-{next(served.ids)}", chat, served.name, int(time.time()))
+    events = engine.submit(reply.id, prompt, sampling, now())
+    text = TextStream(served.tokenizer, prompt, body.stop_strings, body.include_stop_str_in_output,
+                      body.skip_special_tokens)
+    options = body.stream_options
+    include_usage = bool(options and options.include_usage)
+    generation = Generation(engine, http, reply, len(prompt), events, text, echo, include_usage,
+                            include_usage and bool(options.continuous_usage_stats), served.limits.disconnect_poll_s)
+    return await generation.answer(stream=bool(body.stream))
+
+
+def sampling_for(served: Served, body, prompt_len: int, chat: bool) -> SamplingParams:
+    """The request's sampling, or the RequestError that refuses it: as vLLM, a prompt must leave room for one
+    token, and max_tokens may not ask for more than the room left (null: all of it for a chat, 16 for a
+    completion)."""
+    max_tokens, name = body.max_tokens, "max_tokens"
+    if chat and body.max_completion_tokens is not None:
+        max_tokens, name = body.max_completion_tokens, "max_completion_tokens"
+    no_room = prompt_fits(prompt_len, served.max_model_len, max_tokens=1)
+    if no_room:
+        raise RequestError(no_room, param="messages" if chat else "prompt")
+    if max_tokens is None:
+        max_tokens = served.max_model_len - prompt_len if chat else 16
+    too_many = prompt_fits(prompt_len, served.max_model_len, max_tokens, field=name)
+    if too_many:
+        raise RequestError(too_many, param=name)
+    bad = [t for t in body.stop_token_ids or () if t >= served.vocab_size]
+    if bad:
+        raise RequestError(f"stop_token_ids must be in [0, {served.vocab_size}), got {bad[0]}", param="stop_token_ids")
+    try:
+        return SamplingParams(max_tokens=max_tokens, **body.sampling_kwargs())
+    except SamplingError as exc:
+        param = name if exc.param == "max_tokens" else exc.param
+        raise RequestError(str(exc).replace(exc.param, param, 1), param=param) from None

@@ -1,8 +1,8 @@
 """What one client may cost `chunkbench serve`: body size, prompt length, and how long it may take to send.
 
-`ServerLimits` holds them. The app applies the body and prompt limits itself (`BodyLimit` below, and the
-prompt check in server.py); the connection-level ones are uvicorn's, plus a request-head timeout that
-uvicorn lacks: pass `limits.uvicorn_kwargs()` to `uvicorn.run`/`uvicorn.Config`.
+`ServerLimits` holds them. The app applies the body and prompt limits itself (`BodyLimit` and the prompt checks
+below); the connection-level ones are uvicorn's, plus a request-head timeout that uvicorn lacks: pass
+`limits.uvicorn_kwargs()` to `uvicorn.run`/`uvicorn.Config`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import json
 from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
+
+from chunkbench.engine.limits import longest_prompt
+from chunkbench.responses import RequestError, error_body
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,14 @@ class ServerLimits:
     def prompt_chars(self, max_model_len: int) -> int:
         # A prompt with more characters than this cannot fit in max_model_len tokens with any tokenizer we
         # serve, so it is refused before tokenizing; the exact token count is checked after.
-        return self.max_prompt_chars if self.max_prompt_chars is not None else 32 * max_model_len
+        return self.max_prompt_chars if self.max_prompt_chars is not None else 32 * longest_prompt(max_model_len)
+
+    def check_prompt_chars(self, length: int, max_model_len: int) -> None:
+        """Refuse a prompt of more characters than prompt_chars(), before tokenizing it."""
+        most = self.prompt_chars(max_model_len)
+        if length > most:
+            raise RequestError(f"prompt has {length} characters, more than this server takes ({most}); "
+                               f"max_model_len is {max_model_len} tokens", param="prompt")
 
     def uvicorn_kwargs(self) -> dict:
         return {"timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
@@ -39,9 +49,19 @@ class ServerLimits:
                 "http": h11_with_header_timeout(self.header_timeout_s)}
 
 
+def check_prompt_ids(prompt: list[int], max_model_len: int, vocab_size: int) -> None:
+    """Refuse a prompt sent as token ids that is over the OpenAPI document's maxItems (room for one output token
+    under max_model_len, named in the message) or has an id outside the vocabulary."""
+    longest = longest_prompt(max_model_len, max_tokens=1)
+    if len(prompt) > longest:
+        raise RequestError(f"prompt has {len(prompt)} tokens, more than max_model_len - 1 ({longest}): no room for "
+                           "an output token", param="prompt")
+    if any(not 0 <= t < vocab_size for t in prompt):
+        raise RequestError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+
+
 async def _json(send, status: int, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": None}}).encode()
+    body = json.dumps(error_body(message, status)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})

@@ -15,6 +15,7 @@ import numpy as np
 from chunkbench import vllm_datasets as datasets
 from chunkbench.workload_sources import NAMED, find  # noqa: F401  (NAMED: the named workloads, for --help)
 from chunkbench.arrivals import MAX_SPAN_S, RAMP_UPS, arrival_span, sample_arrivals
+from chunkbench.engine.limits import longest_prompt, prompt_fits
 from chunkbench.errors import UserError, check_number
 from chunkbench.workload_files import MAX_TOKENS
 
@@ -170,8 +171,8 @@ def clip_to_model(requests: list[WorkloadRequest], max_model_len: int) -> list[W
     """Shorten requests longer than max_model_len (prompt first kept, then output), warning how many."""
     clipped = []
     for r in requests:
-        if r.prompt_len + r.output_len > max_model_len:
-            prompt = min(r.prompt_len, max_model_len - 1)
+        if prompt_fits(r.prompt_len, max_model_len, max_tokens=r.output_len):
+            prompt = min(r.prompt_len, longest_prompt(max_model_len, max_tokens=1))
             shared, room = [], prompt  # keep the shared segments that still fit
             for key, length in r.shared:
                 shared.append((key, min(length, room)))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
-from .outputs import Executor, SchedulerOutput, StepResult
+from .outputs import Executor, SchedulerOutput, StepFailed, StepResult
 from .request import Request, RequestStatus, SamplingParams
 from .scheduler import Scheduler
 from .shape import StepCost, StepShape
@@ -128,9 +128,12 @@ class LLMEngine:
         if output.is_empty:
             self.last_step = None
             return updated
-        result = self.executor.execute(output)
-        if self._observe is not None:
-            self._observe(StepShape.from_output(output), result.seconds)
-        self.clock.advance(result.seconds)
-        self.last_step = (output, result)
-        return updated + self.scheduler.update(output, result, self.clock.now())
+        try:
+            result = self.executor.execute(output)
+            if self._observe is not None:
+                self._observe(StepShape.from_output(output), result.seconds)
+            self.clock.advance(result.seconds)
+            self.last_step = (output, result)
+            return updated + self.scheduler.update(output, result, self.clock.now())
+        except Exception as exc:
+            raise StepFailed(output, exc) from exc

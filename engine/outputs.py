@@ -11,6 +11,15 @@ from typing import Protocol
 from .request import SamplingParams
 
 
+class StepFailed(Exception):
+    """A step raised after it was scheduled (its executor, or recording its result): the requests in `output`
+    fail with it, and the engine can go on."""
+
+    def __init__(self, output: SchedulerOutput, cause: Exception) -> None:
+        super().__init__(f"the engine step failed: {type(cause).__name__}: {cause}")
+        self.output, self.cause = output, cause
+
+
 @dataclass(slots=True)  # one per request per step: built in the simulator's hot loop, so not frozen
 class ScheduledChunk:
     """Tokens of one request computed in this step: positions [start_pos, start_pos + len(token_ids))."""

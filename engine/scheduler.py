@@ -18,6 +18,7 @@ from collections import deque
 from . import policies
 from .block_manager import BlockManager, cdiv
 from .config import SchedulerConfig
+from .limits import prompt_fits
 from .outputs import ScheduledChunk, SchedulerOutput, StepResult
 from .request import Request, RequestStatus
 from .shape import StepCost
@@ -44,8 +45,9 @@ class Scheduler:
         max_len = self.config.max_model_len
         if request.num_prompt_tokens == 0:
             return "prompt is empty"
-        if request.num_prompt_tokens > max_len:
-            return f"prompt has {request.num_prompt_tokens} tokens, more than max_model_len ({max_len})"
+        too_long = prompt_fits(request.num_prompt_tokens, max_len)  # the engine needs no room for output
+        if too_long:
+            return too_long
         # The last sampled token is never computed, so its KV needs no slot.
         longest = min(request.num_prompt_tokens + request.sampling.max_tokens - 1, max_len)
         blocks = cdiv(longest, self.block_manager.block_size)

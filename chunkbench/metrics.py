@@ -7,13 +7,14 @@ ITL (every gap between consecutive tokens, pooled), E2EL (arrival to last token)
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import NamedTuple, get_type_hints
 
 import numpy as np
 
 from chunkbench.gc_pause import gc_paused
+from chunkbench.token_gaps import (endpoint_stall_stats, engine_stall_stats, peak_per_second, pooled_itls,
+                                   token_times)
 
 
 PERCENTILES = (50, 90, 95, 99)
@@ -138,81 +139,6 @@ def is_good(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
     return all(values[name] * 1000.0 <= limit for name, limit in slos_ms.items())
 
 
-SLOW_STEP_FACTOR = 5.0  # a slow step: longer than 5x the run's median decode-only step
-ENDPOINT_STALL_FACTOR = 5.0  # over HTTP, a stall: an ITL gap longer than 5x the run's median ITL
-
-
-def engine_stall_stats(done: list[RequestRecord], steps: np.ndarray,
-                       slow_step_threshold_s: float | None = None) -> dict[str, float]:
-    """Generation stalls as the scheduler decided them: a paused decode is a running request in decode that a
-    step left out; a stall is a token gap of a completed request during which it was paused at least once.
-    Slow steps (a long step delays every request in it, paused or not) are counted on their own.
-    `steps`: step_table()."""
-    stalled = [r.token_times[i] - r.token_times[i - 1] for r in done for i in r.paused_gaps
-               if i < len(r.token_times)]
-    out = {"num_paused_decodes": int(steps["num_paused_decodes"].sum()), "num_stalls": len(stalled),
-           "longest_stall_ms": max(stalled, default=0.0) * 1000.0}
-    if slow_step_threshold_s is None:
-        decode_only = steps["seconds"][(steps["prefill_tokens"] == 0) & (steps["decode_tokens"] > 0)]
-        slow_step_threshold_s = SLOW_STEP_FACTOR * float(np.median(decode_only)) if decode_only.size else None
-    out["num_slow_steps"] = int((steps["seconds"] > slow_step_threshold_s).sum()) if slow_step_threshold_s else 0
-    if slow_step_threshold_s:  # no decode-only step: no threshold, and no key rather than Infinity
-        out["slow_step_threshold_ms"] = slow_step_threshold_s * 1000.0
-    return out
-
-
-def endpoint_stall_stats(done: list[RequestRecord], threshold_s: float | None = None) -> dict[str, float]:
-    """Over HTTP there are no steps to read: a stall is an ITL gap above 5x the run's median ITL (pooled over
-    completed requests), a gap far beyond the server's typical decode step."""
-    gaps = [g for r in done for g in r.itls]
-    if threshold_s is None and gaps:
-        threshold_s = ENDPOINT_STALL_FACTOR * float(np.median(gaps))
-    stalls = [g for g in gaps if threshold_s is not None and g > threshold_s]
-    out = {"num_stalls": len(stalls), "longest_stall_ms": max(stalls, default=0.0) * 1000.0}
-    if threshold_s is not None:
-        out["stall_threshold_ms"] = threshold_s * 1000.0
-    return out
-
-
-def token_times(done: list[RequestRecord]) -> np.ndarray:
-    """Every token time of the requests, one array, in request order."""
-    return np.fromiter(itertools.chain.from_iterable(r.token_times for r in done), dtype=float)
-
-
-def pooled_itls(done: list[RequestRecord], times: np.ndarray) -> np.ndarray:
-    """Every request's gaps between its token times (r.itls), pooled in request order: one np.diff over all
-    the times, the differences across two requests' boundary dropped (19,000 small np.diff calls took longer)."""
-    lengths = [len(r.token_times) for r in done]
-    if not all(lengths):  # a record without tokens would shift every boundary after it
-        raise ValueError("pooled_itls: every record needs token times (completed requests only)")
-    gaps = np.diff(times)
-    ends = np.cumsum(lengths)[:-1] - 1  # each boundary's index in `gaps`
-    return np.delete(gaps, ends)
-
-
-def peak_per_second(done: list[RequestRecord], times: np.ndarray | None = None) -> tuple[int, int]:
-    """vLLM's peaks over fixed 1 s buckets counted from the earliest latency origin (send or arrival) of the
-    completed requests: the most output events (tokens; chunks over HTTP) in a bucket, and the most requests
-    active in a bucket (from the bucket of its origin to that of its last token). `times`: token_times(done)."""
-    if not done:
-        return 0, 0
-    origin = min(r.latency_origin for r in done)
-    times = token_times(done) if times is None else times
-    buckets = np.floor(np.maximum(times - origin, 0.0))
-    if buckets.size and buckets.max() < 4 * buckets.size:  # a dense count, as long as the run is not much sparser
-        per_bucket = np.bincount(buckets.astype(np.int64))
-    else:  # only the occupied buckets: a dense array over every second asked for 24.8 TiB at --rate 1e-12
-        _, per_bucket = np.unique(buckets, return_counts=True)
-    first = np.floor([r.latency_origin - origin for r in done])
-    after_last = np.floor([r.token_times[-1] - origin for r in done]) + 1
-    # A request is active from its first bucket to its last: +1 where it starts, -1 after it ends, ends first
-    # where they meet; the most active is the highest running sum.
-    where = np.concatenate([first, after_last])
-    change = np.concatenate([np.ones(len(done)), -np.ones(len(done))])
-    order = np.lexsort((change, where))
-    return int(per_bucket.max()), int(np.cumsum(change[order]).max())
-
-
 @gc_paused  # it builds a few lists per request of a trace
 def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s: float,
               goodput_ms: dict[str, float] | None = None, num_kv_blocks: int | None = None,
@@ -228,74 +154,105 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     pcts = sorted(set(PERCENTILES) | set(extra_percentiles))
     done = [r for r in records if r.ok]
     table = step_table(steps)
+    good = [r for r in done if is_good(r, goodput_ms)]
+    times = token_times(done)
+    summary = _throughputs(records, done, len(good), duration_s, times)
+    summary |= _latency_stats(done, times, pcts, endpoint)
+    summary |= _sla_attainment(done, len(good), goodput_ms)
+    if endpoint:
+        summary |= _client_stats(records, done, pcts)
+        summary |= endpoint_stall_stats(done, stall_threshold_s)
+    else:
+        summary |= engine_stall_stats(done, table, slow_step_threshold_s)
+    summary |= _step_and_cache_stats(done, steps, table, num_kv_blocks, endpoint, summary["total_input_tokens"])
+    return summary
 
+
+def _throughputs(records: list[RequestRecord], done: list[RequestRecord], num_good: int, duration_s: float,
+                 times: np.ndarray) -> dict:
+    """The summary's first keys: counts, duration, token totals, throughputs (zero over a zero duration) and
+    vLLM's per-second peaks."""
     def per_s(amount: float) -> float:
         return amount / duration_s if duration_s > 0 else 0.0
 
     total_in = sum(r.prompt_len for r in done)
     total_out = sum(r.output_tokens for r in done)
-    good = [r for r in done if is_good(r, goodput_ms)]
-    times = token_times(done)
     peak_tokens, peak_requests = peak_per_second(done, times)
-    summary: dict = {
+    return {
         "completed": len(done),
         "failed": len(records) - len(done),
         "duration": max(duration_s, 0.0),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "request_throughput": per_s(len(done)),
-        "request_goodput": per_s(len(good)),
+        "request_goodput": per_s(num_good),
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
         "max_output_tokens_per_s": peak_tokens,
         "max_concurrent_requests": peak_requests,
     }
-    summary |= _stats("ttft", [r.ttft for r in done], pcts)
-    summary |= _stats("tpot", [r.tpot for r in done if r.tpot is not None], pcts)
+
+
+def _latency_stats(done: list[RequestRecord], times: np.ndarray, pcts: list, endpoint: bool) -> dict:
+    """TTFT, TPOT, ITL, E2EL and scheduling-delay statistics of the completed requests."""
+    stats = _stats("ttft", [r.ttft for r in done], pcts)
+    stats |= _stats("tpot", [r.tpot for r in done if r.tpot is not None], pcts)
     # The same gaps as r.itls, pooled as arrays: a list of millions of numpy scalars took seconds.
-    summary |= _stats("itl", pooled_itls(done, times) if done else [], pcts)
-    summary |= _stats("e2el", [r.e2el for r in done], pcts)
+    stats |= _stats("itl", pooled_itls(done, times) if done else [], pcts)
+    stats |= _stats("e2el", [r.e2el for r in done], pcts)
     if endpoint:  # the client cannot see the scheduler: TTFT bounds the delay from above (a documented proxy)
-        summary |= _stats("scheduling_delay", [r.ttft for r in done], pcts)
-        summary["scheduling_delay_source"] = "ttft-proxy"
+        stats |= _stats("scheduling_delay", [r.ttft for r in done], pcts)
+        stats["scheduling_delay_source"] = "ttft-proxy"
     else:
-        summary |= _stats("scheduling_delay", [r.first_scheduled_time - r.arrival_time for r in done
-                                               if r.first_scheduled_time is not None], pcts)
-    summary["sla_attainment_pct"] = 100.0 * len(good) / len(done) if done else 0.0
+        stats |= _stats("scheduling_delay", [r.first_scheduled_time - r.arrival_time for r in done
+                                             if r.first_scheduled_time is not None], pcts)
+    return stats
+
+
+def _sla_attainment(done: list[RequestRecord], num_good: int, goodput_ms: dict[str, float]) -> dict:
+    """The share of completed requests within every SLA of `goodput_ms`, then within each one (%)."""
+    attainment = {"sla_attainment_pct": 100.0 * num_good / len(done) if done else 0.0}
     for name in goodput_ms:
         met = sum(is_good(r, {name: goodput_ms[name]}) for r in done)
-        summary[f"sla_attainment_{name}_pct"] = 100.0 * met / len(done) if done else 0.0
-    if endpoint:
-        summary |= _stats("client_queue_time", [r.client_queue_time for r in done if r.send_time is not None],
-                          pcts)
-        lags = [r.send_lag for r in records if r.send_lag is not None]  # every request was sent, failed ones too
-        if lags:
-            summary |= _stats("send_lag", lags, pcts) | {"max_send_lag_ms": 1000.0 * max(lags)}
-        sources = {r.output_token_source for r in done}
-        if sources:
-            summary["output_token_source"] = sources.pop() if len(sources) == 1 else "mixed"
-        summary |= endpoint_stall_stats(done, stall_threshold_s)
-    else:
-        summary |= engine_stall_stats(done, table, slow_step_threshold_s)
-    summary["num_preemptions"] = int(table["num_preempted"].sum())
+        attainment[f"sla_attainment_{name}_pct"] = 100.0 * met / len(done) if done else 0.0
+    return attainment
+
+
+def _client_stats(records: list[RequestRecord], done: list[RequestRecord], pcts: list) -> dict:
+    """What only the HTTP client sees: its queue time, how late requests were sent, the token count's source."""
+    stats = _stats("client_queue_time", [r.client_queue_time for r in done if r.send_time is not None], pcts)
+    lags = [r.send_lag for r in records if r.send_lag is not None]  # every request was sent, failed ones too
+    if lags:
+        stats |= _stats("send_lag", lags, pcts) | {"max_send_lag_ms": 1000.0 * max(lags)}
+    sources = {r.output_token_source for r in done}
+    if sources:
+        stats["output_token_source"] = sources.pop() if len(sources) == 1 else "mixed"
+    return stats
+
+
+def _step_and_cache_stats(done: list[RequestRecord], steps: list[StepRecord], table, num_kv_blocks: int | None,
+                          endpoint: bool, total_in: int) -> dict:
+    """The summary's last keys: preemptions, KV and prefix-cache use (of `total_in` prompt tokens), and the
+    step count and times (what a --step-time-target is held to)."""
+    out: dict = {"num_preemptions": int(table["num_preempted"].sum())}
     peak = int(table["kv_blocks_used"].max()) if steps else 0
-    summary["peak_kv_blocks"] = peak
+    out["peak_kv_blocks"] = peak
     if num_kv_blocks:
-        summary["peak_kv_usage_pct"] = 100.0 * peak / num_kv_blocks
+        out["peak_kv_usage_pct"] = 100.0 * peak / num_kv_blocks
     cached = sum(r.num_cached_tokens for r in done)
-    summary["cached_prompt_tokens"] = cached
-    summary["computed_prompt_tokens"] = total_in - cached
-    summary["prefix_cache_hit_rate_pct"] = 100.0 * cached / total_in if total_in else 0.0
-    summary["prefix_cache_request_hit_rate_pct"] = (100.0 * sum(r.num_cached_tokens > 0 for r in done) / len(done)
-                                                    if done else 0.0)
-    summary["num_steps"] = len(steps)
+    out["cached_prompt_tokens"] = cached
+    out["computed_prompt_tokens"] = total_in - cached
+    out["prefix_cache_hit_rate_pct"] = 100.0 * cached / total_in if total_in else 0.0
+    out["prefix_cache_request_hit_rate_pct"] = (100.0 * sum(r.num_cached_tokens > 0 for r in done) / len(done)
+                                                if done else 0.0)
+    out["num_steps"] = len(steps)
     if not endpoint:  # a server's activations are its own business
-        summary["peak_activation_bytes"] = int(table["peak_activation_bytes"].max()) if steps else 0
+        out["peak_activation_bytes"] = int(table["peak_activation_bytes"].max()) if steps else 0
     if steps:  # what a --step-time-target is held to
         step_ms = table["seconds"] * 1000.0
-        summary |= {"median_step_ms": float(np.median(step_ms)), "p99_step_ms": float(np.percentile(step_ms, 99)),
-                    "max_step_ms": float(step_ms.max())}
-    return summary
+        out |= {"median_step_ms": float(np.median(step_ms)), "p99_step_ms": float(np.percentile(step_ms, 99)),
+                "max_step_ms": float(step_ms.max())}
+    return out
 
 
 def probe_figures(probes: list[tuple[float, str | None]], percentiles=()) -> dict:

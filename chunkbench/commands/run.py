@@ -13,6 +13,7 @@ from chunkbench.commands.common import announce, console, default_out, load_work
 from chunkbench.commands.options import (ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, MaxSchedDelay, Model,
                                          SlaE2el, SlaPercentile, SlaTbt, SlaTpot, SlaTtft, pick, with_options)
 from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.policies import chunks_prompts
 from chunkbench.errors import UserError, check_number
 from chunkbench.outputs import check_writable
 from chunkbench.slo import parse_goodput, parse_slas
@@ -36,7 +37,8 @@ def run(model: Model = "small", **options) -> None:
                                engine_overhead=o["engine_overhead"])).backend
     seed, workload = options["seed"], options["workload"]
     spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **workload_options(options))
-    requests, knobs, notes = fit_to_device(backend, config, options, 1, config.scheduler.policy == "chunked", requests)
+    requests, knobs, notes = fit_to_device(backend, config, options, 1, chunks_prompts(config.scheduler.policy),
+                                             requests)
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
     config = EngineConfig.create(model, **{**pick(options, ENGINE_OPTIONS), **knobs}) if knobs else config
@@ -89,48 +91,91 @@ def compare(
 
     Policies that never split a prompt get a budget of at least max-model-len. Unset, the request count and
     (chunked on the CPU) the step size fit the device: the output says what was chosen."""
-    from chunkbench.device_defaults import MIN_REQUESTS, fit_to_device, on_cpu
-    from chunkbench.report import comparison_table, failure_notes, write_comparison
-    from chunkbench.runs import compare as compare_policies, unsized_chunked
-
     o = run_options(options)
     slos = parse_goodput(o["goodput"])
+    base, base_config = compare_base(model, options)
+    across_load = options["rate"] is None
+    slas, sweep_rates, count = check_load_options(across_load, rates, sla_percentile, max_sched_delay,
+                                                  {"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot,
+                                                   "e2el": sla_e2el})
+    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
+                               config=base_config, engine_overhead=o["engine_overhead"])).backend
+    spec, requests, knobs = compare_workload(backend, base_config, options, policies, across_load)
+    title = f"{model}, {options['workload']}, {len(requests)} requests"
+    if across_load:
+        compare_load_curves(base, policies, requests, spec, backend, base_config, knobs, slas, max_sched_delay,
+                            sweep_rates, count, slos, o, options["seed"], title)
+        return
+    runs = compare_at_rate(base, policies, requests, backend, knobs, slos, o, options["seed"])
+    report_comparison(runs, spec, title, o["out"] or default_out("compare"), o["json_out"])
+
+
+def compare_base(model: str, options: dict) -> tuple[dict, EngineConfig]:
+    """The engine options every compared policy shares (each positional policy sets its own), and their config."""
     engine = pick(options, ENGINE_OPTIONS)
     engine.pop("policy")  # each positional policy sets its own
     base = dict(model=model, **engine)
-    seed, workload = options["seed"], options["workload"]
-    base_config = EngineConfig.create(**base)
-    across_load = options["rate"] is None
-    slas = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el}, sla_percentile)
+    return base, EngineConfig.create(**base)
+
+
+def check_load_options(across_load: bool, rates: str | None, sla_percentile: float, max_sched_delay: float,
+                       slas_ms: dict) -> tuple[dict, list[float], int | None]:
+    """compare's across-load options, checked before any work: the SLAs, and --rates as rates or a count
+    (both only without --rate)."""
+    slas = parse_slas(slas_ms, sla_percentile)
     if not across_load and (rates or slas):
         raise UserError("--rates and --sla-* are for compare across load: leave out --rate")
     check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
     sweep_rates, count = parse_rates(rates)
-    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
-                               config=base_config, engine_overhead=o["engine_overhead"])).backend
-    spec, requests = load_workload(base_config.scheduler.max_model_len, seed=seed, **workload_options(options))
+    return slas, sweep_rates, count
+
+
+def compare_workload(backend, base_config: EngineConfig, options: dict, policies: list[str], across_load: bool):
+    """The requests every policy serves, as many as fit the device for all of compare's runs (said), their
+    spec, and the chunked knobs fit_to_device chose."""
+    from chunkbench.device_defaults import MIN_REQUESTS, fit_to_device
+    from chunkbench.runs import unsized_chunked
+
+    spec, requests = load_workload(base_config.scheduler.max_model_len, seed=options["seed"],
+                                   **workload_options(options))
     runs_each, fewest = (RUNS_PER_POLICY, CPU_FEWEST) if across_load else (1, MIN_REQUESTS)
     requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies) * runs_each,
                                            unsized_chunked(policies), requests, fewest)
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
-    spec = dataclasses.replace(spec, num_requests=len(requests))
-    if across_load:
-        from chunkbench.capacity import BISECTIONS
-        from chunkbench.commands.compare_load import compare_across_load
+    return dataclasses.replace(spec, num_requests=len(requests)), requests, knobs
 
-        bisections = CPU_BISECTIONS if on_cpu(backend, base_config) else BISECTIONS
-        compare_across_load(base, policies, requests, spec, backend, slas, max_sched_delay, sweep_rates, count,
-                            bisections, knobs, seed=seed, goodput_ms=slos, warmup_steps=o["warmup_steps"],
-                            out=o["out"] or default_out("compare"), json_out=o["json_out"],
-                            title=f"{model}, {workload}, {len(requests)} requests")
-        return
-    runs = compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
+
+def compare_load_curves(base: dict, policies: list[str], requests, spec, backend, base_config: EngineConfig,
+                        knobs: dict, slas: dict, max_sched_delay: float, sweep_rates: list[float], count: int | None,
+                        slos, o: dict, seed: int, title: str) -> None:
+    """compare across load: each policy's capacity at the SLA and its latency-load curves (one bisection on
+    the CPU, where runs near capacity are long)."""
+    from chunkbench.capacity import BISECTIONS
+    from chunkbench.commands.compare_load import compare_across_load
+    from chunkbench.device_defaults import on_cpu
+
+    bisections = CPU_BISECTIONS if on_cpu(backend, base_config) else BISECTIONS
+    compare_across_load(base, policies, requests, spec, backend, slas, max_sched_delay, sweep_rates, count,
+                        bisections, knobs, seed=seed, goodput_ms=slos, warmup_steps=o["warmup_steps"],
+                        out=o["out"] or default_out("compare"), json_out=o["json_out"], title=title)
+
+
+def compare_at_rate(base: dict, policies: list[str], requests, backend, knobs: dict, slos, o: dict, seed: int) -> list:
+    """compare at one --rate: one run per policy over the same requests, each said when done."""
+    from chunkbench.runs import compare as compare_policies
+
+    return compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
                             chunked_defaults=knobs, warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
                             on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
                                                             f"{r.result.wall_seconds:.1f} s of wall time"))
-    out = o["out"] or default_out("compare")
-    title = f"{model}, {workload}, {len(requests)} requests"
+
+
+def report_comparison(runs: list, spec, title: str, out, json_out) -> None:
+    """Write compare's files (comparison.json, plots, report.html, a folder per policy) and --json, and print
+    the table, failure notes and each run's p99 step against its --step-time-target."""
+    from chunkbench.report import comparison_table, failure_notes, write_comparison
+
     summaries = write_comparison(runs, out, spec, title, "chunkbench compare " + " ".join(sys.argv[2:]))
     console.print(comparison_table(runs, title=title))
     for note in failure_notes(runs):
@@ -140,7 +185,7 @@ def compare(
         if target and "p99_step_ms" in r.summary:
             console.print(f"{r.label}: p99 step {r.summary['p99_step_ms']:,.0f} ms against a {target:g} ms target "
                           f"({r.summary['p99_step_ms'] / target:.2f}x), longest {r.summary['max_step_ms']:,.0f} ms")
-    save_json(o["json_out"], summaries)
+    save_json(json_out, summaries)
     console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
                   "timeline.png, step_times.png and one folder per policy")
 

@@ -4,20 +4,18 @@ measured with chunkbench's workloads and metrics)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.commands.common import console, default_out, load_workload, save_json
+from chunkbench.commands.bench import run_bench
 from chunkbench.commands.options import ProbeRate  # noqa: I001
 from chunkbench.commands.options import (ENGINE_OPTIONS, WORKLOAD_OPTIONS, Goodput, JsonOut, MaxModelLen, Model, Out,
-                                         Seed, pick, with_options)
-from chunkbench.commands.vllm_flags import VLLM_FLAGS, dataset_workload, server_url
+                                         Seed, with_options)
+from chunkbench.commands.vllm_flags import VLLM_FLAGS
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
-from chunkbench.outputs import check_writable
-from chunkbench.timeline import parse_thresholds, write_timeline
-from chunkbench.vllm_datasets import DATASETS
 
 
 @with_options(ENGINE_OPTIONS)
@@ -132,97 +130,8 @@ def bench(
     (--arrival vllm, the default here). vllm bench serve's command lines run as they are: its --base-url,
     --host/--port, --endpoint path, --backend, --dataset-name/--dataset-path, --request-rate, --num-prompts
     and dataset options are read; the options it has that change nothing here are accepted and ignored."""
-    from chunkbench.backends import EndpointBackend
-    from chunkbench.client import APIS
-    from chunkbench.report import comparison_table
-    from chunkbench.runs import run_benchmark, save_run
-    from chunkbench.slo import parse_goodput
-    from chunkbench.vllm_result import parse_percentiles, result_path, save_vllm_result, vllm_result
-
-    if max_concurrency is not None:
-        check_number("--max-concurrency", max_concurrency, low=1)
-    if vocab_size is not None:
-        check_number("--vocab-size", vocab_size, low=2)
-    check_number("--num-warmups", num_warmups, low=0, integer=True)
-    check_number("--probe-request-rate", probe_request_rate, low=0)
-    if api not in APIS:  # checked again once vLLM's --backend or --endpoint path has chosen it
-        raise UserError(f"--api must be {' or '.join(APIS)}, got '{api}'")
-    check_number("--request-timeout", request_timeout, low=0, low_open=True)
-    sampling = {name: value for name, value in
-                {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
-                 "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
-                 "repetition_penalty": repetition_penalty}.items() if value is not None}
-    for name, value in sampling.items():  # finite, before any request (JSON has no NaN; the server judges ranges)
-        check_number("--" + name.replace("_", "-"), value)
-    headers = {}
-    for item in header or []:
-        name, sep, value = item.partition(":")
-        if not sep or not name.strip():
-            raise UserError(f"--header must be NAME:VALUE, got '{item}'")
-        headers[name.strip()] = value.strip()
-    check_writable(out, "--out", folder=True)
-    check_writable(json_out, "--json")
-    metrics, percentiles = parse_percentiles(percentile_metrics, metric_percentiles)
-    thresholds = parse_thresholds(timeline_itl_thresholds)
-    slos = parse_goodput(goodput)
-    endpoint, api = server_url(endpoint, options["base_url"], options["host"], options["port"],
-                               options["vllm_backend"], api)
-    served_model = options["served_model_name"] or served_model
-    if options["dataset_name"] is not None:
-        options["workload"] = dataset_workload(options["dataset_name"], options["dataset_path"])
-    self_timed = not options["no_self_timed"]
-    options = pick(options, WORKLOAD_OPTIONS)
-    if options["arrival"] is None and not (self_timed and has_timestamps(options["workload"])):
-        options["arrival"] = "vllm"  # vllm bench serve's schedule for the same --rate, --burstiness, --seed
-    backend = EndpointBackend.connect(endpoint, served_model, vocab_size, options["tokenizer"],
-                                      max_concurrency=max_concurrency, api=api, api_key=api_key, headers=headers,
-                                      timeout_s=request_timeout, num_warmups=num_warmups, sampling=sampling,
-                                      probe_rate=probe_request_rate)
-    limit = max_model_len or backend.max_model_len or 8192
-    spec, requests = load_workload(limit, seed=seed, **options)
-    run = run_benchmark(None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=seed,
-                        progress=False, warmup_steps=0)
-    failures = [{"request": i, "error": r.error} for i, r in enumerate(run.result.requests) if r.error]
-    out = out or default_out("bench")
-    payload = save_run(run, out, spec, endpoint=endpoint, failed_requests=failures)
-    save_json(json_out, payload)
-    console.print(comparison_table([run], title=f"{endpoint}, {spec.name}, {len(requests)} requests"))
-    for failure in failures[:10]:
-        console.print(f"[red]request {failure['request']} failed:[/] {failure['error']}")
-    if probe_request_rate:
-        s = run.summary
-        console.print(f"probes: {s['probe_completed']} completed, {s['probe_failed']} failed"
-                      + (f"; E2EL median {s['probe_median_e2el_ms']:,.1f} ms, p99 {s['probe_p99_e2el_ms']:,.1f} ms, "
-                         f"max {s['probe_max_e2el_ms']:,.1f} ms" if s["probe_completed"] else ""))
-    console.print(f"wrote {out}/summary.json, requests.parquet")
-    if save_result:
-        timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn"
-        result = vllm_result(run.summary, run.result.requests, api=api, model_id=backend.model,
-                             tokenizer_id=spec.tokenizer or backend.model, label=label,
-                             request_rate="inf" if timed else spec.rate, burstiness=spec.burstiness,
-                             max_concurrency=max_concurrency, goodput=bool(slos), metrics=metrics,
-                             percentiles=percentiles, detailed=save_detailed)
-        path = result_path(result_dir, result_filename, result)
-        save_vllm_result(result, path)
-        console.print(f"wrote {path} (vllm bench serve --save-result's layout)")
-    if plot_timeline:
-        where = path.with_suffix(".timeline.html") if save_result else out / "timeline.html"
-        write_timeline(run.result.requests, where, thresholds, f"{endpoint}, {spec.name}, {len(requests)} requests")
-        console.print(f"wrote {where}")
-
-
-def has_timestamps(workload: str) -> bool:
-    """Whether the workload brings its own arrival times (a named trace, multi-turn, a file with them)."""
-    from chunkbench.workload import TRACE_FILES
-
-    kind = workload.partition(":")[0]
-    if kind in DATASETS:
-        return kind == "timed_trace"
-    if workload in TRACE_FILES or workload == "multi-turn":
-        return True
-    if Path(workload).suffix in (".csv", ".jsonl", ".ndjson", ".json"):
-        return True  # a file keeps the old default: its timestamps, else poisson
-    return False
+    args = SimpleNamespace(**locals())  # the options by name, first: the steps (commands/bench.py) read them
+    run_bench(args)
 
 
 def register(app: typer.Typer) -> None:

@@ -25,6 +25,7 @@ tests/sim/test_fast_forward.py checks that outputs are identical with it on and 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from chunkbench.metrics import StepRecord
 from chunkbench.sim.shape import StepShape
@@ -42,30 +43,50 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
     harness.run_workload."""
     executor, scheduler = engine.executor, engine.scheduler
     if not getattr(executor, "fast_forward", False) or executor.cold or not engine.clock.virtual:
-        # a cold step is scaled: ordinary path; the loop below moves a VirtualClock's time itself
+        # a cold step is scaled: ordinary path; run_stretch moves a VirtualClock's time itself
         return 0
     running = scheduler.decode_only_batch()
     if running is None:
         return 0
     batch = list(running)  # requests that finish leave scheduler.running; indices into `batch` stay valid
-    sampled = executor.SAMPLED_TOKEN
-    max_len = scheduler.config.max_model_len
-    bm = engine.block_manager
+    plan = plan_stretch(batch, engine.block_manager, executor.SAMPLED_TOKEN, scheduler.config.max_model_len)
+    if plan is None:
+        return 0
+    stretch = Stretch(batch, executor.SAMPLED_TOKEN)
+    engine.clock.time = run_stretch(engine, plan, stretch, start, next_arrival, steps)
+    for i in range(len(batch)):
+        stretch.catch_up(i, len(stretch.times))
+    return len(stretch.times)
+
+
+class StretchPlan(NamedTuple):
+    """A stretch's block events by phase (step mod block size) and each decode's first context and step count."""
+
+    takes: list[list[int]]  # phase -> requests (batch index) taking a block before it
+    first_take: list[int]  # the first step at which each request takes one
+    fills: list[list[int]]  # phase -> requests whose step fills a block (to cache it)
+    contexts: list[int]  # each decode's keys in the first step (its context length); +1 per step
+    horizon: int  # steps at most: the last may finish requests, and the stretch ends with it
+    finishers: set[int]  # requests the horizon's step finishes
+
+
+def plan_stretch(batch: list, bm, sampled: int, max_len: int) -> StretchPlan | None:
+    """The events of a stretch of decodes of `batch`, in one pass over it; None where a block table does not
+    cover its computed tokens (never happens). Events are kept by phase because a decode takes a block every
+    bs steps and fills one every bs steps: the setup costs O(running) however soon an arrival ends the
+    stretch. Request's properties are inlined: this runs ~50,000 times a trace."""
     bs, tables, caching = bm.block_size, bm.block_tables, bm.enable_caching
-    # A decode takes a block every bs steps and fills one every bs steps, so events are kept by phase (step
-    # mod bs), in running order: the setup costs O(running) however soon an arrival ends the stretch. One
-    # pass over the batch, attributes read once (Request's properties inlined: this runs ~50,000 times a trace).
-    takes: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests (batch index) taking a block before it
-    first_take = []  # the first step at which each request takes one
-    fills: list[list[int]] = [[] for _ in range(bs)]  # phase -> requests whose step fills a block (to cache it)
-    contexts = []  # each decode's keys in the first step (its context length); +1 per step
+    takes: list[list[int]] = [[] for _ in range(bs)]
+    first_take = []
+    fills: list[list[int]] = [[] for _ in range(bs)]
+    contexts = []
     lefts = []  # steps until each request finishes (its last step may be this stretch's last)
     for i, r in enumerate(batch):
         computed, outputs = r.num_computed_tokens, len(r.output_token_ids)
         # step j computes token computed + j: from `gap` steps ahead it is past the table's end, needs a block
         gap = len(tables.get(r.request_id, ())) * bs - computed
         if gap < 0:
-            return 0  # never happens: a table always covers the computed tokens
+            return None  # never happens: a table always covers the computed tokens
         contexts.append(computed + 1)
         first_take.append(gap)
         takes[gap % bs].append(i)
@@ -76,34 +97,56 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
                      else min(sampling.max_tokens - outputs, max_len - len(r.prompt_token_ids) - outputs))
     horizon = min(MAX_STRETCH, *lefts)  # the last step may finish requests: the stretch ends with it
     finishers = {i for i, left in enumerate(lefts) if left == horizon}
+    return StretchPlan(takes, first_take, fills, contexts, horizon, finishers)
 
-    times: list[float] = []  # each step's end: the time of the tokens it samples
-    done = [0] * len(batch)  # steps applied to each request so far
 
-    def catch_up(i: int, upto: int) -> None:
+class Stretch:
+    """The requests of a stretch and the steps applied to each so far: between block events their plain
+    updates are applied in bulk (`catch_up`), always before the block manager reads them."""
+
+    def __init__(self, batch: list, sampled: int):
+        self.batch, self.sampled = batch, sampled
+        self.times: list[float] = []  # each step's end: the time of the tokens it samples
+        self.done = [0] * len(batch)  # steps applied to each request so far
+
+    def catch_up(self, i: int, upto: int) -> None:
         """Apply steps done[i] .. upto-1 to batch[i], as Scheduler.advance would have one by one."""
+        done = self.done
         k = upto - done[i]
         if k:
-            r = batch[i]
+            r = self.batch[i]
             r.num_computed_tokens += k
-            r.output_token_ids.extend([sampled] * k)
-            r.token_times.extend(times[done[i]:upto])
+            r.output_token_ids.extend([self.sampled] * k)
+            r.token_times.extend(self.times[done[i]:upto])
             done[i] = upto
 
-    clock, predict, activation = engine.clock, executor.cost_model.predict, executor.activation
+
+def decode_cost(cost_model, activation, n: int, contexts: list[int]):
+    """(step_cost, activation bytes, first step's keys) when the cost model's decode-only step depends on the
+    batch and the keys read only (the roofline's decode_step_cost, bit for bit equal to predict()): then no
+    shape is built per step. (None, None, None) otherwise."""
+    decode_step_cost = getattr(cost_model, "decode_step_cost", None)
+    if decode_step_cost is not None and activation == getattr(cost_model, "activation_bytes", None):
+        # the first step's keys: every decode reads one key more each step
+        return decode_step_cost(n), cost_model.rows_activation_bytes(n, n), sum(contexts)
+    return None, None, None
+
+
+def run_stretch(engine, plan: StretchPlan, stretch: Stretch, start: float, next_arrival: float,
+                steps: list[StepRecord]) -> float:
+    """Run the stretch's steps on a VirtualClock's time, taking and caching blocks by the real methods in the
+    scheduler's order; return the time after the last (the caller sets the clock)."""
+    executor, scheduler, bm = engine.executor, engine.scheduler, engine.block_manager
+    batch, times, sampled, catch_up = stretch.batch, stretch.times, stretch.sampled, stretch.catch_up
+    takes, first_take, fills, contexts, horizon, finishers = plan
+    bs = bm.block_size
+    predict, activation = executor.cost_model.predict, executor.activation
     num_blocks = bm.num_blocks
     n, num_waiting = len(batch), len(scheduler.waiting)
-    # A cost model whose decode-only step depends on the batch and the keys read only (the roofline) says so
-    # with decode_step_cost, bit for bit equal to predict(): then no shape is built per step.
-    decode_step_cost = getattr(executor.cost_model, "decode_step_cost", None)
-    step_cost = None  # seconds of a step of this batch as a function of its keys, when the cost model has one
-    if decode_step_cost is not None and activation == getattr(executor.cost_model, "activation_bytes", None):
-        step_cost = decode_step_cost(n)
-        step_activation = executor.cost_model.rows_activation_bytes(n, n)
-        keys = sum(contexts)  # the first step's; every decode reads one key more each step
+    step_cost, step_activation, keys = decode_cost(executor.cost_model, activation, n, contexts)
     ids = [r.request_id for r in batch]
     used = num_blocks - bm.num_free  # BlockManager.num_used_blocks, kept up to date below
-    now = clock.time  # VirtualClock.now() and advance(), inlined (the clock is set after the loop)
+    now = engine.clock.time  # VirtualClock.now() and advance(), inlined (the clock is set after the loop)
     for j in range(horizon):
         phase = j % bs
         if takes[phase]:
@@ -128,10 +171,7 @@ def fast_forward(engine, start: float, next_arrival: float, steps: list[StepReco
         for i in sorted(finishers.union(fills[phase])) if last else fills[phase]:
             catch_up(i, j)  # Scheduler.update for a request whose token fills a block or finishes it
             scheduler.advance(batch[i], 1, True, sampled, now)
-            done[i] = j + 1
+            stretch.done[i] = j + 1
         if next_arrival <= now - start:
             break  # the harness adds the request before the next step
-    clock.time = now
-    for i in range(n):
-        catch_up(i, len(times))
-    return len(times)
+    return now

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from chunkbench.errors import UserError
-from chunkbench.metrics import RequestRecord, StepRecord, peak_per_second, summarize
+from chunkbench.metrics import RequestRecord, StepRecord, summarize
+from chunkbench.token_gaps import peak_per_second
 from chunkbench.slo import parse_goodput
 
 # r1: arrives at 0, first scheduled at 0.1, tokens at 0.5, 0.7, 1.0. r2: arrives at 1.0, one token at 1.2.
@@ -101,7 +102,7 @@ def test_window_and_goodput_parsing():
 
 
 def test_pooled_itls_are_each_requests_gaps_in_order():
-    from chunkbench.metrics import pooled_itls, token_times
+    from chunkbench.token_gaps import pooled_itls, token_times
 
     done = [RequestRecord(prompt_len=1, output_len=3, arrival_time=0.0, token_times=[0.1, 0.3, 0.6]),
             RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[5.0]),

@@ -1,0 +1,168 @@
+"""The steps of `chunkbench bench` (declared in serve.py): check its options, read vllm bench serve's flags,
+run the workload against the server, print the result, and write --save-result and --plot-timeline.
+
+Each step takes the command's options as one namespace (`args`: bench's parameters by name)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from chunkbench.commands.common import console, default_out, load_workload, save_json
+from chunkbench.commands.options import WORKLOAD_OPTIONS, pick
+from chunkbench.commands.vllm_flags import dataset_workload, server_url
+from chunkbench.errors import UserError, check_number
+from chunkbench.outputs import check_writable
+from chunkbench.timeline import parse_thresholds, write_timeline
+
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
+def run_bench(args: SimpleNamespace) -> None:
+    """`chunkbench bench`: every option is checked before the first request, then the server is measured and
+    the result printed and written."""
+    from chunkbench.slo import parse_goodput
+    from chunkbench.vllm_result import parse_percentiles
+
+    sampling, headers = check_client_options(args)
+    check_writable(args.out, "--out", folder=True)
+    check_writable(args.json_out, "--json")
+    metrics, percentiles = parse_percentiles(args.percentile_metrics, args.metric_percentiles)
+    thresholds = parse_thresholds(args.timeline_itl_thresholds)
+    slos = parse_goodput(args.goodput)
+    endpoint, api, served_model, options = resolve_vllm_flags(args)
+    backend = connect(args, endpoint, api, served_model, sampling, headers)
+    spec, requests, run = measure(args, backend, endpoint, options, slos)
+    out, failures = save_outputs(args, run, spec, endpoint)
+    title = f"{endpoint}, {spec.name}, {len(requests)} requests"
+    print_result(run, title, failures, args.probe_request_rate, out)
+    path = None
+    if args.save_result:
+        path = write_vllm_result(args, run, spec, api, backend.model, bool(slos), metrics, percentiles)
+    if args.plot_timeline:
+        where = path.with_suffix(".timeline.html") if args.save_result else out / "timeline.html"
+        write_timeline(run.result.requests, where, thresholds, title)
+        console.print(f"wrote {where}")
+
+
+def check_client_options(args: SimpleNamespace) -> tuple[dict, dict[str, str]]:
+    """Check the client's options; return the sampling parameters given (sent with every request) and the
+    --header values by name."""
+    from chunkbench.client import APIS
+
+    if args.max_concurrency is not None:
+        check_number("--max-concurrency", args.max_concurrency, low=1)
+    if args.vocab_size is not None:
+        check_number("--vocab-size", args.vocab_size, low=2)
+    check_number("--num-warmups", args.num_warmups, low=0, integer=True)
+    check_number("--probe-request-rate", args.probe_request_rate, low=0)
+    if args.api not in APIS:  # checked again once vLLM's --backend or --endpoint path has chosen it
+        raise UserError(f"--api must be {' or '.join(APIS)}, got '{args.api}'")
+    check_number("--request-timeout", args.request_timeout, low=0, low_open=True)
+    sampling = {name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None}
+    for name, value in sampling.items():  # finite, before any request (JSON has no NaN; the server judges ranges)
+        check_number("--" + name.replace("_", "-"), value)
+    return sampling, parse_headers(args.header)
+
+
+def parse_headers(items: list[str] | None) -> dict[str, str]:
+    """--header NAME:VALUE values as a dict (names and values stripped)."""
+    headers = {}
+    for item in items or []:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise UserError(f"--header must be NAME:VALUE, got '{item}'")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def resolve_vllm_flags(args: SimpleNamespace) -> tuple[str, str, str | None, dict]:
+    """vllm bench serve's names for the server, API, model and dataset read into chunkbench's: (the /v1 base URL,
+    the API, the model to send, the workload options). Synthetic arrivals default to vLLM's own schedule."""
+    options = args.options
+    endpoint, api = server_url(args.endpoint, options["base_url"], options["host"], options["port"],
+                               options["vllm_backend"], args.api)
+    served_model = options["served_model_name"] or args.served_model
+    if options["dataset_name"] is not None:
+        options["workload"] = dataset_workload(options["dataset_name"], options["dataset_path"])
+    self_timed = not options["no_self_timed"]
+    options = pick(options, WORKLOAD_OPTIONS)
+    if options["arrival"] is None and not (self_timed and has_timestamps(options["workload"])):
+        options["arrival"] = "vllm"  # vllm bench serve's schedule for the same --rate, --burstiness, --seed
+    return endpoint, api, served_model, options
+
+
+def has_timestamps(workload: str) -> bool:
+    """Whether the workload brings its own arrival times (chunkbench/workload_sources.py's table)."""
+    from chunkbench.workload_sources import has_timestamps as brings_them
+
+    return brings_them(workload)
+
+
+def connect(args: SimpleNamespace, endpoint: str, api: str, served_model: str | None, sampling: dict,
+            headers: dict[str, str]):
+    """The server as a backend (its model, vocabulary and context length read from it where not given)."""
+    from chunkbench.backends import EndpointBackend
+
+    return EndpointBackend.connect(endpoint, served_model, args.vocab_size, args.options["tokenizer"],
+                                   max_concurrency=args.max_concurrency, api=api, api_key=args.api_key,
+                                   headers=headers, timeout_s=args.request_timeout, num_warmups=args.num_warmups,
+                                   sampling=sampling, probe_rate=args.probe_request_rate)
+
+
+def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
+    """Build the workload (prompts fit --max-model-len, else the server's, else 8192) and run it against the
+    server: (its spec, the requests, the run)."""
+    from chunkbench.runs import run_benchmark
+
+    limit = args.max_model_len or backend.max_model_len or 8192
+    spec, requests = load_workload(limit, seed=args.seed, **options)
+    run = run_benchmark(None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=args.seed,
+                        progress=False, warmup_steps=0)
+    return spec, requests, run
+
+
+def save_outputs(args: SimpleNamespace, run, spec, endpoint: str) -> tuple[Path, list[dict]]:
+    """Write summary.json and requests.parquet (with the failed requests and their errors) in --out, and --json;
+    return the folder and the failures."""
+    from chunkbench.runs import save_run
+
+    failures = [{"request": i, "error": r.error} for i, r in enumerate(run.result.requests) if r.error]
+    out = args.out or default_out("bench")
+    payload = save_run(run, out, spec, endpoint=endpoint, failed_requests=failures)
+    save_json(args.json_out, payload)
+    return out, failures
+
+
+def print_result(run, title: str, failures: list[dict], probe_request_rate: float, out: Path) -> None:
+    """Print the metrics table, the first failures, the probes' figures (with --probe-request-rate) and what
+    was written."""
+    from chunkbench.report import comparison_table
+
+    console.print(comparison_table([run], title=title))
+    for failure in failures[:10]:
+        console.print(f"[red]request {failure['request']} failed:[/] {failure['error']}")
+    if probe_request_rate:
+        s = run.summary
+        console.print(f"probes: {s['probe_completed']} completed, {s['probe_failed']} failed"
+                      + (f"; E2EL median {s['probe_median_e2el_ms']:,.1f} ms, p99 {s['probe_p99_e2el_ms']:,.1f} ms, "
+                         f"max {s['probe_max_e2el_ms']:,.1f} ms" if s["probe_completed"] else ""))
+    console.print(f"wrote {out}/summary.json, requests.parquet")
+
+
+def write_vllm_result(args: SimpleNamespace, run, spec, api: str, model: str, goodput: bool, metrics,
+                      percentiles) -> Path:
+    """--save-result: the result in vllm bench serve's keys and layout; return its path. Timed workloads (a
+    trace, all at once, multi-turn) report vLLM's request rate of inf."""
+    from chunkbench.vllm_result import result_path, save_vllm_result, vllm_result
+
+    timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn"
+    result = vllm_result(run.summary, run.result.requests, api=api, model_id=model,
+                         tokenizer_id=spec.tokenizer or model, label=args.label,
+                         request_rate="inf" if timed else spec.rate, burstiness=spec.burstiness,
+                         max_concurrency=args.max_concurrency, goodput=goodput, metrics=metrics,
+                         percentiles=percentiles, detailed=args.save_detailed)
+    path = result_path(args.result_dir, args.result_filename, result)
+    save_vllm_result(result, path)
+    console.print(f"wrote {path} (vllm bench serve --save-result's layout)")
+    return path

@@ -10,8 +10,7 @@ a ratio, and the table prints the median ratio with its spread (lowest to highes
 
 vLLM (when .venv-vllm exists; --no-vllm skips it) runs in its own process, an in-process `LLM` with
 enforce_eager=True, dtype float32, in the vLLM tier's environment (tests/vllm/env.py: VLLM_CPU_KVCACHE_SPACE=1,
-TCMalloc preloaded when installed, as vLLM's CPU guide asks; figures before 2026-12-04's night ran it on
-glibc's malloc) but on torch's thread count here, as the other two engines, on the same weights saved as a
+TCMalloc preloaded when installed, as vLLM's CPU guide asks) but on torch's thread count here, as the other two engines, on the same weights saved as a
 Hugging Face directory, fed token ids, prefix caching off; it takes its turn after the other two in each phase
 of a round, its prefill also the faster of two. Its decode step is the batch's time from its last first token
 to its last token over 8, from vLLM's own request timestamps (log stats on).

@@ -40,7 +40,7 @@ from chunkbench.workload import WorkloadSpec, build_workload
 
 FIGURES = ("request_goodput", "median_ttft_ms", "p99_ttft_ms", "p99_itl_ms", "p99_e2el_ms")
 VERIFIED = ("request_goodput", "p99_ttft_ms", "p99_itl_ms")  # what a presearch's verification compares
-WITHIN = 0.15  # issue 18's agreement
+WITHIN = 0.15  # the agreement a presearch's verified figures are held to
 
 
 def slos_of(study: optuna.Study) -> list[SLO]:

@@ -1,9 +1,13 @@
 """The house rules docs/architecture.md states, checked: no import circle among chunkbench's modules (imports
 inside functions count: a lazy import only hides a circle; those under `if TYPE_CHECKING:` are annotations,
-never run, and do not), and no module much over 300 lines."""
+never run, and do not), no module much over 300 lines, no function much over 80, and no dates or issue
+numbers in comments and docstrings."""
 
 import ast
 import importlib.metadata
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import networkx as nx
@@ -75,3 +79,41 @@ def test_no_top_level_folder_shadows_an_installed_package():
     shadowing = {name: installed[name] for name in folders
                  if any(dist.lower() != "chunkbench" for dist in installed.get(name, []))}
     assert not shadowing, f"top-level folders named like installed packages: {shadowing}"
+
+
+MOST_FUNCTION_LINES = 88  # the house style's ~80, with a little room
+
+
+def test_no_function_over_about_80_lines():
+    long = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MOST_FUNCTION_LINES:
+                    long[f"{name}.{node.name}"] = length
+    assert not long, f"functions over {MOST_FUNCTION_LINES} lines: {long}"
+
+
+DATED = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\bissues? \d+\b", re.I)
+
+
+def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring of a Python file."""
+    text = path.read_text()
+    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+             if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                found.append((getattr(node, "lineno", 1), doc))
+    return found
+
+
+def test_no_dates_or_issue_numbers_in_comments_and_docstrings():
+    """What was measured when lives in docs/measurements/ with its command; the code says what and why."""
+    paths = [p for folder in ("chunkbench", "engine", "tests", "scripts", "sweeps") for p in (REPO / folder).rglob("*.py")]
+    found = [f"{path.relative_to(REPO)}:{line}" for path in paths for line, text in comments_and_docstrings(path)
+             if DATED.search(text)]
+    assert not found, f"dates or issue numbers in comments or docstrings: {found}"

@@ -1,4 +1,4 @@
-"""What real clients send `chunkbench serve` (issue 29), against a tiny Hugging Face directory (a trained BPE
+"""What real clients send `chunkbench serve`, against a tiny Hugging Face directory (a trained BPE
 tokenizer with a chat template, scripts/tiny_llama.py): the official OpenAI SDK, vLLM's request shapes (neutral
 values of fields the server does not implement, unknown fields, content parts), and the sampling extensions
 (stop strings, stop_token_ids, min_tokens, top_k, seed, echo), each checked against an answer known from a

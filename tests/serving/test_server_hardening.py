@@ -1,4 +1,4 @@
-"""`chunkbench serve` under bad input and engine failures (issue 17): a bad request is a 4xx naming its
+"""`chunkbench serve` under bad input and engine failures: a bad request is a 4xx naming its
 field, never a dead engine; a failing step fails only its requests; a dead engine says so on /health."""
 
 import asyncio

@@ -1,4 +1,4 @@
-"""schemathesis against `chunkbench serve`'s own OpenAPI document (issue 29): the document says what the server
+"""schemathesis against `chunkbench serve`'s own OpenAPI document: the document says what the server
 does. Schema-valid requests (positive) and schema-violating ones (negative) for every operation, bounded: no 5xx,
 no status code or content type the document does not list, responses that match their schemas, no schema-valid
 request refused except by the limits a schema cannot state (prompt + max_tokens under max_model_len, counted in

@@ -1,5 +1,5 @@
 """The calibrated roofline against measured data: Vidur's operator profiles (the subset shipped in
-tests/data/gpu-profiles, see its ORIGIN.md) and published serving figures. Each threshold is issue 15's
+tests/data/gpu-profiles, see its ORIGIN.md) and published serving figures. Each threshold is the calibration's
 acceptance number, checked on the data so that a change to the model or the constants can fail it."""
 
 
@@ -51,7 +51,7 @@ def test_the_fit_reproduces_the_shipped_constants_and_holds_across_tp(gpu):
 
 
 def test_the_model_bends_before_the_knee():
-    """Issue 15: at 128 tokens the old max(compute, memory) gave 0.65x of the measured A100 layer; the
+    """At 128 tokens the old max(compute, memory) gave 0.65x of the measured A100 layer; the
     calibrated curve must be within 15% of each measured 128- and 512-token row."""
     for gpu, rows in ROWS.items():
         for tokens in (128, 512):

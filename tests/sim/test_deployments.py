@@ -30,8 +30,8 @@ SHAPES = {
     "decode32x2k": StepShape((), (2048,) * 32, 32),
     "mixed": StepShape(((512, 4096),), (1000,) * 16, 17),
 }
-# The roofline's TP=1 predictions, hard-coded so that any change to them is deliberate. Issue 15 changed the
-# model on purpose (calibrated kernel constants, soft compute/memory blend, elementwise and attention floors,
+# The roofline's TP=1 predictions, hard-coded so that any change to them is deliberate. The calibration changed
+# the model on purpose (calibrated kernel constants, soft compute/memory blend, elementwise and attention floors,
 # the vLLM engine's 1.5 ms step overhead instead of a fixed 3 ms): these are the new model's values. The
 # values before (commit d47161b) were, in the same order, llama-3-8b/h100-sxm (0.04661, 0.01181, 0.01786),
 # llama-3-8b/a100-80g (0.14125, 0.01747, 0.04890), llama-3-70b/l4 (3.40572, 0.67166, 1.05399).

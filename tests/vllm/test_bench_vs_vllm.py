@@ -1,5 +1,5 @@
 """`chunkbench bench` against the real vLLM 0.32 and its own `vllm bench serve`: the same schedule, the same
-figures (issue 30's acceptance).
+figures.
 
 One comparison (~110 s): both clients pinned off core 0 (vLLM's CPU engine binds its OpenMP thread there) with
 taskset, alternating, 5 runs each, of one light-load schedule: 32 requests of 64 prompt and 16 output tokens at
@@ -229,7 +229,7 @@ def test_bench_measures_what_vllm_bench_serve_measures(vllm_server, tiny_model, 
     mean TTFT medians 14.4 vs 11.5 ms with other work running, 14.0 vs 15.5 ms alone) moves one set, rarely two
     in a row. A run's mean TTFT alone moves by a third (CI, 3 runs a set: ours 13.7, 9.8, 9.7 and 8.2, 9.4,
     12.4 ms; vLLM's 11.2-12.7), so the median is of 5. Paired, because the server's speed drifts between runs:
-    at a slow hour (2026-12-06, 00:30 UTC) a set's mean E2ELs ran 35.5-60.4 ms and two sets in a row missed on
+    at a slow hour a set's mean E2ELs ran 35.5-60.4 ms and two sets in a row missed on
     the medians of each client's runs (44.41 vs 39.67, then 40.82 vs 45.75 ms), where the paired differences'
     medians were -0.40 and -3.46 ms."""
     trace = token_trace(tmp_path / "trace.jsonl")

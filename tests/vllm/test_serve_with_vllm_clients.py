@@ -1,4 +1,4 @@
-"""vLLM's own client against `chunkbench serve` (issue 29): `vllm bench serve --backend vllm` (completions) and
+"""vLLM's own client against `chunkbench serve`: `vllm bench serve --backend vllm` (completions) and
 `--backend openai-chat` (chat, content as a list of text parts), both as vLLM 0.32 sends them (repetition_penalty,
 logprobs null, stream_options), from the tier's venv, against `chunkbench serve --model <the tiny HF dir>`. Every
 request succeeds, and the token counts vLLM's client reports (from the usage chunks) are the server's own

@@ -10,7 +10,7 @@ and 1/num_layers of a prefill step's work saved (vLLM computes every row and the
 
 On the CPU in fp32, `pack_for_cpu` also keeps each linear layer's weight in oneDNN's blocked layout, reordered
 once (as vLLM's CPU build does), and every step's products use it: a plain F.linear goes through MKL's sgemm,
-which re-packs its weight on every call and reaches about half oneDNN's rate (measured: docs/measurements/).
+which re-packs its weight on every call and reaches about half oneDNN's rate (measured: docs/measurements/engine-speed.md).
 It costs a second copy of the weights, so it is done only below PACK_MAX_BYTES of them.
 """
 

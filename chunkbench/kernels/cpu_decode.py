@@ -4,7 +4,7 @@ The torch path gathers each decode's keys out of the paged cache into a padded c
 runs SDPA over the copy, so every layer moves the batch's K and V three times. The C kernel reads each key
 and value once, in place, through the block table: whole slots per request as the unit of work, and 512-bit
 vectors (-mprefer-vector-width=512; gcc keeps to 256 by default). Its speed against the torch path:
-docs/measurements/.
+docs/measurements/engine-speed.md.
 
 It is plain C with OpenMP, no torch headers, so it compiles in under a second (cc with FLAGS) into
 $XDG_CACHE_HOME/chunkbench (default ~/.cache/chunkbench), keyed by the source, flags and CPU. The OpenMP

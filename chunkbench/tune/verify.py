@@ -4,7 +4,7 @@ winner picked on those measurements.
 
 Two tunes use it. `--presearch sim` checks its simulated best this way. A tune that launches every trial
 (`--backend launch`) does too, against the winner's curse: on a noisy server the best of 60 single runs is
-partly the luckiest run (a measured case: docs/measurements/). Each finished re-measurement is recorded in a JSON file in the study folder
+partly the luckiest run (a measured case: docs/measurements/presearch-stand-in.md). Each finished re-measurement is recorded in a JSON file in the study folder
 the moment it finishes, so a killed tune resumes without repeating it.
 """
 
@@ -84,7 +84,7 @@ def spread_over_ties(spec: TuneSpec, study: optuna.Study, k: int,
     from those chosen (farthest-point), so that the launches measure configurations that differ rather than
     near-copies of one; any left over, best first. Measured on `chunkbench serve`: 56 of 60 simulated trials
     within 0.5% of each other, the three best all at a 512-token budget, and the winner at 4096 that launching
-    every trial found measured 15-20% better than theirs, run for run (docs/presearch-measurements.md)."""
+    every trial found measured 15-20% better than theirs, run for run (docs/measurements/presearch-stand-in.md)."""
     ranked = best_distinct(spec, study, len(study.trials))
     if not ranked or not is_feasible(ranked[0]):  # nothing met the SLAs: the closest ones
         return ranked[:k]

@@ -64,7 +64,8 @@ Tokenizer = Annotated[Optional[str], typer.Option(
 Goodput = Annotated[Optional[str], typer.Option(
     help="SLOs for goodput, in ms, space-separated: 'ttft:300 tpot:50 e2el:2000' (as vLLM's --goodput).")]
 WarmupSteps = Annotated[int, typer.Option(help="Unmeasured engine steps before the run (steps).")]
-Out = Annotated[Optional[Path], typer.Option(help="Directory for the outputs (created).")]
+Out = Annotated[Optional[Path], typer.Option(help="Directory for the outputs (created). Default: "
+                                              "results/runs/<command>-<date>-<time>.")]
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Also write the summary JSON to this file.")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bar.")]
 
@@ -137,7 +138,7 @@ def _dataset_option(name: str, kind: type, help: str) -> tuple:
 DATASET_OPTIONS = {name: _dataset_option(name, kind, help) for name, kind, help in [  # vllm bench serve's
     ("random_input_len", int, "random: mean prompt tokens, less the tokenizer's special tokens (tokens)."),
     ("random_output_len", int, "random: mean output tokens (tokens)."),
-    ("random_range_ratio", float, "random: lengths uniform in [mean*(1-r), mean*(1+r)], 0 <= r < 1."),
+    ("random_range_ratio", float, "random: lengths uniform from mean*(1-r) to mean*(1+r), 0 <= r < 1."),
     ("prefix_repetition_prefix_len", int, "prefix_repetition: shared prefix (tokens)."),
     ("prefix_repetition_suffix_len", int, "prefix_repetition: each request's own suffix (tokens)."),
     ("prefix_repetition_num_prefixes", int, "prefix_repetition: distinct prefixes (prefixes)."),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Optional
 
 import typer
@@ -20,6 +21,7 @@ from chunkbench.errors import UserError, check_number
 from chunkbench.launch import launch_command, launches_vllm
 from chunkbench.node import plan_slots, varies_by_slot
 from chunkbench.outputs import check_writable
+from chunkbench.tune.objectives import AUTO, help_text as objective_help, resolve as resolve_objective
 
 
 TUNE_WORKLOAD_OPTIONS = DATASET_OPTIONS | {"time_scale": (TimeScale, 1.0)}
@@ -35,11 +37,7 @@ def tune(
     sla_probe: SlaProbe = None,
     probe_request_rate: ProbeRate = 0.0,
     sla_percentile: SlaPercentile = 99.0,
-    objective: Annotated[str, typer.Option(help="capacity (highest req/s meeting the SLAs with median scheduling "
-                                           "delay <= --max-sched-delay, by bisection: Sarathi-Serve's), goodput "
-                                           "(request goodput under the SLAs at the workload's rate) or pareto "
-                                           "(NSGA-II over p99 TTFT, p99 TBT and throughput). auto: capacity when "
-                                           "an --sla-* is given, else goodput.")] = "auto",
+    objective: Annotated[str, typer.Option(help=objective_help())] = AUTO,
     space: Annotated[str, typer.Option(help="Search space: a TOML file, or a built-in one: default, latency, "
                                        "throughput, prefix.")] = "default",
     workload: Annotated[Optional[str], typer.Option(help="Workload (overrides the space file's); see `run`.")] = None,
@@ -115,92 +113,126 @@ def tune(
 ) -> None:
     """Search token budget, chunk caps, progressive chunk schedules and seats against SLAs; write the best
     config for chunkbench, vLLM and SGLang, trials.csv, plots and report.html."""
-    from chunkbench.slo import parse_slas
-    from chunkbench.tune.run import study_folder, tune_and_report
-    from chunkbench.tune.space import SearchSpace
-    from chunkbench.tune.spec import OBJECTIVES, TuneSpec, default_study_name
-    from chunkbench.tune.verify import VERIFY_REPEATS
-    from chunkbench.workload import WorkloadSpec, build_workload
+    args = SimpleNamespace(**locals())  # the options by name: the steps below read them
+    run_tune(args)
 
-    slos = parse_slas({"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot, "e2el": sla_e2el, "probe": sla_probe},
-                      sla_percentile)
-    check_number("--probe-request-rate", probe_request_rate, low=0)
-    if sla_probe and not probe_request_rate:
-        probe_request_rate = DEFAULT_PROBE_RATE
-    if objective == "auto":
-        objective = "capacity" if slos else "goodput"
-    if objective not in OBJECTIVES:
-        raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
-    if objective == "capacity" and not slos:
-        raise UserError("--objective capacity needs at least one --sla-* target")
-    check_number("--n-trials", n_trials, low=1)
-    check_number("--jobs", jobs, low=1)
-    check_number("--verify-top", verify_top, low=0)
-    if verify_repeats is not None:
-        check_number("--verify-repeats", verify_repeats, low=1, integer=True)
-        if backend != "launch" or verify_top == 0:
+
+def run_tune(args: SimpleNamespace) -> None:
+    """Every option is checked, the workload built and the backend resolved before anything is written or
+    launched; then the study runs (--presearch sim: calibrate, search in simulation, verify)."""
+    from chunkbench.tune.run import study_folder, tune_and_report
+    from chunkbench.tune.spec import TuneSpec, default_study_name
+    from chunkbench.tune.verify import VERIFY_REPEATS
+
+    slos = check_options(args)
+    search_space, spec_workload, given = workload_spec(args)
+    overrides = {k: v for k, v in dict(max_model_len=args.max_model_len, num_blocks=args.num_blocks, seed=args.seed,
+                                       tensor_parallel_size=args.tensor_parallel_size,
+                                       kv_cache_dtype=args.kv_cache_dtype).items() if v is not None}
+    config = EngineConfig.create(args.model, **overrides)  # the fixed flags, validated
+    resolved, search_space = tune_backend(args, config, search_space)
+    spec = TuneSpec(model=args.model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,
+                    objective=args.objective, n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed,
+                    max_sched_delay_ms=args.max_sched_delay, engine_overrides=overrides)
+    check_workload(spec_workload, search_space, given)
+    name = args.study or default_study_name(spec)
+    out, progress, repeats = args.out or study_folder(name), not args.no_progress, args.verify_repeats or VERIFY_REPEATS
+    command = "chunkbench " + " ".join(sys.argv[1:])
+    if args.presearch == "sim":
+        from chunkbench.tune.presearch import presearch_tune
+
+        check_number("--verify-top", args.verify_top, low=1)
+        presearch_tune(spec, name, args.storage, out, args.verify_top, resolved.backend, args.calibration,
+                       device=args.gpu or "cpu", progress=progress, command=command, repeats=repeats)
+        return
+    relaunch = resolved.backend.kind == "launch"
+    tune_and_report(spec, name, args.storage, out, args.verify_top if resolved.verify or relaunch else 0,
+                    progress=progress, command=command, jobs=args.jobs, backend_note=resolved.note, repeats=repeats)
+
+
+def check_options(args: SimpleNamespace) -> list:
+    """The SLAs; the options checked, each refused in one line before anything starts. Sets the objective
+    (auto resolved: tune/objectives/registry.py) and --probe-request-rate's default with --sla-probe."""
+    from chunkbench.slo import parse_slas
+
+    slos = parse_slas({"ttft": args.sla_ttft, "tbt": args.sla_tbt, "tpot": args.sla_tpot, "e2el": args.sla_e2el,
+                       "probe": args.sla_probe}, args.sla_percentile)
+    check_number("--probe-request-rate", args.probe_request_rate, low=0)
+    if args.sla_probe and not args.probe_request_rate:
+        args.probe_request_rate = DEFAULT_PROBE_RATE
+    args.objective = resolve_objective(args.objective, bool(slos)).name
+    check_number("--n-trials", args.n_trials, low=1)
+    check_number("--jobs", args.jobs, low=1)
+    check_number("--verify-top", args.verify_top, low=0)
+    if args.verify_repeats is not None:
+        check_number("--verify-repeats", args.verify_repeats, low=1, integer=True)
+        if args.backend != "launch" or args.verify_top == 0:
             raise UserError("--verify-repeats counts the re-measurement runs of --backend launch (--verify-top >= 1)")
-    check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
-    check_number("--launch-timeout", launch_timeout, low=0, low_open=True)
-    if presearch not in ("none", "sim"):
-        raise UserError(f"--presearch must be none or sim, got '{presearch}'")
-    if presearch == "sim" and backend != "launch":
+    check_number("--max-sched-delay", args.max_sched_delay, low=0, low_open=True)
+    check_number("--launch-timeout", args.launch_timeout, low=0, low_open=True)
+    if args.presearch not in ("none", "sim"):
+        raise UserError(f"--presearch must be none or sim, got '{args.presearch}'")
+    if args.presearch == "sim" and args.backend != "launch":
         raise UserError("--presearch sim calibrates on launched servers: it needs --backend launch")
-    if calibration is not None and presearch != "sim":
+    if args.calibration is not None and args.presearch != "sim":
         raise UserError("--calibration is the server calibration of --presearch sim")
-    if timeout is not None:
-        check_number("--timeout", timeout, low=0, low_open=True)
-    check_writable(out, "--out", folder=True)
-    search_space = SearchSpace.load(space)
-    given = dict(name=workload, rate=rate, num_requests=num_requests, seed=seed,
-                 probe_request_rate=probe_request_rate or None)
-    given |= {k: v for k, v in pick(dataset_options, TUNE_WORKLOAD_OPTIONS).items()
-              if v != TUNE_WORKLOAD_OPTIONS[k][1]}  # a flag left at its default keeps the space file's value
+    if args.timeout is not None:
+        check_number("--timeout", args.timeout, low=0, low_open=True)
+    check_writable(args.out, "--out", folder=True)
+    return slos
+
+
+def workload_spec(args: SimpleNamespace):
+    """The search space and the workload: the space file's [workload], overridden by the flags given (a flag
+    left at its default keeps the file's value); also the flags given, for check_workload."""
+    from chunkbench.tune.space import SearchSpace
+    from chunkbench.workload import WorkloadSpec
+
+    search_space = SearchSpace.load(args.space)
+    given = dict(name=args.workload, rate=args.rate, num_requests=args.num_requests, seed=args.seed,
+                 probe_request_rate=args.probe_request_rate or None)
+    given |= {k: v for k, v in pick(args.dataset_options, TUNE_WORKLOAD_OPTIONS).items()
+              if v != TUNE_WORKLOAD_OPTIONS[k][1]}
     spec_workload = WorkloadSpec(**{**search_space.workload, **{k: v for k, v in given.items() if v is not None}})
-    overrides = {k: v for k, v in dict(max_model_len=max_model_len, num_blocks=num_blocks, seed=seed,
-                                       tensor_parallel_size=tensor_parallel_size,
-                                       kv_cache_dtype=kv_cache_dtype).items() if v is not None}
-    config = EngineConfig.create(model, **overrides)  # the fixed flags, validated
-    node = plan_slots(slots, port_base, gpus, gpus_per_trial, cpus, cpus_per_trial)
-    if backend == "launch":
-        endpoint = launch_slots(launch, endpoint, jobs, node)
-    elif any(v is not None for v in (slots, gpus, cpus)):
+    return search_space, spec_workload, given
+
+
+def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
+    """The backend the trials run on (announced), and the search space for it: --backend launch places its
+    servers in slots, checks the template's placeholders, and a vLLM server gets the knobs vLLM has."""
+    node = plan_slots(args.slots, args.port_base, args.gpus, args.gpus_per_trial, args.cpus, args.cpus_per_trial)
+    endpoint = args.endpoint
+    if args.backend == "launch":
+        endpoint = launch_slots(args.launch, endpoint, args.jobs, node)
+    elif any(v is not None for v in (args.slots, args.gpus, args.cpus)):
         raise UserError("--slots, --gpus and --cpus place launched servers: they need --backend launch")
-    resolved = announce(resolve(backend, model, gpu=gpu, cost_model=cost_model, search=True, launch=launch,
-                                endpoint=endpoint, launch_timeout_s=launch_timeout, config=config,
-                                engine_overhead=engine_overhead))
+    resolved = announce(resolve(args.backend, args.model, gpu=args.gpu, cost_model=args.cost_model, search=True,
+                                launch=args.launch, endpoint=endpoint, launch_timeout_s=args.launch_timeout,
+                                config=config, engine_overhead=args.engine_overhead))
     if resolved.backend.kind == "launch":
         resolved = replace(resolved, backend=replace(resolved.backend, slot=node[0], node=tuple(node)))
-        launch_command(launch, config)  # placeholders checked before anything starts
+        launch_command(args.launch, config)  # placeholders checked before anything starts
         if len(node) > 1:
             console.print(f"{len(node)} slots: " + "; ".join(map(str, node)), soft_wrap=True)
-        if launches_vllm(launch):
+        if launches_vllm(args.launch):
             search_space, note = search_space.for_vllm()
             if note:
                 console.print(f"[yellow]{note}[/]", soft_wrap=True)
-    spec = TuneSpec(model=model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,
-                    objective=objective, n_trials=n_trials, timeout_s=timeout, seed=seed,
-                    max_sched_delay_ms=max_sched_delay, engine_overrides=overrides)
+    return resolved, search_space
+
+
+def check_workload(spec_workload, search_space, given: dict) -> None:
+    """A bad workload fails here, before anything is written; its message names the flag, and the space file
+    where the value came from there instead."""
+    from chunkbench.workload import build_workload
+
     try:
-        build_workload(spec_workload)  # a bad workload fails here, before anything is written
-    except UserError as exc:  # its message names the flag; the value may have come from the space file instead
+        build_workload(spec_workload)
+    except UserError as exc:
         from_file = [k for k in search_space.workload
                      if given.get(k) is None and f"--{k.replace('_', '-')}" in str(exc)]
         raise (UserError(f"{exc} (set by [workload] {', '.join(from_file)} in --space {search_space.source})")
                if from_file else exc) from None
-    name = study or default_study_name(spec)
-    if presearch == "sim":
-        from chunkbench.tune.presearch import presearch_tune
-
-        check_number("--verify-top", verify_top, low=1)
-        presearch_tune(spec, name, storage, out or study_folder(name), verify_top, resolved.backend, calibration,
-                       device=gpu or "cpu", progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]),
-                       repeats=verify_repeats or VERIFY_REPEATS)
-        return
-    relaunch = resolved.backend.kind == "launch"
-    tune_and_report(spec, name, storage, out or study_folder(name), verify_top if resolved.verify or relaunch else 0,
-                    progress=not no_progress, command="chunkbench " + " ".join(sys.argv[1:]), jobs=jobs,
-                    backend_note=resolved.note, repeats=verify_repeats or VERIFY_REPEATS)
 
 
 DEFAULT_PROBE_RATE = 2.0  # --sla-probe without --probe-request-rate: probes per second (vLLM's docs' example)

@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from chunkbench.outputs import write_figure
 from chunkbench.report import embedded_png, pyplot
+from chunkbench.tune.objectives import get
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import is_feasible
 
@@ -70,13 +71,13 @@ def plot_user_gpu_pareto(spec: TuneSpec, study: optuna.Study, path: Path) -> boo
 
 
 def importances(spec: TuneSpec, study: optuna.Study) -> dict[str, float] | str:
-    """Each searched knob's importance to the objective over the complete trials (PED-ANOVA), highest first;
-    or why there are none."""
+    """Each searched knob's importance to the objective's headline value over the complete trials (PED-ANOVA),
+    highest first; or why there are none."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     varied = {name for t in done for name in t.params if len({u.params.get(name) for u in done}) > 1}
     if len(done) < 3 or not varied:
         return f"{len(done)} complete trials{'' if varied else ' with no knob varied'}: too few to tell"
-    index = 2 if spec.objective == "pareto" else 0  # pareto: output throughput
+    index = get(spec.objective).headline  # pareto: output throughput
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # experimental, and its notes on few trials: said below instead

@@ -10,6 +10,7 @@ import optuna
 
 from chunkbench.outputs import write_figure
 from chunkbench.report import pyplot
+from chunkbench.tune.objectives import get
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import is_feasible
 
@@ -19,16 +20,11 @@ KNOB_LABELS = {"policy": "policy", "max_num_batched_tokens": "token budget", "ch
 
 
 def rows(spec: TuneSpec) -> list[tuple[str, str]]:
-    """(metric key, axis label) per row: the objective, each SLA's metric, and the bound capacity also checks."""
-    if spec.objective == "pareto":
-        first = [("output_throughput", "output tok/s")]
-    elif spec.objective == "capacity":
-        first = [("capacity_rps", "capacity (req/s)")]
-    else:
-        first = [("request_goodput", "goodput (req/s)")]
+    """(metric key, axis label) per row: the objective's, each SLA's metric, and the bounds the objective also
+    checks (capacity: the median scheduling delay)."""
+    objective = get(spec.objective)
     sla = [(s.summary_key, f"{s.summary_key.removesuffix('_ms').replace('_', ' ')} (ms)") for s in spec.slos]
-    extra = [("median_scheduling_delay_ms", "median sched. delay (ms)")] if spec.objective == "capacity" else []
-    return first + sla + extra
+    return [*objective.rows, *sla, *objective.extra_rows]
 
 
 def plot_knobs(spec: TuneSpec, study: optuna.Study, winner: optuna.trial.FrozenTrial | None, path: Path) -> bool:

@@ -34,6 +34,7 @@ from chunkbench.errors import StudyFailed, UserError
 from chunkbench.launch import LaunchError
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune import calibrate as cal
+from chunkbench.tune.objectives import get, one_winner_names
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
 from chunkbench.tune.report import add_runs_to_csv, results_table, write_outputs
 from chunkbench.tune.slots import SlotRun, slot_backends
@@ -128,8 +129,8 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     """Calibrate, search in simulation, verify by launching (module docstring)."""
     from chunkbench.tune.run import tune_and_report
 
-    if spec.objective == "pareto":
-        raise UserError("--presearch sim picks one winner on measured figures: use --objective goodput or capacity")
+    if not get(spec.objective).one_winner:
+        raise UserError(f"--presearch sim picks one winner on measured figures: use --objective {one_winner_names()}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
     state = State(out / STATE_FILE)

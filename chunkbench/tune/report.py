@@ -15,7 +15,7 @@ from chunkbench.report import embedded_png, html_page, pyplot
 from chunkbench.slo import SLO
 from chunkbench.tune import emit
 from chunkbench.tune.node_report import importance_line, importances, node_section
-from chunkbench.capacity import resolution_pct
+from chunkbench.tune.objectives import get
 from chunkbench.tune.plots import plot_knobs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, closest_trials, feasible_trials, is_feasible
@@ -47,9 +47,10 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     what = (f"best of {len(study.trials)} trials" if winners or not closest else
             f"none of {len(study.trials)} trials met the SLAs; the closest")
     winners = winners or closest
+    title, metric = get(spec.objective).column
     table = Table(title=f"{spec.model}: {what} ({spec.objective}, {spec.backend})")
-    for column in ["trial", "knobs", "goodput req/s" if spec.objective != "capacity" else "capacity req/s",
-                   *keys, "output tok/s"] + (["verified " + k for k in keys] if verified else []):
+    for column in ["trial", "knobs", title, *keys, "output tok/s"] + \
+            (["verified " + k for k in keys] if verified else []):
         table.add_column(column, justify="left" if column == "knobs" else "right")
     shown: set[str] = set()
     for t in winners:  # distinct configurations only: TPE often samples the best point again
@@ -60,7 +61,7 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
             break
         shown.add(knobs)
         m = t.user_attrs["metrics"]
-        value = m.get("capacity_rps", m.get("request_goodput", 0.0))
+        value = m.get(metric, 0.0)
         row = [str(t.number), knobs, f"{value:.2f}"] + [_ms(m.get(k)) for k in keys] + \
               [f"{m.get('output_throughput', 0):,.0f}"]
         if verified:
@@ -70,18 +71,15 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     return table
 
 
-CAPACITY_RESOLUTION_PCT = resolution_pct()
-
-
 def margin(spec: TuneSpec, study: optuna.Study) -> str | None:
     """How far the winner is ahead of the runner-up (the best feasible trial with other knobs), or why they
-    are equal. None for pareto (a front has no single runner-up) or when nothing is feasible."""
-    winners = feasible_trials(study)
-    if spec.objective == "pareto" or not winners:
+    are equal. None without one winner (pareto: a front has no single runner-up) or when nothing is feasible."""
+    winners, objective = feasible_trials(study), get(spec.objective)
+    if not objective.one_winner or not winners:
         return None
     winner = winners[0]
     runner = next((t for t in winners[1:] if knobs_text(t) != knobs_text(winner)), None)
-    what = "capacity" if spec.objective == "capacity" else "goodput"
+    what = objective.headline_name
     if runner is None:
         return f"Margin: trial {winner.number} is the only feasible configuration; no runner-up to compare."
     w, r = winner.values[0], runner.values[0]
@@ -92,14 +90,8 @@ def margin(spec: TuneSpec, study: optuna.Study) -> str | None:
     if winner.user_attrs["metrics"] == runner.user_attrs["metrics"]:
         why = ("they ran identically (every metric equal): the knobs in which they differ never came into play "
                "on this workload")
-    elif spec.objective == "capacity":
-        why = (f"the capacity search resolves rates to {CAPACITY_RESOLUTION_PCT:.1f}% on a fixed grid, and "
-               "both met the SLAs at the same highest rate")
     else:
-        met = [t.user_attrs["metrics"].get("sla_attainment_pct") for t in (winner, runner)]
-        why = ("every request met the SLAs in both: goodput is the offered rate, so the workload does not load "
-               "the deployment (use --objective capacity, or a higher --rate)" if met == [100.0, 100.0]
-               else "both served the same number of requests within the SLAs")
+        why = objective.tie_reason(winner, runner)
     text = (f"Margin: none: the winner ties with {name} at {w:.3f} req/s, because {why}; the tie goes to the "
             "trial with more SLA headroom.")
     behind = next((t for t in winners if round(t.values[0], 9) < round(w, 9)), None)
@@ -197,12 +189,11 @@ def server_trial(spec: TuneSpec, study: optuna.Study,
     if not chosen.user_attrs["knobs"].get("step_time_target_ms"):
         return chosen, None
     fixed = [t for t in feasible_trials(study) if not t.user_attrs["knobs"].get("step_time_target_ms")]
-    what = "capacity" if spec.objective == "capacity" else "goodput"
     if not fixed:
         return chosen, (f"vLLM and SGLang have no step-time target and no trial without one met the SLA: their "
                         f"configs carry trial {chosen.number}'s token budget without the target")
-    index = 2 if spec.objective == "pareto" else 0  # pareto: output throughput
-    what = "output throughput" if spec.objective == "pareto" else what
+    objective = get(spec.objective)
+    index, what = objective.headline, objective.headline_name
     best, a, b = fixed[0], chosen.values[index], fixed[0].values[index]
     gain = f"{100 * (a / b - 1):+.0f}%" if b > 0 else "from nothing"
     return best, (f"vLLM and SGLang have no step-time target: their configs carry trial {best.number} "
@@ -220,11 +211,7 @@ def not_verified(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict],
         notes.append("The roofline's kernel constants are fitted to operator profiles of reference GPUs (or are "
                      "datasheet constants where the GPU is uncalibrated), not measured on this deployment: it ranks "
                      "configurations, its absolute figures are estimates.")
-    if spec.objective == "capacity":
-        notes.append(f"Capacity is found by bisection to {CAPACITY_RESOLUTION_PCT:.1f}% on "
-                     f"{spec.workload.num_requests} requests; configurations closer than that tie. Probes that "
-                     "had certainly missed an SLA were stopped early (same verdict as a full run). The SLA figures "
-                     "shown are those at the capacity.")
+    notes += get(spec.objective).notes(spec)
     points = len(spec.space.points())
     done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     if done < points:
@@ -236,17 +223,22 @@ def not_verified(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict],
 
 
 def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
+    """search.png: each trial's value by trial number and the best feasible so far; for a front (several
+    values) its trials over the first two values, coloured by a third, also as pareto.png."""
     plt = pyplot()
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     ok = [is_feasible(t) for t in done]
-    if spec.objective == "pareto":
+    objective = get(spec.objective)
+    labels = objective.value_labels
+    if objective.multi:
         fig, ax = plt.subplots(figsize=(6, 4.5))
-        points = ax.scatter([t.values[0] for t in done], [t.values[1] for t in done],
-                            c=[t.values[2] for t in done], marker="o", cmap="viridis",
-                            edgecolors=["black" if f else "none" for f in ok])
-        fig.colorbar(points, label="output throughput (tok/s)")
-        ax.set_xlabel("p99 TTFT (ms)")
-        ax.set_ylabel("p99 TBT (ms)")
+        colour = dict(c=[t.values[2] for t in done], cmap="viridis") if len(labels) > 2 else {}
+        points = ax.scatter([t.values[0] for t in done], [t.values[1] for t in done], marker="o",
+                            edgecolors=["black" if f else "none" for f in ok], **colour)
+        if colour:
+            fig.colorbar(points, label=labels[2])
+        ax.set_xlabel(labels[0])
+        ax.set_ylabel(labels[1])
         ax.set_title("trials (black edge: meets the SLA)")
         name = "pareto.png"
     else:
@@ -263,12 +255,12 @@ def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
             curve.append(best if best > float("-inf") else None)
         ax.plot(numbers, curve, color="black", lw=1, label="best feasible so far")
         ax.set_xlabel("trial")
-        ax.set_ylabel("capacity (req/s)" if spec.objective == "capacity" else "request goodput (req/s)")
+        ax.set_ylabel(labels[0])
         ax.legend()
         name = "search.png"
     fig.tight_layout()
     write_figure(fig, out_dir / name)
-    if name != "search.png":  # every objective leaves a search.png; pareto also its front
+    if name != "search.png":  # every objective leaves a search.png; a front also pareto.png
         write_figure(fig, out_dir / "search.png")
     plt.close(fig)
 

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from chunkbench.backends import EngineBackend
 from chunkbench.errors import StudyFailed, show_warning
-from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.objectives import evaluate, get
 from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
@@ -93,7 +93,7 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
     if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py
-        if spec.objective != "pareto":  # a front has no one winner to pick
+        if get(spec.objective).one_winner:  # a front has no one winner to pick
             remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE),
                                     best_distinct(spec, study, verify), repeats)
             verified = {r["trial"]: r["metrics"] for r in remeasured}

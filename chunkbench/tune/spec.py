@@ -12,8 +12,6 @@ from chunkbench.slo import SLO
 from chunkbench.tune.space import SearchSpace
 from chunkbench.workload import WorkloadSpec
 
-OBJECTIVES = ("goodput", "capacity", "pareto")
-
 
 @dataclass
 class TuneSpec:
@@ -22,7 +20,7 @@ class TuneSpec:
     space: SearchSpace
     workload: WorkloadSpec
     backend: Backend
-    objective: str = "goodput"
+    objective: str = "goodput"  # a registered objective's name (tune/objectives/registry.py), kept as stored
     n_trials: int = 60
     timeout_s: float | None = None
     seed: int = 0

@@ -31,7 +31,7 @@ from chunkbench.engine.config import ConfigError
 from chunkbench.errors import Interrupted, StudyFailed, UserError
 from chunkbench.server_process import STOPPING, LaunchError, check_not_stopping
 from chunkbench.slo import SLO
-from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.objectives import OBJECTIVES, Objective, evaluate, get
 from chunkbench.tune.space import engine_kwargs
 from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
@@ -69,15 +69,9 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
 def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage, worker: int = 0) -> optuna.Study:
     # Distinct processes on one study (`worker`: --jobs) sample differently, else they would ask the same points.
     seed = spec.seed + zlib.crc32(name.encode()) + 1_000_003 * worker
-    if spec.objective == "pareto":
-        sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, spec.n_trials // 4)))
-        directions = ["minimize", "minimize", "maximize"]
-    else:
-        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True,
-                                             n_startup_trials=min(10, max(3, spec.n_trials // 5)))
-        directions = ["maximize"]
-    study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=directions,
-                                load_if_exists=True)
+    objective = get(spec.objective)
+    study = optuna.create_study(storage=storage, study_name=name, sampler=objective.sampler(spec, seed),
+                                directions=list(objective.directions), load_if_exists=True)
     stored = study.user_attrs.get("objective")
     if stored and stored != spec.objective:
         raise UserError(f"--study {name}: it was created with --objective {stored}, not {spec.objective}")
@@ -258,15 +252,22 @@ def _latest_capacity(trials: list[optuna.trial.FrozenTrial]) -> float | None:
 
 
 def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Complete trials meeting every SLO, best first (pareto: the feasible front, by throughput)."""
+    """Complete trials meeting every SLO, best first (pareto: the feasible front, by its headline, throughput)."""
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
-    if study.user_attrs.get("objective") == "pareto":
+    objective = study_objective(study)
+    if objective is not None and objective.multi:
         front = {t.number for t in study.best_trials}
         done = [t for t in done if t.number in front] or done
-        return sorted(done, key=lambda t: -t.values[2])
+        return sorted(done, key=lambda t: -t.values[objective.headline])
     # Equal goodput is common once every request meets the SLAs: prefer the most headroom.
     limits = study.user_attrs.get("slo_limits", {})
     return sorted(done, key=lambda t: (-round(t.values[0], 9), headroom(t.constraints, limits), t.number))
+
+
+def study_objective(study: optuna.Study) -> Objective | None:
+    """The objective a study was created with (the name create_study stored); None for a study it did not
+    create (one value, best first)."""
+    return OBJECTIVES.get(study.user_attrs.get("objective"))
 
 
 def headroom(constraints: dict[str, float], limits: dict[str, float]) -> float:

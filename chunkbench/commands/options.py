@@ -156,6 +156,11 @@ DATASET_OPTIONS = {name: _dataset_option(name, kind, help) for name, kind, help 
 ]}
 WORKLOAD_OPTIONS |= DATASET_OPTIONS
 
+SLA_OPTIONS = {  # the targets `tune` and `compare` judge by
+    "sla_ttft": (SlaTtft, None), "sla_tbt": (SlaTbt, None), "sla_tpot": (SlaTpot, None), "sla_e2el": (SlaE2el, None),
+    "sla_percentile": (SlaPercentile, 99.0), "max_sched_delay": (MaxSchedDelay, 2000.0),
+}
+
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write
     "goodput": (Goodput, None), "backend": (BackendOpt, "auto"), "gpu": (Gpu, None),
     "cost_model": (CostModelPath, None), "engine_overhead": (EngineOverhead, None), "warmup_steps": (WarmupSteps, 3),

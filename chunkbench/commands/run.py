@@ -10,8 +10,8 @@ import typer
 
 from chunkbench.backend_choice import resolve
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
-from chunkbench.commands.options import (ENGINE_OPTIONS, RUN_OPTIONS, WORKLOAD_OPTIONS, MaxSchedDelay, Model,
-                                         SlaE2el, SlaPercentile, SlaTbt, SlaTpot, SlaTtft, pick, with_options)
+from chunkbench.commands.options import (ENGINE_OPTIONS, RUN_OPTIONS, SLA_OPTIONS, WORKLOAD_OPTIONS, Model, pick,
+                                         with_options)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.errors import UserError, check_number
@@ -60,6 +60,7 @@ def run(model: Model = "small", **options) -> None:
         raise typer.Exit(130)
 
 
+@with_options(SLA_OPTIONS)
 @with_options(RUN_OPTIONS)
 @with_options(ENGINE_OPTIONS)
 @with_options(WORKLOAD_OPTIONS, workload="rag-mix", num_requests=None, rate=None)
@@ -72,12 +73,6 @@ def compare(
                                                  "to run each policy at besides its capacity search, e.g. "
                                                  "0.5,1,2,4 (requests/s), or a count of rates spread up to each "
                                                  "policy's saturation throughput, e.g. 4.")] = None,
-    sla_ttft: SlaTtft = None,
-    sla_tbt: SlaTbt = None,
-    sla_tpot: SlaTpot = None,
-    sla_e2el: SlaE2el = None,
-    sla_percentile: SlaPercentile = 99.0,
-    max_sched_delay: MaxSchedDelay = 2000.0,
     **options,
 ) -> None:
     """Run the same requests through several policies; print one table (a column per policy, ratios against
@@ -95,9 +90,9 @@ def compare(
     slos = parse_goodput(o["goodput"])
     base, base_config = compare_base(model, options)
     across_load = options["rate"] is None
-    slas, sweep_rates, count = check_load_options(across_load, rates, sla_percentile, max_sched_delay,
-                                                  {"ttft": sla_ttft, "tbt": sla_tbt, "tpot": sla_tpot,
-                                                   "e2el": sla_e2el})
+    max_sched_delay = options["max_sched_delay"]
+    slas, sweep_rates, count = check_load_options(across_load, rates, options["sla_percentile"], max_sched_delay,
+                                                  {k: options["sla_" + k] for k in ("ttft", "tbt", "tpot", "e2el")})
     backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
                                config=base_config, engine_overhead=o["engine_overhead"])).backend
     spec, requests, knobs = compare_workload(backend, base_config, options, policies, across_load)

@@ -12,10 +12,9 @@ import typer
 
 from chunkbench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
-from chunkbench.commands.options import (BackendOpt, CostModelPath, EngineOverhead, Gpu, KvCacheDtype,
-                                         MaxModelLen, MaxSchedDelay, Model, NoProgress, NumBlocks, Seed, SlaE2el,
-                                         SlaPercentile, SlaProbe, SlaTbt, SlaTpot, SlaTtft, TensorParallelSize,
-                                         ProbeRate, DATASET_OPTIONS, TimeScale, pick, with_options)
+from chunkbench.commands.options import (DATASET_OPTIONS, SLA_OPTIONS, BackendOpt, CostModelPath, EngineOverhead,
+                                         Gpu, KvCacheDtype, MaxModelLen, Model, NoProgress, NumBlocks, ProbeRate,
+                                         Seed, SlaProbe, TensorParallelSize, TimeScale, pick, with_options)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.launch import launch_command, launches_vllm
@@ -27,16 +26,12 @@ from chunkbench.tune.objectives import AUTO, help_text as objective_help, resolv
 TUNE_WORKLOAD_OPTIONS = DATASET_OPTIONS | {"time_scale": (TimeScale, 1.0)}
 
 
+@with_options(SLA_OPTIONS)
 @with_options(TUNE_WORKLOAD_OPTIONS)
 def tune(
     model: Model = "llama-3-8b",
-    sla_ttft: SlaTtft = None,
-    sla_tbt: SlaTbt = None,
-    sla_tpot: SlaTpot = None,
-    sla_e2el: SlaE2el = None,
     sla_probe: SlaProbe = None,
     probe_request_rate: ProbeRate = 0.0,
-    sla_percentile: SlaPercentile = 99.0,
     objective: Annotated[str, typer.Option(help=objective_help())] = AUTO,
     space: Annotated[str, typer.Option(help="Search space: a TOML file, or a built-in one: default, latency, "
                                        "throughput, prefix.")] = "default",
@@ -106,14 +101,13 @@ def tune(
     num_blocks: NumBlocks = None,
     tensor_parallel_size: TensorParallelSize = 1,
     kv_cache_dtype: KvCacheDtype = "auto",
-    max_sched_delay: MaxSchedDelay = 2000.0,
     seed: Seed = 0,
     no_progress: NoProgress = False,
-    **dataset_options,
+    **options,
 ) -> None:
     """Search token budget, chunk caps, progressive chunk schedules and seats against SLAs; write the best
     config for chunkbench, vLLM and SGLang, trials.csv, plots and report.html."""
-    args = SimpleNamespace(**locals())  # the options by name: the steps below read them
+    args = SimpleNamespace(**locals(), **pick(options, SLA_OPTIONS))  # the options by name: the steps read them
     run_tune(args)
 
 
@@ -191,7 +185,7 @@ def workload_spec(args: SimpleNamespace):
     search_space = SearchSpace.load(args.space)
     given = dict(name=args.workload, rate=args.rate, num_requests=args.num_requests, seed=args.seed,
                  probe_request_rate=args.probe_request_rate or None)
-    given |= {k: v for k, v in pick(args.dataset_options, TUNE_WORKLOAD_OPTIONS).items()
+    given |= {k: v for k, v in pick(args.options, TUNE_WORKLOAD_OPTIONS).items()
               if v != TUNE_WORKLOAD_OPTIONS[k][1]}
     spec_workload = WorkloadSpec(**{**search_space.workload, **{k: v for k, v in given.items() if v is not None}})
     return search_space, spec_workload, given

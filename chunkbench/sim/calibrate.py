@@ -19,6 +19,7 @@ import csv
 import io
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +93,7 @@ def fit(rows: list[Row], gpu: GPUSpec) -> tuple[KernelConstants, dict]:
 
     rows = _in_range(rows)
     measured = np.array([r.gemm_ms for r in rows])
-    best = None
+    best: tuple[Any, int] | None = None  # (scipy's solution, its tile)
     for tile in TILE_CHOICES:
         def residuals(x, tile=tile):
             return (predict_gemms_ms(rows, constants_from(x, tile), gpu) / measured - 1.0).ravel()
@@ -101,6 +102,7 @@ def fit(rows: list[Row], gpu: GPUSpec) -> tuple[KernelConstants, dict]:
                             loss="soft_l1", f_scale=0.05, x_scale=[0.1, 0.1, 1.0, 1e-5])
         if best is None or sol.cost < best[0].cost:
             best = (sol, tile)
+    assert best is not None  # TILE_CHOICES is not empty
     sol, tile = best
     elementwise = np.array([r.elementwise_ms for r in rows])
 

@@ -14,10 +14,9 @@ from chunkbench.sim.kernels import KernelConstants
 CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 CALIBRATION_VERSION = 1  # bump when KernelConstants or the kernel formulas change meaning
 
-# Uncalibrated GPUs: the datasheet-era efficiencies the roofline used before issue 15 (dense bf16 cuBLAS GEMMs
-# reach ~70% of peak, streaming kernels ~80% of HBM bandwidth) and its 64-row token tile; the shape of the
-# curve (smoothness, kernel floors, elementwise efficiency) is not on any datasheet, so it is the mean of the
-# calibrated GPUs (load()).
+# Uncalibrated GPUs: datasheet-era efficiencies (dense bf16 cuBLAS GEMMs reach ~70% of peak, streaming kernels
+# ~80% of HBM bandwidth) and a 64-row token tile; the shape of the curve (smoothness, kernel floors, elementwise
+# efficiency) is not on any datasheet, so it is the mean of the calibrated GPUs (calibration_for).
 DATASHEET_GEMM_EFFICIENCY = 0.70
 DATASHEET_MEMORY_EFFICIENCY = 0.80
 DATASHEET_TOKEN_TILE = 64

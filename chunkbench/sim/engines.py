@@ -4,15 +4,15 @@ and sampling that the GPU waits for. It belongs to the engine, not the GPU (`--e
 Each figure is the CPU-side time one step adds on top of its kernels, for a 7-8B model on one GPU:
 - vllm 1.5 ms: vLLM's V1 blog puts Llama-8B's GPU time per step on an H100 at ~5 ms and names the CPU work
   around it (scheduling, input preparation, detokenizing) as the remaining bottleneck
-  (https://blog.vllm.ai/2025/01/27/v1-alpha-release.html); the old fixed 3 ms over-predicted a 1-request
-  decode step by 10-24% (issue 15), which puts the overhead at 1.2-2.2 ms; we take the middle.
+  (https://blog.vllm.ai/2025/01/27/v1-alpha-release.html); against measured 1-request decode steps the
+  overhead lies between 1.2 and 2.2 ms (docs/guides/simulator.md, "Calibration against real GPU kernels");
+  we take the middle.
 - sglang 0.4 ms: SGLang v0.4's overlap scheduler runs the CPU scheduling of step n+1 while the GPU runs step n
-  (https://lmsys.org/blog/2024-12-04-sglang-v0-4/, "zero-overhead batch scheduler"); what remains is the
-  CUDA-graph replay and sampling hand-off, taken as a few hundred microseconds.
+  (its release post on lmsys.org's blog, "zero-overhead batch scheduler", linked in docs/guides/simulator.md);
+  what remains is the CUDA-graph replay and sampling hand-off, taken as a few hundred microseconds.
 - trtllm 0.2 ms: C++ runtimes (TensorRT-LLM, lmdeploy's TurboMind) launch whole graphs from C++; their
-  published batch-1 latency tables (README of this change) fit within 0.1-0.3 ms of the kernels' time.
-- chunkbench 3 ms: this repository's engine (Python scheduler, eager PyTorch launches): the figure the
-  roofline used for every engine before issue 15.
+  published batch-1 latency tables (docs/guides/simulator.md) fit within 0.1-0.3 ms of the kernels' time.
+- chunkbench 3 ms: this repository's engine (Python scheduler, eager PyTorch launches).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from chunkbench.sim.shape import StepShape
 # Piecewise-linear token terms let a non-negative fit bend both ways: min(T, k) flattens (CPU GEMMs get
 # more efficient with more rows), max(0, T - k) steepens (GPU GEMMs leave the memory-bound regime).
 # multi_row: a step of one token runs its linear layers as matrix-vector products, any other as GEMMs,
-# which on a CPU cost a jump (35 ms for one decode of `small` here, 61 ms for two).
+# which on a CPU cost a jump (measured: docs/guides/simulator.md, "Fidelity against the real engine").
 # Attention: prefill_attention_pairs are what a causal kernel computes; prefill_dense_pairs (chunk x all its
 # keys) what a masked dense softmax computes, as the CPU reference path does for chunks with cached context.
 # Decodes: decode_keys is what a paged kernel reads; decode_padded_keys and decode_groups describe the CPU

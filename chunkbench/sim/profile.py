@@ -126,8 +126,8 @@ def _profile(config: EngineConfig, repeats: int, max_chunk: int, progress: bool,
 
 
 def idle_factor(executor, block_size: int, max_chunk: int, repeats: int = 5) -> float:
-    """How much slower a step runs after the engine sat idle (clocks and caches go cold; 1.05-1.15 on this
-    project's CPU): the median over a few shapes of (step after an idle pause) / (the same step hot)."""
+    """How much slower a step runs after the engine sat idle (clocks and caches go cold; measured:
+    docs/guides/simulator.md): the median over a few shapes of (step after an idle pause) / (the same step hot)."""
     shapes = [StepShape(((min(256, max_chunk), 0),), (), 1), StepShape(((min(64, max_chunk), 0),), (), 1),
               StepShape((), (256,) * 3, 3)]
     shapes = [step for step in shapes if step_blocks(step, block_size) <= executor.num_blocks]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
@@ -54,7 +54,8 @@ class RooflineCostModel:
     kv_dtype_bytes: int = 2  # 1 with --kv-cache-dtype fp8
     step_overhead_s: float = STEP_OVERHEAD_S
     engine: str = "vllm"  # what step_overhead_s belongs to, for messages
-    calibration: Calibration | None = field(default=None, compare=False)  # None: the GPU's (calibration_for)
+    # None (the default): the GPU's (calibration_for), set by __post_init__, so never None after it
+    calibration: Calibration = field(default=cast(Calibration, None), compare=False)
     # Memos, for speed only (a simulated run asks for hundreds of thousands of steps of few distinct sizes):
     # the terms that depend only on the step's rows, and activation peaks (by rows and sampled rows). Each value is the
     # float the formula computes, so predictions are bit-identical with or without them.

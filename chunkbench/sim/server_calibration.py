@@ -1,27 +1,13 @@
-"""The roofline fitted to one user's server (`chunkbench tune --presearch sim`, tune/calibrate.py): what the
+"""A cost model fitted to one user's server (`chunkbench tune --presearch sim`, tune/calibrate.py): what the
 fit found and how to simulate with it. No torch, no scipy: this runs inside every simulated trial.
 
-The fit does not touch the kernel *shape* constants (soft-max smoothness, token tile, floors): measured
-request latencies cannot separate them. It scales the reference device's two peaks and sets the engine's
-step overhead:
-
-- `flops_scale` multiplies the reference's bf16 FLOP/s (GEMMs, attention, the LM head): prefill-bound time;
-- `bandwidth_scale` multiplies its memory bandwidth (weight streaming, KV reads, elementwise kernels):
-  decode-bound time;
-- `step_overhead_s` is the per-step engine time (scheduling, launches, sampling);
-- `seq_overhead_s` is the per-step time of each sequence in the step (input preparation, detokenizing and
-  streaming its token): what makes a server's ITL grow with its batch beyond the kernels' share.
-
-The reference is a GPU of sim/gpus.py (a GPU server: the scales then read as "this deployment reaches x of
-the datasheet") or `cpu`, a nominal host (1 TFLOP/s, 100 GB/s, one-row token tile, no kernel floors: a CPU
-does not pad GEMMs to tensor-core tiles and its per-op dispatch cost lands in the step overhead); it is not
-in `--gpu`'s list because its peaks mean nothing until a fit scales them.
-
-That is the `roofline` family. The `linear` family (sim/linear_cost.py) prices a step as a sum of per-step,
-per-prefill-step, per-token, per-attention-pair, per-sequence and per-decode-key terms, in `coefficients`; the
-fit (tune/calibrate.py) uses it on the cpu reference, where the roofline's shape does not fit a real server
-(sim/linear_cost.py says why and what was measured). Memory (KV blocks, activation peaks) stays the reference
-roofline's in both. A file without `family` is a roofline one (written before the linear family).
+The constants are those of a cost-model family (sim/families.py: `roofline`, `linear`, `linear-cpu`), which
+says how they price a step; a file without `family` is a roofline one (written before there were others). They
+are relative to a reference device: a GPU of sim/gpus.py (the roofline's scales then read as "this deployment
+reaches x of the datasheet") or `cpu`, a nominal host (1 TFLOP/s, 100 GB/s, one-row token tile, no kernel
+floors: a CPU does not pad GEMMs to tensor-core tiles and its per-op dispatch cost lands in the step overhead);
+`cpu` is not in `--gpu`'s list because its peaks mean nothing until a fit scales them. Memory (KV blocks,
+activation peaks) is the reference roofline's in every family.
 """
 
 from __future__ import annotations
@@ -30,14 +16,21 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
+from chunkbench.sim import families
 from chunkbench.sim.calibration import Calibration, calibration_for
 from chunkbench.sim.gpus import GPUS, GPUSpec
 from chunkbench.sim.kernels import KernelConstants
+from chunkbench.sim.shape import CostModel
+
+if TYPE_CHECKING:
+    from chunkbench.sim.cost_family import CostFamily
+    from chunkbench.sim.roofline import RooflineCostModel
 
 FORMAT = "chunkbench-server-calibration/1"
 CPU_REFERENCE = GPUSpec("cpu", 1e12, 100e9, 64e9, 10e9, 10e-6, "host memory")
@@ -45,7 +38,7 @@ CPU_CONSTANTS = KernelConstants(gemm_efficiency=1.0, memory_efficiency=1.0, smoo
                                 gemm_floor_s=0.0, elementwise_efficiency=1.0, elementwise_floor_s=0.0)
 # A fit whose RMS relative error over the fitted TTFT and ITL percentiles exceeds this does not describe the
 # server well enough to search on: the tuner then launches every trial instead. 15% is the agreement the
-# verified figures are held to (issue 18).
+# verified figures are held to.
 FIT_TOLERANCE_PCT = 15.0
 
 
@@ -58,16 +51,13 @@ def reference(device: str) -> tuple[GPUSpec, Calibration]:
     return GPUS[device], calibration_for(device)
 
 
-FAMILIES = ("roofline", "linear")
-
-
 @dataclass
 class ServerCalibration:
     device: str  # the reference: "cpu" or a GPU of sim/gpus.py
     flops_scale: float = 1.0  # roofline only, as bandwidth_scale
     bandwidth_scale: float = 1.0
-    step_overhead_s: float = 0.0  # the linear family's step_s (also kept here for reports)
-    seq_overhead_s: float = 0.0  # the linear family's seq_s
+    step_overhead_s: float = 0.0  # a linear family's step_s (also kept here for reports)
+    seq_overhead_s: float = 0.0  # a linear family's seq_s
     model: str = ""
     server: str = ""  # the --launch template it was fitted on, for the record
     num_blocks: int | None = None  # the server's KV blocks, when known (--num-blocks)
@@ -75,17 +65,16 @@ class ServerCalibration:
     max_error_pct: float | None = None
     runs: list[dict] = field(default_factory=list)  # per calibration run: design, measured and fitted figures
     workload_error_pct: float | None = None  # the same RMS on the run of the tune's own workload alone
-    family: str = "roofline"  # FAMILIES: which cost model the constants are of
-    coefficients: dict | None = None  # linear: sim/linear_cost.COEFFICIENTS -> seconds per unit
+    family: str = "roofline"  # a registered family (sim/families.py), resolved with the device (cost_family)
+    coefficients: dict | None = None  # a linear family's: term -> seconds per unit (its settings as numbers)
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise UserError(f"server calibration: unknown family '{self.family}'; use {' or '.join(FAMILIES)}")
-        if self.family == "linear":
-            from chunkbench.sim.linear_cost import check_coefficients
+        self.cost_family.check(self)
 
-            self.coefficients = check_coefficients(self.coefficients or {}, "server calibration")
-            self.step_overhead_s, self.seq_overhead_s = self.coefficients["step_s"], self.coefficients["seq_s"]
+    @property
+    def cost_family(self) -> CostFamily:
+        """The family that prices these constants: `family` as stored, on this reference (families.resolve)."""
+        return families.resolve(self.family, self.device)
 
     @property
     def judged_error_pct(self) -> float | None:
@@ -97,8 +86,8 @@ class ServerCalibration:
     @property
     def fits(self) -> bool:
         """Within FIT_TOLERANCE_PCT on the judged error, and, when that is the workload run's, within twice it
-        over every run: a fit that matches the trials' load by constants no server has (measured: 3.9x the
-        reference bandwidth and 11.7 ms per sequence on a CPU, 38% over all runs) is not trusted either."""
+        over every run: a fit that matches the trials' load by constants no server has is not trusted either
+        (docs/guides/simulator.md, "Server calibration families")."""
         if self.judged_error_pct is None or self.judged_error_pct > FIT_TOLERANCE_PCT:
             return False
         return self.workload_error_pct is None or (self.fit_error_pct or 0.0) <= 2 * FIT_TOLERANCE_PCT
@@ -112,27 +101,20 @@ class ServerCalibration:
         error = f", fit error {self.fit_error_pct:.1f}%" if self.fit_error_pct is not None else ""
         if self.workload_error_pct is not None:
             error += f" ({self.workload_error_pct:.1f}% on the tune's workload)"
-        if self.family == "linear":
-            from chunkbench.sim.linear_cost import linear_text
+        return self.cost_family.describe(self) + error
 
-            return f"fitted to the server, linear step cost: {linear_text(self.coefficients)}{error}"
-        return (f"fitted to the server on the {self.device} reference: compute x{self.flops_scale:.3g}, bandwidth "
-                f"x{self.bandwidth_scale:.3g}, step overhead {self.step_overhead_s * 1e3:.3g} ms + "
-                f"{self.seq_overhead_s * 1e3:.3g} ms per sequence{error}")
-
-    def cost_model(self, config: EngineConfig):
+    def roofline(self, config: EngineConfig) -> RooflineCostModel:
+        """The reference roofline, scaled (spec) and with this step overhead: the roofline family's steps, and
+        every family's memory."""
         from chunkbench.sim.roofline import RooflineCostModel
 
         _, base = reference(self.device)
-        roofline = RooflineCostModel(config.model, self.spec(), tensor_parallel_size=config.tensor_parallel_size,
+        return RooflineCostModel(config.model, self.spec(), tensor_parallel_size=config.tensor_parallel_size,
                                  kv_dtype_bytes=config.cache.kv_dtype_bytes(2), step_overhead_s=self.step_overhead_s,
                                  engine="fitted", calibration=Calibration(base.constants, True, self.label()))
-        if self.family == "linear":
-            from chunkbench.sim.linear_cost import STEP_COEFFICIENTS, LinearStepCost
 
-            return LinearStepCost(tuple(self.coefficients[k] for k in STEP_COEFFICIENTS), roofline, self.label(),
-                                  self.coefficients["stall_every"])
-        return PerSequenceOverhead(roofline, self.seq_overhead_s) if self.seq_overhead_s else roofline
+    def cost_model(self, config: EngineConfig) -> CostModel:
+        return self.cost_family.cost_model(self, config)
 
     def save(self, path: Path) -> None:
         from chunkbench.outputs import write_json
@@ -158,13 +140,10 @@ class ServerCalibration:
 
 
 def delayed(serve, calibration: ServerCalibration | None):
-    """`serve` with the calibration's client latency and jitter (sim/linear_cost.py, `latency_s`, `jitter_s`)
-    added to every token time of its results, streamed as the client receives them (`streamed`); `serve`
-    itself when there are none. SimBackend.session wraps its runs in it."""
-    from chunkbench.sim.linear_cost import jitter_draws, jittered
-
-    coefficients = (calibration.coefficients or {}) if calibration is not None else {}
-    latency, jitter = coefficients.get("latency_s", 0.0), coefficients.get("jitter_s", 0.0)
+    """`serve` with the calibration's client latency and jitter (CostFamily.client_delay) added to every token
+    time of its results, streamed as the client receives them (`streamed`); `serve` itself when there are none.
+    SimBackend.session wraps its runs in it."""
+    latency, jitter = calibration.cost_family.client_delay(calibration) if calibration is not None else (0.0, 0.0)
     if not latency and not jitter:
         return serve
 
@@ -180,43 +159,25 @@ def delayed(serve, calibration: ServerCalibration | None):
     return run
 
 
-@dataclass(frozen=True)
-class PerSequenceOverhead:
-    """A cost model plus a fixed time per sequence in each step (the CostModel protocol of sim/shape.py)."""
+def jitter_draws(tokens: int, seed: int) -> np.ndarray:
+    """The unit exponential draws of a stream's `tokens` tokens, the stream's `seed`-th in its run: a simulated
+    run stays repeatable."""
+    return np.random.default_rng(seed).exponential(size=tokens)
 
-    base: object
-    seq_overhead_s: float
 
-    @property
-    def idle_factor(self) -> float:
-        return self.base.idle_factor
-
-    def predict(self, step) -> float:
-        return self.base.predict(step) + self.seq_overhead_s * (len(step.prefills) + len(step.decodes))
-
-    def decode_step_cost(self, batch: int):  # the fast path's (sim/roofline.py), bit for bit
-        base, per_batch = self.base.decode_step_cost(batch), self.seq_overhead_s * batch
-        return lambda keys: base(keys) + per_batch
-
-    def rows_activation_bytes(self, rows: int, sampled: int) -> int:
-        return self.base.rows_activation_bytes(rows, sampled)
-
-    def kv_blocks(self, config: EngineConfig) -> int:
-        return self.base.kv_blocks(config)
-
-    def activation_bytes(self, step) -> int:
-        return self.base.activation_bytes(step)
-
-    def __str__(self) -> str:
-        return str(self.base)
+def jittered(times, jitter_s: float, draws: np.ndarray) -> np.ndarray:
+    """A stream's token times (s, in order) as its client sees them with a mean output jitter of `jitter_s`
+    (sim/cpu_linear_cost.py): each delayed by jitter_s times its draw (jitter_draws), none before the one ahead."""
+    times = np.asarray(times, dtype=float)
+    return np.maximum.accumulate(times + jitter_s * draws) if jitter_s and len(times) else times
 
 
 def streamed(record, times: np.ndarray) -> None:
     """Set `record`'s token times to `times` (in order), tokens of the same time in one output event: the
-    jitter held one back and it reached the client with the one behind it. vLLM 0.32's API server merges the
-    outputs of a request that its stream has not sent yet into one chunk, and vLLM's client (and
-    chunkbench's) counts an ITL per chunk: the gap before the chunk, no gap of 0 inside it. The token count
-    stays (num_output_tokens); a paused gap moves to its token's chunk."""
+    jitter held one back and it reached the client with the one behind it. vLLM's API server merges the outputs
+    a request's stream has not sent yet into one chunk, and vLLM's client (and chunkbench's) counts an ITL per
+    chunk: the gap before the chunk, no gap of 0 inside it. The token count stays (num_output_tokens); a paused
+    gap moves to its token's chunk."""
     first = np.concatenate(([True], np.diff(times) > 0)) if len(times) else np.zeros(0, dtype=bool)
     if first.all():
         record.token_times = times.tolist()

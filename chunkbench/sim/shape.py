@@ -10,9 +10,12 @@ from chunkbench.engine.shape import StepShape  # noqa: F401 (re-exported: cost m
 
 
 class CostModel(Protocol):
-    """Predicts step times: the roofline (sim/roofline.py) or a fitted profile (sim/fitted.py)."""
+    """Predicts step times: the roofline (sim/roofline.py), a fitted profile (sim/fitted.py), or a server
+    calibration's family (sim/families.py)."""
 
-    idle_factor: float  # a step after an idle pause of COLD_AFTER_S or more takes this many times longer
+    @property
+    def idle_factor(self) -> float:
+        """A step after an idle pause of COLD_AFTER_S or more takes this many times longer."""
 
     def predict(self, step: StepShape) -> float: ...
 

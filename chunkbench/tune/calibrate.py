@@ -1,6 +1,6 @@
-"""Calibrate the simulator on the user's own server (`tune --presearch sim`, issue 18): launch it with a few
-designed configurations and short workloads, measure per-request TTFT, ITL and E2EL over HTTP, and fit a cost
-model's free constants (sim/server_calibration.py: the roofline's here, the linear step cost's in
+"""Calibrate the simulator on the user's own server (`tune --presearch sim`): launch it with a few designed
+configurations and short workloads, measure per-request TTFT, ITL and E2EL over HTTP, and fit a cost-model
+family's free constants (sim/families.py; the roofline's fitter here, the linear families' in
 tune/calibrate_linear.py) so that simulating those same runs gives the same distributions. The designs, the
 warm-up before each and their simulation: tune/calibration_runs.py.
 
@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from chunkbench.backends import Backend
-from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
+from chunkbench.sim import families
+from chunkbench.sim.cost_family import CostFamily, Scored
+from chunkbench.sim.server_calibration import ServerCalibration
 # Re-exported: presearch.py, presearch_report.py and the tests take the runs' names from here.
 from chunkbench.tune.calibration_runs import (PRIMER_LEAD_S, WORKLOAD_REQUESTS, Design, design_requests,  # noqa: F401
                                               designs, from_burst_end, primer_outran_burst, residuals, run_figures,
@@ -39,8 +42,6 @@ PAUSE_REMEASURES = 4  # a calibration run with a server pause (or unsteady) is m
 # unsteady: the copies of a repeated workload run (calibration_runs.design_requests) whose summed E2ELs differ by
 # more than this factor caught the server changing speed within the run (copies_spread)
 STEADY_RATIO = 1.15
-# fit: the linear family is fitted with these held at 0 too, the better kept
-LINEAR_WITHOUT = ("fresh_pair_s", "first_pair_s")
 DRIFT_TOLERANCE = 0.15  # drift_check: a server this much slower or faster than when calibrated is warned about
 
 
@@ -96,13 +97,9 @@ def copy_sums(figures: dict, copy: int) -> list[float]:
 def copies_spread(figures: dict, copy: int) -> float:
     """How far the copies of a repeated workload run (copy: requests in one) disagree: the largest over the
     smallest of their summed E2ELs (copy_sums); 1.0 for a run of one copy or with failed requests. The same
-    requests at the same gaps, so a steady server serves them alike (the first copy also
-    meets token counts new to the server, which the simulator prices). Measured on the tier's vLLM 0.32, first
-    eight requests of each of three copies, nine calibrations of 2026-12-04: 1.04-1.10 in four (their workload
-    runs fitted 8.4-23.9%), 1.19-1.88 in five (13.1-31.9%); at 1.88 (4,772, 4,541 and 2,535 ms) the server got
-    faster by half within 4 s (docs/measurements.md). Over 28 calibrations of 2026-12-04/05 the workload run's
-    median ITL was 0.81-1.04x the held-out's at spreads of 1.02-1.149 (21 runs), 0.99-1.30x (mean 1.19) at
-    1.154-1.46 (7): hence STEADY_RATIO 1.15."""
+    requests at the same gaps, so a steady server serves them alike (the first copy also meets token counts new
+    to the server, which the simulator prices). STEADY_RATIO, measured: docs/guides/simulator.md ("Server
+    calibration families") and docs/measurements/ (server calibration)."""
     sums = copy_sums(figures, copy)
     return max(sums) / min(sums) if sums and min(sums) > 0 else 1.0
 
@@ -110,18 +107,11 @@ def copies_spread(figures: dict, copy: int) -> float:
 def server_paused(figures: dict) -> bool:
     """The server stopped streaming for a while and then sent what it had made together: a gap PAUSE_RATIO
     times the run's mean gap and PAUSE_MIN_MS or more, and BUNCHED_SHARE of the gaps under a fifth of the mean.
-    Measured on the tier's vLLM in four of seven workload runs of 2026-12-02 (259-512 ms, then 4-68% of the gaps
-    under 0.5 ms): no step cost describes that, and the fits of those runs were 29-40% off. Such a run is measured
-    again on its launch, up to PAUSE_REMEASURES times: the first without a pause is kept, else the least bunched
-    (late_share), then the one whose longest gap is shortest. The client stalls with the server: in three
-    launches of the workload run (2026-12-02, 4 attempts each, 10 of 12 paused) a thread of the client's process
-    sampling every 5 ms saw it get no CPU at all for 40-940 ms at those times, so the host (or the server's
-    processes on both cores) held it.
-    Also a run of LATE_MIN_GAPS gaps or more whose stream came in bunches all along, LATE_SHARE of its gaps
-    under LATE_GAP_MS (late_share), a long gap or not: a presearch's decode run on 2026-12-05 had 51% of its 581
-    gaps at 0 (its longest 32 ms), its tokens read two at a time, where none of 119 other decode, mixed and
-    workload runs of the tier's calibrations had over 7%; the fit that kept it fell back. (A prefill run's
-    couple of dozen gaps are too few for it.)"""
+    No step cost describes that. Such a run is measured again on its launch, up to PAUSE_REMEASURES times: the
+    first without a pause is kept, else the least bunched (late_share), then the one whose longest gap is
+    shortest. Also a run of LATE_MIN_GAPS gaps or more whose stream came in bunches all along, LATE_SHARE of
+    its gaps under LATE_GAP_MS (late_share), a long gap or not (a prefill run's couple of dozen gaps are too few
+    for it). The thresholds, measured: docs/guides/simulator.md ("Server calibration families")."""
     gaps = np.asarray(figures["itl_ms"])
     if len(gaps) < 20:
         return False
@@ -138,9 +128,9 @@ def late_share(gaps) -> float:
 
 def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | None:
     """Is the server as fast as when it was calibrated? The calibration's decode run again, as recorded, on a
-    launch of its own (the same configuration, and like it the first run on a fresh server: on `chunkbench
-    serve` the first run of a launch is the slowest, so a check after other runs reads a warm server against
-    a cold one: x0.75-0.89 in four tunes here). Its median ITL now over then is the server's change of speed (a
+    launch of its own (the same configuration, and like it the first run on a fresh server: the first run of a
+    launch is the slowest, so a check after other runs would read a warm server against a cold one). Its
+    median ITL now over then is the server's change of speed (a
     host or GPU that slowed down, a neighbour), measured, with no model in between. None when a run has no
     ITLs, or a median ITL of 0 (a stream read in bunches: server_paused)."""
     design = Design("decode", calibrated["knobs"], WorkloadSpec(**calibrated["workload"]),
@@ -156,22 +146,13 @@ def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | No
 
 def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         num_blocks: int | None = None, grid: int = 3, max_evaluations: int = 500, restarts: int = 4,
-        family: str = "auto") -> ServerCalibration:
-    """Least squares of the runs' relative errors over a family's constants (module docstring), scored by
-    simulating every run again. `family` "auto": linear on the cpu reference, roofline on a GPU's. Measured
-    against the tier's vLLM 0.32 CPU server (2026-12-02): the roofline fitted 22.1% over its runs (20.1% on the
-    workload run; 768% on runs whose workload run caught a server pause), the linear step cost 13.8% and 15.6%
-    (13.2% and 18.1% on the workload run) on two sets of runs, in ~100 s against the roofline's 456; on a third
-    set 21.6% (27.3%), and 13.0% (13.4%) once its bursts were measured from their last send (from_burst_end);
-    then, fitting a run that paused every time on its medians, 10.8% (4.3%) on a fresh launch. The linear fit of
-    the 60-trial acceptance run's calibration (docs/measurements.md) took 156 s, then 22 s with the same answer
-    once the simulator held the server's KV cache (served_kv_blocks) and the measured statistics were computed
-    once per descent (calibration_runs.targets).
-    On a GPU the roofline's kernel shapes come from measured operator profiles (sim/calibration.py), which a
-    handful of request latencies cannot improve on."""
-    if family == "auto":
-        family = "linear" if device == "cpu" else "roofline"
-    meta = dict(model=spec.model, server=server, num_blocks=num_blocks or served_kv_blocks(runs, spec))
+        family: str = families.AUTO) -> ServerCalibration:
+    """The constants of a cost-model family (sim/families.py; AUTO: the device's, families.fit_name) that best
+    reproduce the runs, fitted by the family's fitter and scored by simulating every run again (module
+    docstring). The fit's speed and error per family: docs/guides/simulator.md ("Server calibration
+    families")."""
+    name = families.fit_name(family, device)
+    meta = dict(family=name, model=spec.model, server=server, num_blocks=num_blocks or served_kv_blocks(runs, spec))
 
     def errors(only, simulated: dict) -> np.ndarray:  # (simulated - measured) / measured of TTFT/ITL/E2EL figures
         return np.expm1(np.asarray([e for run in only for e in residuals(run, simulated[run["name"]])[0]]))
@@ -189,34 +170,8 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
             calibration.workload_error_pct = rms_pct(errors(own, simulated))
         return calibration, simulated
 
-    if family == "linear":
-        from chunkbench.tune.calibrate_linear import fit_linear
-
-        # Without the fresh attention pairs' terms (LINEAR_WITHOUT), then with them, starting also from where the
-        # smaller model ended: the descent that starts those terms where their few steps weigh most can end in a
-        # valley the smaller model does not have (refitting six tier and presearch calibrations of 2026-12-04/05,
-        # the warm start took three of them from 17.5 to 15.7%, 16.1 to 14.5% and 31.0 to 24.9% over their runs,
-        # one from 8.8 to 10.3%). Kept: one a presearch would trust (ServerCalibration.fits), then one within
-        # FIT_TOLERANCE_PCT over its runs too, then the fuller one if both are trusted, else the lower judged
-        # error. Not the lower error over the runs: there the two differ by a few points either way (the fuller
-        # model holds the smaller one; its descent does not always find as deep a point), while the runs leave a
-        # token's cost and an attention pair's apart unpinned (the prefill run's 1,024-token prompts and the mixed
-        # run's 256-token chunks at contexts of up to 512 both carry ~512 pairs a token), so a workload of other
-        # first chunks is an extrapolation: the smaller model prices a 512-token one low (logged inside the tier's
-        # server: 19.8 ms among three decodes, where thirteen smaller fits gave 14.6-20.4, median 16.5), and the
-        # fuller one prices first chunks after small steps from the workload run's own (17.8-22.0 ms). On a
-        # linear server without such a cost the fuller fit invents one (tests/tune/test_calibrate_server.py).
-        # Refitting thirteen tier calibrations of 2026-12-05 offline: the held-out workload's p99 ITL -15.6% to
-        # +3.9% (mean -2.8%) with the fuller fit, -28.5% to +4.3% (mean -9.9%) with the smaller, which had the
-        # lower workload-run error in nine of the thirteen (docs/measurements.md, "The prefill run's tail and
-        # the fuller fit").
-        guess = _linear_guess(runs, device, meta)
-        smaller = scored(fit_linear(runs, spec, guess, without=LINEAR_WITHOUT))
-        fuller = scored(fit_linear(runs, spec, guess, start=smaller[0]))
-        best, simulated = min((fuller, smaller), key=lambda c: (  # min keeps the first of equals: the fuller
-            not c[0].fits, c[0].fit_error_pct > FIT_TOLERANCE_PCT, 0.0 if c[0].fits else c[0].judged_error_pct))
-    else:
-        best, simulated = scored(_fit_roofline(runs, spec, device, meta, grid, max_evaluations, restarts))
+    best, simulated = families.resolve(name, device).fit(runs, spec, device, meta, scored, grid=grid,
+                                                         max_evaluations=max_evaluations, restarts=restarts)
     for run in runs:  # what the report plots: measured against fitted, per run
         run["simulated"] = {k: simulated[run["name"]][k] for k in ("ttft_ms", "itl_ms", "e2el_ms", "server")}
     best.runs = runs
@@ -226,20 +181,17 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
 def served_kv_blocks(runs: list[dict], spec: TuneSpec) -> int | None:
     """The server's KV cache in the simulator's blocks, where its /metrics said how many tokens it holds
     (server_metrics.kv_cache_tokens): the simulator then preempts where the server would, and builds the
-    cache it simulates in milliseconds (without it, the cpu reference's roofline sized 3.5M blocks for the
-    tier's tiny Llama, 33 ms to build and as long to free in each of the fit's ~800 simulated runs)."""
+    cache it simulates in milliseconds (the cpu reference's roofline alone sizes millions of blocks for a tiny
+    model, built and freed again in each of the fit's simulated runs)."""
     tokens = max((run.get("server", {}).get("server_kv_cache_tokens") or 0 for run in runs), default=0)
     return tokens // spec.base_config().cache.block_size or None
 
 
-def _linear_guess(runs: list[dict], device: str, meta: dict) -> ServerCalibration:
-    """The linear calibration the first schedules are simulated under: the runs' median ITL, most of it per
-    step (a burst's schedule does not depend on it; the fit re-simulates the others from its answer)."""
-    itls = [g for run in runs for g in run["itl_ms"]]
-    step = 1e-3 * (float(np.median(itls)) if itls else 30.0)
-    guess = {"step_s": 0.6 * step, "prefill_step_s": 0.2 * step, "token_s": 0.005 * step, "pair_s": 1e-5 * step,
-             "seq_s": 0.02 * step, "key_s": 1e-5 * step}
-    return ServerCalibration(device, family="linear", coefficients=guess, **meta)
+def fit_roofline(family: CostFamily, runs: list[dict], spec: TuneSpec, device: str, meta: dict,
+                 score: Callable[[ServerCalibration], Scored], grid: int = 3, max_evaluations: int = 500,
+                 restarts: int = 4) -> Scored:
+    """The `roofline` family's fitter (CostFamily.fitter), scored: _fit_roofline."""
+    return score(_fit_roofline(runs, spec, device, meta, grid, max_evaluations, restarts))
 
 
 def _fit_roofline(runs: list[dict], spec: TuneSpec, device: str, meta: dict, grid: int, max_evaluations: int,

@@ -10,22 +10,17 @@ arrivals, repeated up to that many when it has fewer) at the space's middle budg
 the load the trials will run at. Each run follows an untimed warm-up on its launch (warmup_requests).
 
 A burst is built so that what the client cannot see does not matter. Its prompts are all one length, so the
-order in which the server took them (measured on `chunkbench serve`: a mixed burst sent in order 0..9 was
-served 3..9 first, then 0..2) cannot change its figures. And a *primer* goes first, the longest prompt one
-step of the design's largest budget takes (up to 2,048 tokens, one below the context length), with one token
-out, PRIMER_LEAD_S ahead of the burst: the burst reaches the engine while it is busy with the primer and joins
-the queue behind it together (without it, the server's first step caught however many requests had arrived by
-then: three of a decode burst of twelve in one measured run, all twelve in another). The primer's step must
-outlast the burst's way in: vLLM's API server hands requests to its engine one at a time, ~2 ms each on the
-tier's 2 cores, and with a 1,024-token primer 20 ms ahead the tier's vLLM (TCMalloc preloaded, 2026-12-04) had
-given the primer its token 19.9 and 24.5 ms after sending it, before the burst was sent, and took a decode burst
-of twelve over three steps (first tokens 13.5, 30.1 and ~41 ms after its last send). A server fast enough to
-finish the primer before the burst is sent is told so (`primer_outran_burst`). The client's sends of a burst
-can still spread: on the tier's vLLM a decode burst of twelve went out in four groups 21-106 ms after the
-primer, ~28 ms apart, yet all got their first token in the same step at ~149 ms. The simulator sends a burst at once, so a burst's TTFTs and E2ELs are measured from its
-last send, when the server had all of it (`from_burst_end`); from each request's own send they put up to 85
-ms of the client's spread into TTFTs that the fit then gave to a 22 ms client latency (fit error 21.6%, 27.3%
-on the workload run; 13.0% and 13.4% on the same runs measured from the burst's end).
+order in which the server took them cannot change its figures. And a *primer* goes first, the longest prompt
+one step of the design's largest budget takes (up to 2,048 tokens, one below the context length), with one
+token out, PRIMER_LEAD_S ahead of the burst: the burst reaches the engine while it is busy with the primer and
+joins the queue behind it together (without it, the server's first step catches however many requests have
+arrived by then). The primer's step must outlast the burst's way in (the API server hands requests to its
+engine one at a time); a server fast enough to finish the primer before the burst is sent is told so
+(`primer_outran_burst`). The client's sends of a burst can still spread over tens of milliseconds while the
+server takes them in one step; the simulator sends a burst at once, so a burst's TTFTs and E2ELs are measured
+from its last send, when the server had all of it (`from_burst_end`): from each request's own send they would
+put the client's spread into TTFTs, which a fit gives to the client latency. Measured: docs/guides/presearch.md
+and docs/guides/simulator.md ("Server calibration families").
 """
 
 from __future__ import annotations
@@ -64,10 +59,7 @@ class Design:
     # all: a plain decode step, or a gap behind a budget-sized prefill step (a request that got its first token
     # waits for the prompts behind it). Its mean and median jump between the modes; its p90 and p99 lie in the
     # upper one, the one place a calibration times a full step of first chunks alone (the TTFTs sum them with
-    # the client latency), which the fits had priced 9-13% low. Fitted, over thirteen tier calibrations refitted
-    # offline, they moved the held-out workload's predicted p99 ITL from a mean of -4.8% to -2.8% (the fuller fit
-    # that calibrate.fit keeps; -11.7% to -9.9% with the smaller one) (docs/measurements.md, "The prefill run's
-    # tail and the fuller fit").
+    # the client latency). Measured: docs/guides/simulator.md ("Server calibration families").
     tails: tuple[str, ...] = ()
 
 
@@ -106,8 +98,7 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
         return WorkloadSpec(name="synthetic", num_requests=n, arrival="all-at-once", seed=spec.seed,
                             prompt_len=prompt, output_len=output)
     # The tune's own workload, its first requests at its own arrivals, at the space's middle budget: the load
-    # the trials will see. Bursts alone fitted a per-step overhead that was too high at light load (measured:
-    # simulated p99 TTFT 3.3 s against 2.0 s on the verified configuration).
+    # the trials will see (bursts alone fit a per-step overhead that is too high at light load).
     # Built whole, then cut: a synthetic workload of fewer requests would draw other lengths and arrivals.
     # Mixed: prompts of up to three of the smallest budget's chunks, sharing steps with the decodes of the prompts
     # before them; one output length, so the order of the burst cannot matter.
@@ -153,9 +144,8 @@ def from_burst_end(figures: dict) -> dict:
 
 def warmup_requests(budget: int, max_model_len: int) -> list[WorkloadRequest]:
     """An untimed run before each design on its launch: a budget-sized prompt among a batch of decodes. A fresh
-    vLLM 0.32 CPU server's first large steps are slow (measured on the tier's tiny Llama: a 1024-token first
-    step 144 ms where the same step later took ~40, the next two 2048-token steps 195 and 115 ms against 80 warm):
-    a cost that depends on what the server has not run yet, which no step cost describes."""
+    server's first large steps are slow (on a CPU build, several times their later time): a cost that depends
+    on what the server has not run yet, which no step cost describes."""
     prompt = max(1, min(budget, max_model_len - WARMUP_OUTPUT))
     return [WorkloadRequest(prompt, WARMUP_OUTPUT, 0.0)] + [WorkloadRequest(32, 2 * WARMUP_OUTPUT, 0.0)] * 8
 
@@ -190,7 +180,7 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
                           key=lambda w: w.arrival_time)
     with (backend or SimBackend(server_calibration=calibration)).session(config) as serve:
         # what the server ran before it on its launch (calibrate.run_design): a session's cost can depend on
-        # it (sim/linear_cost.py, new token counts)
+        # it (sim/cpu_linear_cost.py, new token counts)
         if run.get("warmed_up"):
             warm_up(serve, config, spec.seed + 1, f"{run['name']} warm-up")
         for attempt in range(run.get("attempt", 0) + 1):  # measured again after a pause: the kept one is last

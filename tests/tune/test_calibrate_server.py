@@ -401,7 +401,7 @@ def test_a_trace_prices_its_schedule_as_the_simulator_does():
     """The linear fit's fast objective (linear_trace.Trace) against the simulator: under the coefficients
     the schedule was recorded with, every TTFT, ITL and E2EL is the simulator's, idle gaps between arrivals
     included (the workload run)."""
-    from chunkbench.sim.linear_cost import COEFFICIENTS
+    from chunkbench.sim.cpu_linear_cost import COEFFICIENTS
     from chunkbench.tune.linear_trace import trace
 
     spec = make_spec()
@@ -420,7 +420,7 @@ def test_a_trace_prices_its_schedule_as_the_simulator_does():
 def test_attention_pairs_beyond_the_recent_steps_cost_more():
     """sim/linear_cost.py `fresh_pair_s`: a prefill's attention pairs beyond the most that any of the FRESH_WINDOW
     steps before it computed are priced again (memory new to the server); decode steps count as none."""
-    from chunkbench.sim.linear_cost import FRESH_WINDOW, fresh_pairs
+    from chunkbench.sim.cpu_linear_cost import FRESH_WINDOW, fresh_pairs
 
     assert fresh_pairs([5, 0, 3, 7] + [0] * FRESH_WINDOW + [4]).tolist() == [5, 0, 0, 2] + [0] * FRESH_WINDOW + [4]
     fresh = 40e-9
@@ -446,7 +446,7 @@ def test_attention_pairs_beyond_the_recent_steps_cost_more():
 def test_a_first_chunks_pairs_beyond_the_last_few_steps_cost_more():
     """sim/linear_cost.py `first_pair_s`: the pairs of a step's first chunks (no context before them) beyond the
     most that any of the FIRST_WINDOW steps before it had are priced again; a later chunk of a prompt is not."""
-    from chunkbench.sim.linear_cost import FIRST_WINDOW, first_chunk_pairs
+    from chunkbench.sim.cpu_linear_cost import FIRST_WINDOW, first_chunk_pairs
 
     first = 30e-9
     truth = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"first_pair_s": first})
@@ -472,7 +472,7 @@ def test_a_first_chunks_pairs_beyond_the_last_few_steps_cost_more():
 def test_the_output_jitter_delays_tokens_in_order_and_moves_no_step():
     """sim/linear_cost.py `jitter_s`: each token is delayed by its draw times jitter_s, never ahead of the token
     before it; the schedule is the same, and a run is repeatable."""
-    from chunkbench.sim.linear_cost import jitter_draws, jittered
+    from chunkbench.sim.server_calibration import jitter_draws, jittered
 
     draws = np.array([2.0, 0.1, 0.1, 3.0])
     assert jittered([1.0, 2.0, 3.0, 4.0], 1.0, draws) == pytest.approx([3.0, 3.0, 3.1, 7.0])  # the 2nd waits

@@ -1,5 +1,5 @@
 """`chunkbench tune --backend launch --presearch sim`: tune a real server in a few launches instead of one per
-trial (issue 18). Three phases, each resumable:
+trial. Three phases, each resumable:
 
 1. calibrate: launch the server for the designed runs of tune/calibrate.py and fit the simulator to them
    (or load `--calibration FILE`, fitted before on the same deployment);

@@ -1,5 +1,5 @@
-"""`tune --presearch sim` (issue 18): the fit recovers the constants that generated its runs (the roofline's, and
-the linear step cost's of issue 31), a killed calibrate/search/verify tune resumes without repeating launches,
+"""`tune --presearch sim`: the fit recovers the constants that generated its runs (the roofline's, and the
+linear step cost's), a killed calibrate/search/verify tune resumes without repeating launches,
 and a bad fit falls back to launching every trial. The "launched server" here is the simulator itself at known
 constants, counting its sessions."""
 
@@ -287,7 +287,7 @@ def test_a_primer_that_finished_before_its_burst_is_noticed():
 
 
 def test_a_bursts_figures_count_from_its_last_send():
-    """As measured on the tier's vLLM (2026-12-02): a decode burst sent in groups 21-106 ms after its primer, all
+    """As measured on the tier's vLLM: a decode burst sent in groups 21-106 ms after its primer, all
     first tokens in one step at ~149 ms: from the burst's end they are one TTFT, as the simulator's burst."""
     from chunkbench.tune.calibrate import from_burst_end
 
@@ -302,7 +302,7 @@ def test_a_bursts_figures_count_from_its_last_send():
 
 
 def test_the_linear_fit_recovers_a_linear_servers_constants(monkeypatch):
-    """Issue 31: a server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
+    """A server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
     linear family on the cpu reference. The smaller model (calibrate.LINEAR_WITHOUT held at 0) finds its main
     constants within 8% (measured: step -3%, the new token count's step -1%; stall -11%, within 15%, traded with a
     jitter of 0.1 ms where there is none, whose held-back tokens make one longer gap each
@@ -352,7 +352,7 @@ def test_the_linear_fit_finds_the_cost_of_fresh_attention_pairs():
 
 def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
     """vLLM sends the tokens a stream has not sent yet as one chunk, so a request's stream can carry fewer gaps
-    than tokens (2-15% of the tier's workload runs' tokens, in every calibration of 2026-12-05). The gaps were
+    than tokens (2-15% of the tier's workload runs' tokens, in every calibration measured). The gaps were
     matched to tokens over the pooled run, so one merge anywhere dropped every request's decode rows and the stall
     period (0 in all twelve calibrations kept). Now per request (`itl_counts`): a merged stream gives nothing, the
     others what they gave."""
@@ -372,7 +372,7 @@ def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
     assert 0 < len(rows) <= len(gaps) - sum(merged)
     # the truth stalls every 40 sequences; the jitter moves which gaps look slow (measured: 54; 43 without it)
     assert 30 <= stall_period([run], spec, truth) <= 60
-    unsplit = {k: v for k, v in run.items() if k != "itl_counts"}  # as recorded before 2026-12-05
+    unsplit = {k: v for k, v in run.items() if k != "itl_counts"}  # as calibration files recorded it before itl_counts
     assert request_gaps(t, unsplit) == [None] * len(gaps) and stall_period([unsplit], spec, truth) == 0
 
 

@@ -76,7 +76,7 @@ def _root() -> None:
 def _on_signal(signum, frame) -> None:
     """SIGINT and SIGTERM: every server this process launched is stopped at once; a command that launches
     servers then stops where it checks (launch.check_not_stopping), any other here."""
-    from chunkbench.server_process import stop_everything
+    from chunkbench.launch.process import stop_everything
 
     if not stop_everything(signum):
         raise Interrupted(signum)
@@ -85,7 +85,7 @@ def _on_signal(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
     warnings.showwarning = show_warning
-    from chunkbench.server_process import _LAUNCHED, STOPPING
+    from chunkbench.launch.process import _LAUNCHED, STOPPING
 
     STOPPING.clear()
     _LAUNCHED.clear()
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _stopped() -> None:
     """Exit 128 + the signal (130 for Ctrl-C, 143 for SIGTERM), with one line."""
-    from chunkbench.server_process import stopped_by
+    from chunkbench.launch.process import stopped_by
 
     signum = stopped_by()
     print(f"chunkbench: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)

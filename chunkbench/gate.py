@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkbench.backends import Backend, EngineBackend, SimBackend
-from chunkbench.runs import config_for_policy, environment, run_benchmark
+from chunkbench.bench.backends import Backend, EngineBackend, SimBackend
+from chunkbench.bench.runs import config_for_policy, environment, run_benchmark
 from chunkbench.engine import policies
 from chunkbench import sweeps
 from chunkbench.errors import UserError, check_number, read_toml
-from chunkbench.metrics import summarize
-from chunkbench.outputs import write_json
-from chunkbench.slo import parse_goodput
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.bench.metrics import summarize
+from chunkbench.files import write_json
+from chunkbench.bench.slo import parse_goodput
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 def known_metrics() -> set[str]:
     return set(summarize([], [], 1.0, {"ttft": 1.0, "tpot": 1.0, "e2el": 1.0}, num_kv_blocks=1))

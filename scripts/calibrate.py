@@ -3,10 +3,10 @@ chunkbench/sim/calibration.json, with the fit's errors in-sample and held out.
 
     .venv/bin/python scripts/calibrate.py --data DIR [--out chunkbench/sim/calibration.json]
 
-DIR holds Vidur's full mlp.csv profiles under the names in chunkbench/sim/calibrate.py PROFILES (see
+DIR holds Vidur's full mlp.csv profiles under the names in chunkbench/calibration/gpu_kernels.py PROFILES (see
 tests/data/gpu-profiles/ORIGIN.md for where they come from).
 
-Procedure: chunkbench/sim/calibrate.py (module docstring). Hold-outs, all on the per-layer linear time (the four
+Procedure: chunkbench/calibration/gpu_kernels.py (module docstring). Hold-outs, all on the per-layer linear time (the four
 GEMMs summed), TP 1 unless said: in-sample (fit and score on the same GPU); other GPU/model (fit on one
 profile, predict the other with the other GPU's datasheet peaks); TP (fit on TP 1-2 rows, predict TP 4-8).
 Data: Vidur (microsoft/vidur, MIT License, Copyright (c) Microsoft Corporation); see the data's ORIGIN.md.
@@ -18,11 +18,11 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from chunkbench.outputs import write_json
-from chunkbench.sim.calibrate import (PROFILES, elementwise_errors, fit, gpu_of, linear_errors, load_rows,
+from chunkbench.files import write_json
+from chunkbench.calibration.gpu_kernels import (PROFILES, elementwise_errors, fit, gpu_of, linear_errors, load_rows,
                                       write_subset)
-from chunkbench.sim.calibration import CALIBRATION_FILE, CALIBRATION_VERSION
-from chunkbench.sim.kernels import KernelConstants
+from chunkbench.sim.kernel_constants import CALIBRATION_FILE, CALIBRATION_VERSION
+from chunkbench.sim.kernel_times import KernelConstants
 
 REPO = Path(__file__).resolve().parents[1]
 RANGES = {"32-8192": (32, 8192), "64-1024": (64, 1024)}
@@ -60,7 +60,7 @@ def main() -> None:
         "version": CALIBRATION_VERSION,
         "source": "Vidur operator profiles (microsoft/vidur data/profiling/compute, commit 7d47513; MIT License, "
                   "Copyright (c) Microsoft Corporation)",
-        "procedure": "chunkbench/sim/calibrate.py: scipy least_squares on relative error per GEMM, token tile "
+        "procedure": "chunkbench/calibration/gpu_kernels.py: scipy least_squares on relative error per GEMM, token tile "
                      "by grid; scripts/calibrate.py",
         "gpus": gpus, "other_gpu_holdout": holdout}, args.out)
     for key, entry in gpus.items():

@@ -15,14 +15,14 @@ import argparse
 import json
 import statistics
 
-from chunkbench.backends import SimBackend, engine_runner
+from chunkbench.bench.backends import SimBackend, engine_runner
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.executor import ModelExecutor
-from chunkbench.runs import measure, run_benchmark
+from chunkbench.bench.runs import measure, run_benchmark
 from chunkbench.sim.fitted import FittedCostModel
 from chunkbench.sim.shape import StepShape
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"),
            ("output_throughput", "output tok/s"))

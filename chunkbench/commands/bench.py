@@ -12,8 +12,8 @@ from chunkbench.commands.common import console, default_out, load_workload, save
 from chunkbench.commands.options import WORKLOAD_OPTIONS, pick
 from chunkbench.commands.vllm_flags import dataset_workload, server_url
 from chunkbench.errors import UserError, check_number
-from chunkbench.outputs import check_writable
-from chunkbench.timeline import parse_thresholds, write_timeline
+from chunkbench.files import check_writable
+from chunkbench.bench.timeline import parse_thresholds, write_timeline
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
@@ -21,8 +21,8 @@ SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "pres
 def run_bench(args: SimpleNamespace) -> None:
     """`chunkbench bench`: every option is checked before the first request, then the server is measured and
     the result printed and written."""
-    from chunkbench.slo import parse_goodput
-    from chunkbench.vllm_result import parse_percentiles
+    from chunkbench.bench.slo import parse_goodput
+    from chunkbench.bench.vllm_result import parse_percentiles
 
     sampling, headers = check_client_options(args)
     check_writable(args.out, "--out", folder=True)
@@ -48,7 +48,7 @@ def run_bench(args: SimpleNamespace) -> None:
 def check_client_options(args: SimpleNamespace) -> tuple[dict, dict[str, str]]:
     """Check the client's options; return the sampling parameters given (sent with every request) and the
     --header values by name."""
-    from chunkbench.client import APIS
+    from chunkbench.bench.client import APIS
 
     if args.max_concurrency is not None:
         check_number("--max-concurrency", args.max_concurrency, low=1)
@@ -93,8 +93,8 @@ def resolve_vllm_flags(args: SimpleNamespace) -> tuple[str, str, str | None, dic
 
 
 def has_timestamps(workload: str) -> bool:
-    """Whether the workload brings its own arrival times (chunkbench/workload_sources.py's table)."""
-    from chunkbench.workload_sources import has_timestamps as brings_them
+    """Whether the workload brings its own arrival times (chunkbench/bench/sources.py's table)."""
+    from chunkbench.bench.sources import has_timestamps as brings_them
 
     return brings_them(workload)
 
@@ -102,7 +102,7 @@ def has_timestamps(workload: str) -> bool:
 def connect(args: SimpleNamespace, endpoint: str, api: str, served_model: str | None, sampling: dict,
             headers: dict[str, str]):
     """The server as a backend (its model, vocabulary and context length read from it where not given)."""
-    from chunkbench.backends import EndpointBackend
+    from chunkbench.bench.backends import EndpointBackend
 
     return EndpointBackend.connect(endpoint, served_model, args.vocab_size, args.options["tokenizer"],
                                    max_concurrency=args.max_concurrency, api=api, api_key=args.api_key,
@@ -113,7 +113,7 @@ def connect(args: SimpleNamespace, endpoint: str, api: str, served_model: str | 
 def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
     """Build the workload (prompts fit --max-model-len, else the server's, else 8192) and run it against the
     server: (its spec, the requests, the run)."""
-    from chunkbench.runs import run_benchmark
+    from chunkbench.bench.runs import run_benchmark
 
     limit = args.max_model_len or backend.max_model_len or 8192
     spec, requests = load_workload(limit, seed=args.seed, **options)
@@ -125,7 +125,7 @@ def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
 def save_outputs(args: SimpleNamespace, run, spec, endpoint: str) -> tuple[Path, list[dict]]:
     """Write summary.json and requests.parquet (with the failed requests and their errors) in --out, and --json;
     return the folder and the failures."""
-    from chunkbench.runs import save_run
+    from chunkbench.bench.runs import save_run
 
     failures = [{"request": i, "error": r.error} for i, r in enumerate(run.result.requests) if r.error]
     out = args.out or default_out("bench")
@@ -137,7 +137,7 @@ def save_outputs(args: SimpleNamespace, run, spec, endpoint: str) -> tuple[Path,
 def print_result(run, title: str, failures: list[dict], probe_request_rate: float, out: Path) -> None:
     """Print the metrics table, the first failures, the probes' figures (with --probe-request-rate) and what
     was written."""
-    from chunkbench.report import comparison_table
+    from chunkbench.bench.report import comparison_table
 
     console.print(comparison_table([run], title=title))
     for failure in failures[:10]:
@@ -154,7 +154,7 @@ def write_vllm_result(args: SimpleNamespace, run, spec, api: str, model: str, go
                       percentiles) -> Path:
     """--save-result: the result in vllm bench serve's keys and layout; return its path. Timed workloads (a
     trace, all at once, multi-turn) report vLLM's request rate of inf."""
-    from chunkbench.vllm_result import result_path, save_vllm_result, vllm_result
+    from chunkbench.bench.vllm_result import result_path, save_vllm_result, vllm_result
 
     timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn"
     result = vllm_result(run.summary, run.result.requests, api=api, model_id=model,

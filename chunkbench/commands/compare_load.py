@@ -1,4 +1,4 @@
-"""`chunkbench compare` across load (chunkbench/load_sweep.py): sweep each policy, take the table at the common
+"""`chunkbench compare` across load (chunkbench/bench/load_sweep.py): sweep each policy, take the table at the common
 rate, say the verdict, write the outputs."""
 
 from __future__ import annotations
@@ -6,24 +6,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from chunkbench.backends import Backend
-from chunkbench.capacity import resolution_pct
+from chunkbench.bench.backends import Backend
+from chunkbench.bench.capacity import resolution_pct
 from chunkbench.commands.common import console, save_json
 from chunkbench.errors import StudyFailed
-from chunkbench.load_report import (announce_rates, load_payload, load_section, load_table, plot_load,
+from chunkbench.bench.load_report import (announce_rates, load_payload, load_section, load_table, plot_load,
                                     probe_line)
-from chunkbench.load_sweep import (common_rate, default_slo, run_at_common_rate, step_figures, sweep_policy,
+from chunkbench.bench.load_sweep import (common_rate, default_slo, run_at_common_rate, step_figures, sweep_policy,
                                    verdict)
-from chunkbench.outputs import write_json, write_text
-from chunkbench.runs import config_for_policy
-from chunkbench.slo import SLO
+from chunkbench.files import write_json, write_text
+from chunkbench.bench.runs import config_for_policy
+from chunkbench.bench.slo import SLO
 
 
 def compare_across_load(base: dict, policies: list[str], requests, spec, backend: Backend, slos: list[SLO],
                         max_sched_delay_ms: float, rates: list[float], count: int | None, bisections: int,
                         chunked_defaults: dict, *, seed: int, goodput_ms: dict, warmup_steps: int, out: Path,
                         json_out: Path | None, title: str) -> None:
-    from chunkbench.report import failure_notes, write_comparison
+    from chunkbench.bench.report import failure_notes, write_comparison
 
     configs = [(label, config_for_policy(base, label, chunked_defaults)) for label in policies]  # validated first
     labels = [label if policies.index(label) == i else f"{label}#{policies[:i + 1].count(label)}"

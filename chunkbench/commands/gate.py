@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from chunkbench.commands.common import console
-from chunkbench.outputs import check_writable, write_text
+from chunkbench.files import check_writable, write_text
 
 
 def gate(

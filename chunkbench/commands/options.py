@@ -1,5 +1,5 @@
 """Command-line options shared by several commands, as Typer `Annotated` aliases and option groups. The
-engine options are generated from the knob declarations (engine/knobs.py), the workload defaults are
+engine options are generated from the knob declarations (chunkbench/engine/knobs.py), the workload defaults are
 WorkloadSpec's. Units are in every help text."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import typer
 
 from chunkbench.engine.model_config import MODEL_PRESETS
 from chunkbench.engine.knobs import KNOBS, Knob
-from chunkbench.vllm_datasets import HELP as DATASETS_HELP
-from chunkbench.lengths import LENGTH_HELP
-from chunkbench.workload import WorkloadSpec
-from chunkbench.workload_sources import NAMED
+from chunkbench.bench.vllm_datasets import HELP as DATASETS_HELP
+from chunkbench.bench.lengths import LENGTH_HELP
+from chunkbench.bench.workload import WorkloadSpec
+from chunkbench.bench.sources import NAMED
 
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Model preset (" + ", ".join(MODEL_PRESETS) + ") or a local Hugging Face directory with "

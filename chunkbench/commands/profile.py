@@ -12,7 +12,7 @@ from chunkbench.commands.common import console
 from chunkbench.commands.options import Device, Dtype, MaxModelLen, Model, NoProgress, NumBlocks, Seed
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
-from chunkbench.outputs import check_writable
+from chunkbench.files import check_writable
 
 
 def profile(
@@ -34,7 +34,7 @@ def profile(
 ) -> None:
     """Time real engine steps over a grid of prefill chunks, decode batches and context lengths, fit the
     simulator's cost model (non-negative least squares) and save it with its fit error."""
-    from chunkbench.sim.profile import profile_path, run_profile
+    from chunkbench.calibration.profile import profile_path, run_profile
 
     if repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {repeats}")

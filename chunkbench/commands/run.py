@@ -8,15 +8,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.backend_choice import resolve
+from chunkbench.bench.backend_choice import resolve
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
 from chunkbench.commands.options import (ENGINE_OPTIONS, RUN_OPTIONS, SLA_OPTIONS, WORKLOAD_OPTIONS, Model, pick,
                                          with_options)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.errors import UserError, check_number
-from chunkbench.outputs import check_writable
-from chunkbench.slo import parse_goodput, parse_slas
+from chunkbench.files import check_writable
+from chunkbench.bench.slo import parse_goodput, parse_slas
 
 
 @with_options(RUN_OPTIONS)
@@ -26,9 +26,9 @@ def run(model: Model = "small", **options) -> None:
     """Serve one workload with one engine config; print the metrics and write summary.json,
     requests.parquet and steps.parquet. Unset, the request count and (chunked on the CPU) the step size
     fit the device: the output says what was chosen."""
-    from chunkbench.device_defaults import fit_to_device
-    from chunkbench.report import comparison_table, failure_notes
-    from chunkbench.runs import run_benchmark, save_run
+    from chunkbench.bench.device_defaults import fit_to_device
+    from chunkbench.bench.report import comparison_table, failure_notes
+    from chunkbench.bench.runs import run_benchmark, save_run
 
     o = run_options(options)
     slos = parse_goodput(o["goodput"])
@@ -128,8 +128,8 @@ def check_load_options(across_load: bool, rates: str | None, sla_percentile: flo
 def compare_workload(backend, base_config: EngineConfig, options: dict, policies: list[str], across_load: bool):
     """The requests every policy serves, as many as fit the device for all of compare's runs (said), their
     spec, and the chunked knobs fit_to_device chose."""
-    from chunkbench.device_defaults import MIN_REQUESTS, fit_to_device
-    from chunkbench.runs import unsized_chunked
+    from chunkbench.bench.device_defaults import MIN_REQUESTS, fit_to_device
+    from chunkbench.bench.runs import unsized_chunked
 
     spec, requests = load_workload(base_config.scheduler.max_model_len, seed=options["seed"],
                                    **workload_options(options))
@@ -146,9 +146,9 @@ def compare_load_curves(base: dict, policies: list[str], requests, spec, backend
                         slos, o: dict, seed: int, title: str) -> None:
     """compare across load: each policy's capacity at the SLA and its latency-load curves (one bisection on
     the CPU, where runs near capacity are long)."""
-    from chunkbench.capacity import BISECTIONS
+    from chunkbench.bench.capacity import BISECTIONS
     from chunkbench.commands.compare_load import compare_across_load
-    from chunkbench.device_defaults import on_cpu
+    from chunkbench.bench.device_defaults import on_cpu
 
     bisections = CPU_BISECTIONS if on_cpu(backend, base_config) else BISECTIONS
     compare_across_load(base, policies, requests, spec, backend, slas, max_sched_delay, sweep_rates, count,
@@ -158,7 +158,7 @@ def compare_load_curves(base: dict, policies: list[str], requests, spec, backend
 
 def compare_at_rate(base: dict, policies: list[str], requests, backend, knobs: dict, slos, o: dict, seed: int) -> list:
     """compare at one --rate: one run per policy over the same requests, each said when done."""
-    from chunkbench.runs import compare as compare_policies
+    from chunkbench.bench.runs import compare as compare_policies
 
     return compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
                             chunked_defaults=knobs, warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
@@ -169,7 +169,7 @@ def compare_at_rate(base: dict, policies: list[str], requests, backend, knobs: d
 def report_comparison(runs: list, spec, title: str, out, json_out) -> None:
     """Write compare's files (comparison.json, plots, report.html, a folder per policy) and --json, and print
     the table, failure notes and each run's p99 step against its --step-time-target."""
-    from chunkbench.report import comparison_table, failure_notes, write_comparison
+    from chunkbench.bench.report import comparison_table, failure_notes, write_comparison
 
     summaries = write_comparison(runs, out, spec, title, "chunkbench compare " + " ".join(sys.argv[2:]))
     console.print(comparison_table(runs, title=title))

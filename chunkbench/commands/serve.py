@@ -41,8 +41,8 @@ def serve(
     /v1/models, /health, /metrics with vLLM's metric names)."""
     import uvicorn
 
-    from chunkbench.server import create_app
-    from chunkbench.server_limits import ServerLimits
+    from chunkbench.serving.server import create_app
+    from chunkbench.serving.limits import ServerLimits
 
     if not 1 <= port <= 65535:
         raise UserError(f"--port must be from 1 to 65535, got {port}")

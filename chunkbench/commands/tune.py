@@ -10,16 +10,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.backend_choice import resolve
+from chunkbench.bench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import (DATASET_OPTIONS, SLA_OPTIONS, BackendOpt, CostModelPath, EngineOverhead,
                                          Gpu, KvCacheDtype, MaxModelLen, Model, NoProgress, NumBlocks, ProbeRate,
                                          Seed, SlaProbe, TensorParallelSize, TimeScale, pick, with_options)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
-from chunkbench.launch import launch_command, launches_vllm
-from chunkbench.node import plan_slots, varies_by_slot
-from chunkbench.outputs import check_writable
+from chunkbench.launch.backend import launch_command, launches_vllm
+from chunkbench.launch.node import plan_slots, varies_by_slot
+from chunkbench.files import check_writable
 from chunkbench.tune.objectives import AUTO, help_text as objective_help, resolve as resolve_objective
 
 
@@ -147,7 +147,7 @@ def run_tune(args: SimpleNamespace) -> None:
 def check_options(args: SimpleNamespace) -> list:
     """The SLAs; the options checked, each refused in one line before anything starts. Sets the objective
     (auto resolved: tune/objectives/registry.py) and --probe-request-rate's default with --sla-probe."""
-    from chunkbench.slo import parse_slas
+    from chunkbench.bench.slo import parse_slas
 
     slos = parse_slas({"ttft": args.sla_ttft, "tbt": args.sla_tbt, "tpot": args.sla_tpot, "e2el": args.sla_e2el,
                        "probe": args.sla_probe}, args.sla_percentile)
@@ -180,7 +180,7 @@ def workload_spec(args: SimpleNamespace):
     """The search space and the workload: the space file's [workload], overridden by the flags given (a flag
     left at its default keeps the file's value); also the flags given, for check_workload."""
     from chunkbench.tune.space import SearchSpace
-    from chunkbench.workload import WorkloadSpec
+    from chunkbench.bench.workload import WorkloadSpec
 
     search_space = SearchSpace.load(args.space)
     given = dict(name=args.workload, rate=args.rate, num_requests=args.num_requests, seed=args.seed,
@@ -218,7 +218,7 @@ def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
 def check_workload(spec_workload, search_space, given: dict) -> None:
     """A bad workload fails here, before anything is written; its message names the flag, and the space file
     where the value came from there instead."""
-    from chunkbench.workload import build_workload
+    from chunkbench.bench.workload import build_workload
 
     try:
         build_workload(spec_workload)

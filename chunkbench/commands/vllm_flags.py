@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from chunkbench.errors import UserError
-from chunkbench.vllm_datasets import DATASETS
+from chunkbench.bench.vllm_datasets import DATASETS
 
 Text = Optional[str]
 VLLM_FLAGS = {  # bench's keyword -> (annotated type, default)

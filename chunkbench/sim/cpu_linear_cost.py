@@ -137,7 +137,7 @@ class CpuLinearStepCost(LinearStepCost):
 class CpuLinearFamily(LinearFamily):
     name = "linear-cpu"
     cpu_variant_of = "linear"
-    fitter = "chunkbench.tune.calibrate_linear:fit_cpu_linear"
+    fitter = "chunkbench.calibration.server_linear:fit_cpu_linear"
     step_terms = STEP_COEFFICIENTS
     client_terms = ("latency_s", "jitter_s")
     optional = OPTIONAL

@@ -13,7 +13,7 @@ import numpy as np
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.kernels.buckets import length_buckets
-from chunkbench.outputs import write_json
+from chunkbench.files import write_json
 from chunkbench.sim.shape import StepShape
 
 # Piecewise-linear token terms let a non-negative fit bend both ways: min(T, k) flattens (CPU GEMMs get

@@ -1,9 +1,9 @@
 """The roofline cost model: a step's time from the GPU's peaks, kernel constants fitted to measured operator
-profiles (sim/calibration.py; datasheet defaults, marked uncalibrated, elsewhere) and the model's shapes, on one
-GPU or split over N GPUs by tensor parallelism (engine/sharding.py), plus the simulated engine's step overhead
-(sim/engines.py).
+profiles (sim/kernel_constants.py; datasheet defaults, marked uncalibrated, elsewhere) and the model's shapes, on one
+GPU or split over N GPUs by tensor parallelism (chunkbench/engine/sharding.py), plus the simulated engine's step overhead
+(sim/engine_overhead.py).
 
-Per layer: four GEMMs and six elementwise kernels (sim/kernels.py: soft max of the compute and memory bounds,
+Per layer: four GEMMs and six elementwise kernels (sim/kernel_times.py: soft max of the compute and memory bounds,
 token tile, per-kernel floor), attention (the same soft max over attention FLOPs and KV bytes, one launch floor
 per layer), and under TP two ring all-reduces. Once per step: the LM head over the sampled rows."""
 
@@ -19,10 +19,10 @@ from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import (ALL_REDUCES_PER_LAYER, check_tensor_parallel, heads_per_gpu,
                                         kv_bytes_per_token_per_gpu, params_per_gpu)
 from chunkbench.errors import UserError
-from chunkbench.sim.calibration import Calibration, calibration_for
-from chunkbench.sim.engines import engine_overhead
+from chunkbench.sim.kernel_constants import Calibration, calibration_for
+from chunkbench.sim.engine_overhead import engine_overhead
 from chunkbench.sim.gpus import GPUS, GPUSpec
-from chunkbench.sim.kernels import gemm_seconds, layer_elementwise_seconds, layer_linear_seconds, soft_max
+from chunkbench.sim.kernel_times import gemm_seconds, layer_elementwise_seconds, layer_linear_seconds, soft_max
 from chunkbench.sim.shape import StepShape
 
 # FlashAttention-2 reaches 50-73% of peak in its forward pass (Dao 2023, fig. 5); we take 50% for the short
@@ -31,7 +31,7 @@ ATTENTION_EFFICIENCY = 0.50
 # NCCL all-reduce reaches ~80% of the link's one-way bandwidth as bus bandwidth on large messages
 # (nccl-tests busbw on DGX H100: ~360 of 450 GB/s).
 LINK_EFFICIENCY = 0.80
-STEP_OVERHEAD_S = engine_overhead(None)[0]  # the default engine's (sim/engines.py)
+STEP_OVERHEAD_S = engine_overhead(None)[0]  # the default engine's (sim/engine_overhead.py)
 MAX_TP = 64  # the largest --tensor-parallel-size suggested when a model does not fit
 
 
@@ -143,7 +143,7 @@ class RooflineCostModel:
                         self.calibration.constants.smoothness)
 
     def activation_bytes(self, step: StepShape) -> int:
-        """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16 (engine/activation.py)."""
+        """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16 (chunkbench/engine/activation.py)."""
         return self.rows_activation_bytes(step.num_tokens, step.num_sampled)
 
     def rows_activation_bytes(self, rows: int, sampled: int) -> int:

@@ -1,4 +1,4 @@
-"""A cost model fitted to one user's server (`chunkbench tune --presearch sim`, tune/calibrate.py): what the
+"""A cost model fitted to one user's server (`chunkbench tune --presearch sim`, calibration/server.py): what the
 fit found and how to simulate with it. No torch, no scipy: this runs inside every simulated trial.
 
 The constants are those of a cost-model family (sim/families.py: `roofline`, `linear`, `linear-cpu`), which
@@ -23,9 +23,9 @@ import numpy as np
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim import families
-from chunkbench.sim.calibration import Calibration, calibration_for
+from chunkbench.sim.kernel_constants import Calibration, calibration_for
 from chunkbench.sim.gpus import GPUS, GPUSpec
-from chunkbench.sim.kernels import KernelConstants
+from chunkbench.sim.kernel_times import KernelConstants
 from chunkbench.sim.shape import CostModel
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class ServerCalibration:
         return self.cost_family.cost_model(self, config)
 
     def save(self, path: Path) -> None:
-        from chunkbench.outputs import write_json
+        from chunkbench.files import write_json
 
         write_json({"format": FORMAT, **dataclasses.asdict(self)}, Path(path))
 

@@ -19,7 +19,7 @@ import math
 from typing import Callable
 
 from chunkbench.engine.request import Request
-from chunkbench.slo import SLO
+from chunkbench.bench.slo import SLO
 
 
 def _ttft(r: Request, start: float, now: float) -> float:

@@ -1,7 +1,7 @@
 """Configs users paste into their servers: chunkbench TOML, vLLM YAML and flags, SGLang flags.
 
 Option names are vLLM's (`vllm serve --config`, EngineArgs / SchedulerConfig, release VLLM_VERSION) and
-SGLang's (ServerArgs), as declared for each knob in engine/knobs.py. A server config sets only what was chosen
+SGLang's (ServerArgs), as declared for each knob in chunkbench/engine/knobs.py. A server config sets only what was chosen
 (the searched knobs and the flags the user gave: EngineConfig.chosen) and what the deployment needs (max model
 length; tensor parallelism above 1; an fp8 cache), never a chunkbench default the server would not pick (a block
 size, prefix caching off, a memory fraction). Chosen knobs with no equivalent there are named in a comment,

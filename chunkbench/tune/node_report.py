@@ -11,8 +11,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from chunkbench.outputs import write_figure
-from chunkbench.report import embedded_png, pyplot
+from chunkbench.files import write_figure
+from chunkbench.bench.report import embedded_png, pyplot
 from chunkbench.tune.objectives import get
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import is_feasible
@@ -101,7 +101,7 @@ def gpu_note(study: optuna.Study) -> str:
     if recorded:
         return (f"GPU figures (peak memory, mean utilisation, mean power) read through NVML during {len(recorded)} "
                 "launched trials: columns user_attrs_metrics in trials.csv.")
-    from chunkbench.gpu_monitor import unavailable
+    from chunkbench.launch.gpu_monitor import unavailable
 
     return f"No GPU figures: {unavailable() or 'no trial ran on --gpus'}."
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import optuna
 
-from chunkbench.outputs import write_figure
-from chunkbench.report import pyplot
+from chunkbench.files import write_figure
+from chunkbench.bench.report import pyplot
 from chunkbench.tune.objectives import get
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import is_feasible

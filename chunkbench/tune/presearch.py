@@ -1,7 +1,7 @@
 """`chunkbench tune --backend launch --presearch sim`: tune a real server in a few launches instead of one per
 trial. Three phases, each resumable:
 
-1. calibrate: launch the server for the designed runs of tune/calibrate.py and fit the simulator to them
+1. calibrate: launch the server for the designed runs of calibration/server.py and fit the simulator to them
    (or load `--calibration FILE`, fitted before on the same deployment);
 2. search: every trial of the study in simulation with that calibration (seconds each);
 3. verify (tune/verify.py): launch the `--verify-top K` best distinct configurations for real, each run
@@ -29,11 +29,11 @@ import optuna
 from rich.console import Console
 from rich.markup import escape
 
-from chunkbench.backends import Backend, SimBackend
+from chunkbench.bench.backends import Backend, SimBackend
 from chunkbench.errors import StudyFailed, UserError
-from chunkbench.launch import LaunchError
+from chunkbench.launch.backend import LaunchError
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
-from chunkbench.tune import calibrate as cal
+from chunkbench.calibration import server as cal
 from chunkbench.tune.objectives import get, one_winner_names
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
 from chunkbench.tune.report import add_runs_to_csv, results_table, write_outputs

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkbench.outputs import write_figure
-from chunkbench.report import embedded_png, pyplot
+from chunkbench.files import write_figure
+from chunkbench.bench.report import embedded_png, pyplot
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
-from chunkbench.tune.calibrate import stats
+from chunkbench.calibration.server import stats
 from chunkbench.tune.verify import add_to_report, change_pct, verified_section
 
 FIGURES = [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)")]  # per calibration run

@@ -10,9 +10,9 @@ import optuna
 from rich.table import Table
 
 from chunkbench.engine.config import EngineConfig
-from chunkbench.outputs import write_figure, write_text
-from chunkbench.report import embedded_png, html_page, pyplot
-from chunkbench.slo import SLO
+from chunkbench.files import write_figure, write_text
+from chunkbench.bench.report import embedded_png, html_page, pyplot
+from chunkbench.bench.slo import SLO
 from chunkbench.tune import emit
 from chunkbench.tune.node_report import importance_line, importances, node_section
 from chunkbench.tune.objectives import get

@@ -11,7 +11,7 @@ import optuna
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chunkbench.backends import EngineBackend
+from chunkbench.bench.backends import EngineBackend
 from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.tune.objectives import evaluate, get
 from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, results_table, write_outputs
@@ -19,7 +19,7 @@ from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
 from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, best_distinct, print_remeasured,
                                      verified_section, verify_top)
-from chunkbench.workload import build_workload
+from chunkbench.bench.workload import build_workload
 
 console = Console()
 VERIFIED_FILE = "verified.json"  # --backend launch: the re-measured configurations (resume)

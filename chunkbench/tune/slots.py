@@ -13,8 +13,8 @@ import queue
 import threading
 from typing import Callable, Sequence, TypeVar
 
-from chunkbench.backends import Backend
-from chunkbench.server_process import check_not_stopping, stop_all_servers
+from chunkbench.bench.backends import Backend
+from chunkbench.launch.process import check_not_stopping, stop_all_servers
 
 T = TypeVar("T")
 JOIN_S = 5.0  # after an interrupt: how long the slots get to record their trials as interrupted

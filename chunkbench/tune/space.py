@@ -1,5 +1,5 @@
 """Search spaces for the tuner, read from TOML (the built-in ones ship as package data from sweeps/): the
-knobs and the values each may take. Which knobs may appear is declared in engine/knobs.py."""
+knobs and the values each may take. Which knobs may appear is declared in chunkbench/engine/knobs.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, min_budget
 from chunkbench.engine.knobs import CHUNKED_ONLY, KNOBS as ENGINE_KNOBS, SEARCHABLE as KNOBS, VLLM_VERSION
 from chunkbench.errors import UserError, read_toml
 from chunkbench import sweeps
-from chunkbench.workload import WorkloadSpec
+from chunkbench.bench.workload import WorkloadSpec
 
 SCHEDULE_FAMILIES = ("fixed", "decreasing", "linear")
 WORKLOAD_KEYS = tuple(f.name for f in dataclasses.fields(WorkloadSpec))
@@ -91,7 +91,7 @@ class SearchSpace:
                             f"({max(budgets)})")
 
     def for_vllm(self) -> tuple["SearchSpace", str | None]:
-        """The space a launched vLLM can search, and a note on what was left out. vLLM (engine/knobs.VLLM_VERSION)
+        """The space a launched vLLM can search, and a note on what was left out. vLLM (chunkbench/engine/knobs.py's VLLM_VERSION)
         has no option for the chunkbench-only knobs (progressive schedules, tile, partial prefills, step-time
         target, chunk count) nor the static and orca policies: a built-in space leaves them out, with the note;
         the user's own space file naming them is refused in one line, before any launch."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkbench.backends import Backend
+from chunkbench.bench.backends import Backend
 from chunkbench.engine.config import EngineConfig
-from chunkbench.slo import SLO
+from chunkbench.bench.slo import SLO
 from chunkbench.tune.space import SearchSpace
-from chunkbench.workload import WorkloadSpec
+from chunkbench.bench.workload import WorkloadSpec
 
 
 @dataclass

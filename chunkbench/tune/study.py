@@ -29,13 +29,13 @@ from optuna.trial import TrialState
 
 from chunkbench.engine.config import ConfigError
 from chunkbench.errors import Interrupted, StudyFailed, UserError
-from chunkbench.server_process import STOPPING, LaunchError, check_not_stopping
-from chunkbench.slo import SLO
+from chunkbench.launch.process import STOPPING, LaunchError, check_not_stopping
+from chunkbench.bench.slo import SLO
 from chunkbench.tune.objectives import OBJECTIVES, Objective, evaluate, get
 from chunkbench.tune.space import engine_kwargs
 from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.workload import build_workload
+from chunkbench.bench.workload import build_workload
 
 HEARTBEAT_S, GRACE_S = 2, 8
 LAUNCH_FAILURES_IN_A_ROW = 3

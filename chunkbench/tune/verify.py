@@ -23,14 +23,14 @@ import scipy.stats
 from rich.console import Console
 from rich.table import Table
 
-from chunkbench.backends import Backend
-from chunkbench.outputs import write_json, write_text
+from chunkbench.bench.backends import Backend
+from chunkbench.files import write_json, write_text
 from chunkbench.tune.objectives import evaluate_runs, median_outcome
 from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.report import knobs_text, runs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import TRIAL_FAILURES, closest_trials, feasible_trials, headroom, is_feasible
-from chunkbench.workload import build_workload
+from chunkbench.bench.workload import build_workload
 
 console = Console()
 

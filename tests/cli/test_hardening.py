@@ -9,7 +9,7 @@ import optuna
 import pytest
 import yaml
 
-from chunkbench import outputs
+from chunkbench import files as outputs
 from chunkbench.engine.engine import CpuClock
 from tests.conftest import run_cli
 
@@ -182,8 +182,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(monkeypatch, tmp_pa
 
 
 def test_the_summary_is_written_last(monkeypatch, tmp_path, capsys):
-    from chunkbench import runs
-
+    from chunkbench.bench import runs
     def killed(frame, path):
         if path.name == "steps.parquet":
             raise KeyboardInterrupt
@@ -237,8 +236,8 @@ def test_the_cpu_clock_counts_work_not_waiting():
 def test_profiled_shapes_fit_the_kv_cache():
     """The profile's and the quick calibration's step shapes hold blocks of their own (step_output): every
     block they name must exist, or the step writes past the cache (found: --num-blocks 8 gave an IndexError)."""
-    from chunkbench.device_defaults import quick_grid
-    from chunkbench.sim.profile import profile_grid, step_output
+    from chunkbench.bench.device_defaults import quick_grid
+    from chunkbench.calibration.profile import profile_grid, step_output
 
     for num_blocks in (8, 16, 40, 64, 1024):
         for step in profile_grid(4096, 2048, num_blocks, 16) + quick_grid(4096, num_blocks, 16):

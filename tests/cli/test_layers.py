@@ -14,7 +14,7 @@ import networkx as nx
 
 from tests.conftest import REPO
 
-PACKAGES = {"chunkbench": REPO / "chunkbench", "chunkbench.engine": REPO / "engine",
+PACKAGES = {"chunkbench": REPO / "chunkbench",
             "chunkbench.sweeps": REPO / "sweeps"}
 MOST_LINES = 330  # the house style's ~300, with a little room
 
@@ -23,7 +23,7 @@ def modules() -> dict[str, Path]:
     found = {}
     for package, folder in PACKAGES.items():
         for path in folder.rglob("*.py"):
-            if package == "chunkbench" and path.parent.name in ("engine", "sweeps"):
+            if package == "chunkbench" and path.parent.name == "sweeps":
                 continue
             parts = path.relative_to(folder).with_suffix("").parts
             name = ".".join((package, *parts)).removesuffix(".__init__")
@@ -113,7 +113,7 @@ def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
 
 def test_no_dates_or_issue_numbers_in_comments_and_docstrings():
     """What was measured when lives in docs/measurements/ with its command; the code says what and why."""
-    paths = [p for folder in ("chunkbench", "engine", "tests", "scripts", "sweeps") for p in (REPO / folder).rglob("*.py")]
+    paths = [p for folder in ("chunkbench", "tests", "scripts", "sweeps") for p in (REPO / folder).rglob("*.py")]
     found = [f"{path.relative_to(REPO)}:{line}" for path in paths for line, text in comments_and_docstrings(path)
              if DATED.search(text)]
     assert not found, f"dates or issue numbers in comments or docstrings: {found}"

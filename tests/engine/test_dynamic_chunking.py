@@ -241,8 +241,8 @@ class FakeBackend:
 
 
 def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
-    from chunkbench.device_defaults import TARGET_DECODE_MULTIPLE, fit_to_device
-    from chunkbench.workload import WorkloadSpec, build_workload
+    from chunkbench.bench.device_defaults import TARGET_DECODE_MULTIPLE, fit_to_device
+    from chunkbench.bench.workload import WorkloadSpec, build_workload
 
     config = EngineConfig.create("tiny", device="cpu")
     requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=100), 8192)  # only predicted, never run
@@ -259,7 +259,7 @@ def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
 
 def test_compare_says_a_default_step_target_only_when_a_chunked_policy_takes_it():
     """`compare static chunked:budget=96` on the CPU chose (and said) a step-time target that no policy took."""
-    from chunkbench.runs import config_for_policy, unsized_chunked
+    from chunkbench.bench.runs import config_for_policy, unsized_chunked
 
     assert unsized_chunked(["static", "chunked"]) and unsized_chunked(["chunked:budget=96", "chunked:seqs=8"])
     assert not unsized_chunked(["static", "continuous", "chunked:budget=96"])

@@ -1,4 +1,4 @@
-"""The CPU's pre-packed linear weights (engine/model.py `pack_for_cpu`): the same products as the dense weights
+"""The CPU's pre-packed linear weights (chunkbench/engine/model.py `pack_for_cpu`): the same products as the dense weights
 within fp32 rounding, used for steps of every size, and not made where they do not apply."""
 
 import pytest

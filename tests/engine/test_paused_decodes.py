@@ -4,12 +4,12 @@ prefill puts the decodes first in every step and pauses none."""
 
 import pytest
 
-from chunkbench.backends import SimBackend
-from chunkbench.runs import compare
+from chunkbench.bench.backends import SimBackend
+from chunkbench.bench.runs import compare
 from chunkbench.sim.executor import sim_engine
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.request import SamplingParams
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 H100 = SimBackend("h100-sxm")
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine, VirtualClock
 from chunkbench.engine.request import SamplingParams
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 from tests.engine.test_scheduler_properties import EchoExecutor
 
 SYSTEM = [random.Random(7).randrange(4096) for _ in range(90)]  # 5 full blocks of 16, and 10 tokens more

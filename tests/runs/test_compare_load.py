@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from chunkbench.backends import Backend
-from chunkbench.capacity import BISECTIONS, base_rate, resolution_pct
+from chunkbench.bench.backends import Backend
+from chunkbench.bench.capacity import BISECTIONS, base_rate, resolution_pct
 from chunkbench.engine.config import EngineConfig
-from chunkbench.harness import RunResult
-from chunkbench.load_sweep import common_rate, run_at_common_rate, sweep_policy, verdict
-from chunkbench.metrics import RequestRecord
-from chunkbench.slo import parse_slas
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.bench.harness import RunResult
+from chunkbench.bench.load_sweep import common_rate, run_at_common_rate, sweep_policy, verdict
+from chunkbench.bench.metrics import RequestRecord
+from chunkbench.bench.slo import parse_slas
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 CAPACITY = {"static": 1.3, "continuous": 2.0, "chunked": 5.0}  # req/s meeting the TBT SLA
 SATURATION = 4.0  # req/s, every policy, all requests at once: chunked's capacity is above it

@@ -2,8 +2,8 @@
 
 import re
 
-from chunkbench.metric_table import METRIC_TABLE, metric_table_markdown
-from chunkbench.metrics import RequestRecord, StepRecord, summarize
+from chunkbench.bench.metric_table import METRIC_TABLE, metric_table_markdown
+from chunkbench.bench.metrics import RequestRecord, StepRecord, summarize
 from tests.conftest import REPO
 
 README = REPO / "docs" / "concepts" / "metrics.md"

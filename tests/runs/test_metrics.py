@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from chunkbench.errors import UserError
-from chunkbench.metrics import RequestRecord, StepRecord, summarize
-from chunkbench.token_gaps import peak_per_second
-from chunkbench.slo import parse_goodput
+from chunkbench.bench.metrics import RequestRecord, StepRecord, summarize
+from chunkbench.bench.token_gaps import peak_per_second
+from chunkbench.bench.slo import parse_goodput
 
 # r1: arrives at 0, first scheduled at 0.1, tokens at 0.5, 0.7, 1.0. r2: arrives at 1.0, one token at 1.2.
 R1 = RequestRecord(prompt_len=10, output_len=3, arrival_time=0.0, token_times=[0.5, 0.7, 1.0],
@@ -102,7 +102,7 @@ def test_window_and_goodput_parsing():
 
 
 def test_pooled_itls_are_each_requests_gaps_in_order():
-    from chunkbench.token_gaps import pooled_itls, token_times
+    from chunkbench.bench.token_gaps import pooled_itls, token_times
 
     done = [RequestRecord(prompt_len=1, output_len=3, arrival_time=0.0, token_times=[0.1, 0.3, 0.6]),
             RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[5.0]),
@@ -142,7 +142,7 @@ def test_the_collector_is_restored_after_a_paused_block():
     is unfrozen after its block."""
     import gc
 
-    from chunkbench.gc_pause import frozen_heap, gc_paused, paused_gc
+    from chunkbench.bench.gc_pause import frozen_heap, gc_paused, paused_gc
 
     assert gc.isenabled()
     for error in (RuntimeError, KeyboardInterrupt):
@@ -178,7 +178,7 @@ def test_the_collector_is_restored_after_a_paused_block():
     assert gc.get_freeze_count() == 0
 
 
-# ---------- the server's /metrics (server_metrics.py) against histograms whose answer is known ----------
+# ---------- the server's /metrics (chunkbench/bench/server_metrics.py) against histograms whose answer is known ----------
 
 VLLM_QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, float("inf"))  # vLLM's first ones, le in s
 
@@ -197,7 +197,7 @@ def queue_samples(per_bucket: dict[float, int], total_s: float, success: dict[st
 
 
 def test_a_light_load_queue_time_is_its_mean_and_bounds_not_the_first_bucket_s_middle():
-    from chunkbench.server_metrics import server_figures
+    from chunkbench.bench.server_metrics import server_figures
 
     before = queue_samples({0.3: 5}, 2.0, {"stop": 1, "length": 4, "abort": 0})
     after = queue_samples({0.3: 15}, 2.03, {"stop": 1, "length": 12, "abort": 2})  # 10 requests, 30 ms in all
@@ -216,7 +216,7 @@ def test_a_light_load_queue_time_is_its_mean_and_bounds_not_the_first_bucket_s_m
 
 
 def test_a_percentile_in_a_resolving_bucket_is_interpolated_and_one_past_the_last_is_a_lower_bound():
-    from chunkbench.server_metrics import server_figures
+    from chunkbench.bench.server_metrics import server_figures
 
     after = queue_samples({0.3: 10, 1.5: 80, float("inf"): 10}, 100.0)
     figures = server_figures({}, after, ttfts_s=[5.0] * 100)
@@ -231,7 +231,7 @@ def test_a_percentile_in_a_resolving_bucket_is_interpolated_and_one_past_the_las
 
 def test_the_kv_cache_a_vllm_server_holds_is_read_from_its_cache_config_gauge():
     """vllm:cache_config_info carries vLLM's CacheConfig as labels; num_gpu_blocks counts the null block."""
-    from chunkbench.server_metrics import kv_cache_tokens, server_figures
+    from chunkbench.bench.server_metrics import kv_cache_tokens, server_figures
 
     gauge = {"vllm:cache_config_info": [({"block_size": "128", "num_gpu_blocks": "4096", "engine": "0"}, 1.0)]}
     assert kv_cache_tokens(gauge) == 524160  # the tier's vLLM 0.32: 4,096 blocks of 128, one the null block

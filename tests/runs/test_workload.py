@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from chunkbench.errors import UserError
-from chunkbench.arrivals import sample_arrivals
-from chunkbench.lengths import sample_lengths
-from chunkbench.workload import NAMED, WorkloadSpec, build_workload, clip_to_model
+from chunkbench.bench.arrivals import sample_arrivals
+from chunkbench.bench.lengths import sample_lengths
+from chunkbench.bench.workload import NAMED, WorkloadSpec, build_workload, clip_to_model
 
 
 @pytest.mark.parametrize("name", [*NAMED, "synthetic"])

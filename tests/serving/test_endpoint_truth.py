@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from chunkbench.client import bench_endpoint
-from chunkbench.harness import RunResult
-from chunkbench.outputs import write_json, write_parquet
-from chunkbench.runs import requests_frame
-from chunkbench.metrics import PERCENTILES, pct_key, summarize
-from chunkbench.workload import WorkloadRequest
+from chunkbench.bench.client import bench_endpoint
+from chunkbench.bench.harness import RunResult
+from chunkbench.files import write_json, write_parquet
+from chunkbench.bench.runs import requests_frame
+from chunkbench.bench.metrics import PERCENTILES, pct_key, summarize
+from chunkbench.bench.workload import WorkloadRequest
 from tests.serving.scripted_server import DONE, DROP, ScriptedServer, chat_tok, is_choice, tok, usage
 
 TOL_S = 0.040
@@ -282,7 +282,7 @@ def test_requests_are_timed_with_the_inherited_heap_out_of_the_collector(monkeyp
     a collection is one candidate). The client freezes the heap it inherits (gc_pause.frozen_heap)."""
     import gc
 
-    import chunkbench.client as client
+    import chunkbench.bench.client as client
 
     frozen_while_timed = []
     request = client._request

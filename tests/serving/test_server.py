@@ -9,10 +9,10 @@ import httpx
 import pytest
 import uvicorn
 
-from chunkbench.client import bench_endpoint
+from chunkbench.bench.client import bench_endpoint
 from chunkbench.engine.config import EngineConfig
-from chunkbench.server import create_app
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.serving.server import create_app
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 from tests.conftest import free_port, run_cli
 
 
@@ -74,7 +74,7 @@ def test_a_request_is_recorded_before_its_caller_hears_it_finished(server, monke
 
 
 def test_the_server_serves_with_its_heap_frozen(server):
-    """As vLLM after its warm-up: the model and imports stay out of the collector's walks (gc_pause.py)."""
+    """As vLLM after its warm-up: the model and imports stay out of the collector's walks (chunkbench/bench/gc_pause.py)."""
     import gc
 
     assert gc.get_freeze_count() > 10_000

@@ -23,7 +23,7 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.executor import sample
 from chunkbench.engine.outputs import ScheduledChunk
 from chunkbench.engine.request import Request, SamplingParams
-from chunkbench.server import create_app
+from chunkbench.serving.server import create_app
 from tests.conftest import REPO, free_port
 from tests.serving.test_server import idle
 
@@ -125,7 +125,7 @@ def test_what_vllms_client_sends_is_served_and_unknown_fields_are_logged_once(se
             "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "stop": None, "presence_penalty": 0, "frequency_penalty": 0.0, "top_k": -1, "min_tokens": 0, "echo": False,
             "best_of": 1, "n": 1, "min_p": 0.0, "a_field_nobody_knows": {"x": [1]}}
-    with caplog.at_level(logging.WARNING, logger="chunkbench.server"):
+    with caplog.at_level(logging.WARNING, logger="chunkbench.serving.server"):
         for _ in range(2):
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
                 assert response.status_code == 200

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from chunkbench.server_limits import ServerLimits
+from chunkbench.serving.limits import ServerLimits
 from tests.serving.test_server import idle
 from tests.serving.test_server_hardening import running_server
 

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from chunkbench import LLM
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.request import SamplingError, SamplingParams
-from chunkbench.server import create_app
-from chunkbench.server_limits import ServerLimits
+from chunkbench.serving.server import create_app
+from chunkbench.serving.limits import ServerLimits
 from tests.conftest import free_port, run_cli
 from tests.serving.test_server import idle
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from chunkbench.server_limits import ServerLimits
+from chunkbench.serving.limits import ServerLimits
 from tests.serving.test_server import idle
 from tests.serving.test_server_hardening import running_server
 

@@ -4,7 +4,7 @@ chunks are easy to build."""
 
 import pytest
 
-from chunkbench.server_text import ByteTokenizer, TextStream, chat_prompt_ids
+from chunkbench.serving.text import ByteTokenizer, TextStream, chat_prompt_ids
 
 TOKENIZER = ByteTokenizer()
 

@@ -5,12 +5,12 @@ acceptance number, checked on the data so that a change to the model or the cons
 
 import pytest
 
-from chunkbench.backends import SimBackend
+from chunkbench.bench.backends import SimBackend
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.errors import UserError
-from chunkbench.sim.calibrate import PROFILES, fit, gpu_of, linear_errors, load_rows
-from chunkbench.sim.calibration import calibration_for
-from chunkbench.sim.engines import ENGINE_OVERHEAD_S, engine_overhead
+from chunkbench.calibration.gpu_kernels import PROFILES, fit, gpu_of, linear_errors, load_rows
+from chunkbench.sim.kernel_constants import calibration_for
+from chunkbench.sim.engine_overhead import ENGINE_OVERHEAD_S, engine_overhead
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.roofline import RooflineCostModel
 from chunkbench.sim.shape import StepShape

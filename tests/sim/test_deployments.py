@@ -10,20 +10,20 @@ import time
 
 import pytest
 
-from chunkbench.backend_choice import resolve
-from chunkbench.backends import EngineBackend, SimBackend
+from chunkbench.bench.backend_choice import resolve
+from chunkbench.bench.backends import EngineBackend, SimBackend
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import kv_bytes_per_token_per_gpu, kv_heads_per_gpu
 from chunkbench.errors import UserError
-from chunkbench.runs import compare, run_benchmark
+from chunkbench.bench.runs import compare, run_benchmark
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.roofline import (ALL_REDUCES_PER_LAYER, LINK_EFFICIENCY, STEP_OVERHEAD_S, RooflineCostModel,
                                      ring_all_reduce_seconds)
-from chunkbench.sim.kernels import layer_gemms
+from chunkbench.sim.kernel_times import layer_gemms
 from chunkbench.sim.shape import StepShape
 from chunkbench.tune.emit import sglang_flags, vllm_yaml
-from chunkbench.workload import WorkloadRequest, WorkloadSpec, build_workload
+from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, build_workload
 
 SHAPES = {
     "prefill2048": StepShape(((2048, 0),), (), 1),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from chunkbench.backends import SimBackend
+from chunkbench.bench.backends import SimBackend
 from chunkbench.errors import UserError
 from chunkbench.sim import families
 from chunkbench.sim.cost_family import CostFamily
@@ -20,8 +20,8 @@ from chunkbench.sim.linear_cost import LINEAR, STEP_TERMS, LinearStepCost
 from chunkbench.sim.roofline_family import ROOFLINE
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.sim.shape import StepShape
-from chunkbench.tune.calibrate import designs, fit, simulate_design
-from chunkbench.workload import WorkloadRequest
+from chunkbench.calibration.server import designs, fit, simulate_design
+from chunkbench.bench.workload import WorkloadRequest
 from tests.tune.servers import make_spec
 
 

@@ -7,18 +7,18 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from chunkbench.backends import SimBackend
+from chunkbench.bench.backends import SimBackend
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
-from chunkbench.runs import requests_frame, run_benchmark, steps_frame
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.bench.runs import requests_frame, run_benchmark, steps_frame
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 ON, OFF = SimBackend("h100-sxm", fast_forward=True), SimBackend("h100-sxm", fast_forward=False)
 
 
 def both(config, workload, on=ON, off=OFF, **options):
     """Run with the fast path and without; assert equal outputs and that the fast path did run steps."""
-    import chunkbench.harness as harness
+    import chunkbench.bench.harness as harness
 
     original, skipped = harness.fast_forward, []
 
@@ -68,7 +68,7 @@ def test_same_results_on_a_trace_with_idle_gaps(policy):
 
 
 def test_fast_path_is_taken(monkeypatch):
-    import chunkbench.harness as harness
+    import chunkbench.bench.harness as harness
 
     calls = []  # (steps run, requests finished) per call
     original = harness.fast_forward

@@ -4,16 +4,16 @@ import pytest
 
 from tests.conftest import run_cli
 
-from chunkbench.backends import EngineBackend, SimBackend
-from chunkbench.runs import compare, run_benchmark
+from chunkbench.bench.backends import EngineBackend, SimBackend
+from chunkbench.bench.runs import compare, run_benchmark
 from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel, features
 from chunkbench.sim.roofline import RooflineCostModel
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.sim.shape import StepShape
 from chunkbench.errors import UserError
 from chunkbench.sim.gpus import GPUS
-from chunkbench.sim.profile import profile_path, run_profile
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.calibration.profile import profile_path, run_profile
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 LLAMA_8B = ModelConfig.from_name("llama-3-8b")
 H100 = SimBackend("h100-sxm")

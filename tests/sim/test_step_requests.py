@@ -5,10 +5,10 @@ from collections import Counter
 
 import pandas as pd
 
-from chunkbench.backends import SimBackend
+from chunkbench.bench.backends import SimBackend
 from chunkbench.engine.config import EngineConfig
-from chunkbench.runs import run_benchmark, save_run
-from chunkbench.workload import WorkloadRequest
+from chunkbench.bench.runs import run_benchmark, save_run
+from chunkbench.bench.workload import WorkloadRequest
 
 
 def test_each_step_lists_its_requests_and_their_tokens(tmp_path):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from chunkbench.backends import SimBackend
+from chunkbench.bench.backends import SimBackend
 from chunkbench.sim.server_calibration import ServerCalibration
-from chunkbench.slo import parse_slas
+from chunkbench.bench.slo import parse_slas
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.workload import WorkloadSpec
+from chunkbench.bench.workload import WorkloadSpec
 
 TRUTH = ServerCalibration("cpu", 0.08, 0.15, 0.008, 0.002, "small", num_blocks=1024)
 

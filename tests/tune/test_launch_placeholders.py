@@ -5,7 +5,7 @@ import shlex
 import pytest
 import typer
 
-from chunkbench.launch import launch_command
+from chunkbench.launch.backend import launch_command
 from chunkbench.cli import app
 from chunkbench.commands.options import ENGINE_OPTIONS, pick
 from chunkbench.engine.config import EngineConfig

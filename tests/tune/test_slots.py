@@ -18,9 +18,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from chunkbench.launch import LaunchBackend
-from chunkbench.node import plan_slots
-from chunkbench.server_process import LaunchError, check_owner, start_server
+from chunkbench.launch.backend import LaunchBackend
+from chunkbench.launch.node import plan_slots
+from chunkbench.launch.process import LaunchError, check_owner, start_server
 from chunkbench.errors import UserError
 from tests.conftest import REPO, free_ports, run_cli
 
@@ -103,7 +103,7 @@ def test_a_launch_that_dies_while_another_server_answers_is_a_failed_trial(tmp_p
     once, the stale server answers /health, and the trial still fails."""
     base, events = free_ports(1), tmp_path / "events"
     stale = subprocess.Popen([sys.executable, str(SLOW_SERVER), "--port", str(base), "--events", str(events)])
-    monkeypatch.setattr("chunkbench.launch.port_busy", lambda host, port: False)
+    monkeypatch.setattr("chunkbench.launch.backend.port_busy", lambda host, port: False)
     try:
         while not events.exists():
             time.sleep(0.05)

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chunkbench.server_process import stop_server
+from chunkbench.launch.process import stop_server
 from tests.conftest import REPO, free_port
 from tests.vllm.env import vllm_env
 

@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from chunkbench.backends import DEFAULT_SIM_GPU
+from chunkbench.bench.backends import DEFAULT_SIM_GPU
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import VLLM_VERSION
 from chunkbench.engine.request import SamplingParams

@@ -85,9 +85,9 @@ print(json.dumps([transformers.__version__, module.chat_prompt_ids(tokenizer, me
 
 
 def test_the_chat_template_gives_the_same_prompt_under_both_transformers_ends(tiny_model):
-    """server_text.py imports nothing from chunkbench, so the tier's venv (its own transformers) runs it as is."""
+    """chunkbench/serving/text.py imports nothing from chunkbench, so the tier's venv (its own transformers) runs it as is."""
     messages = json.dumps([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}])
-    outputs = [json.loads(subprocess.run([str(python), "-c", RENDER, str(REPO / "chunkbench" / "server_text.py"),
+    outputs = [json.loads(subprocess.run([str(python), "-c", RENDER, str(REPO / "chunkbench" / "chunkbench/serving/text.py"),
                                           str(tiny_model), messages], capture_output=True, text=True, check=True,
                                          env=vllm_env(), timeout=120).stdout)
                for python in (VLLM_PYTHON, Path(sys.executable))]

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import pytest
 
-from chunkbench.backends import SimBackend
-from chunkbench.launch import LaunchBackend
-from chunkbench.metrics import summarize
-from chunkbench.outputs import write_json
-from chunkbench.slo import parse_slas
-from chunkbench.tune import calibrate as cal
+from chunkbench.bench.backends import SimBackend
+from chunkbench.launch.backend import LaunchBackend
+from chunkbench.bench.metrics import summarize
+from chunkbench.files import write_json
+from chunkbench.bench.slo import parse_slas
+from chunkbench.calibration import server as cal
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.workload import WorkloadSpec, build_workload
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 from tests.conftest import free_port
 from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, vllm_env
 

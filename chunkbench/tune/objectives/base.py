@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from chunkbench.backends import Backend
+from chunkbench.bench.backends import Backend
 from chunkbench.engine.config import EngineConfig
-from chunkbench.runs import BenchRun, measure
-from chunkbench.slo import goodput_slos, violations
+from chunkbench.bench.runs import BenchRun, measure
+from chunkbench.bench.slo import goodput_slos, violations
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
-from chunkbench.workload import WorkloadRequest
+from chunkbench.bench.workload import WorkloadRequest
 
 METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
                 "p99_itl_ms", "p99_tpot_ms", "median_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms",

@@ -1,15 +1,15 @@
 """`capacity`: the highest request rate meeting the SLAs with a bounded median scheduling delay
-(Sarathi-Serve's), by bisection in one backend session (chunkbench/capacity.py): one launched server per trial."""
+(Sarathi-Serve's), by bisection in one backend session (chunkbench/bench/capacity.py): one launched server per trial."""
 
 from __future__ import annotations
 
-from chunkbench.capacity import resolution_pct, search_capacity
-from chunkbench.slo import violations
+from chunkbench.bench.capacity import resolution_pct, search_capacity
+from chunkbench.bench.slo import violations
 from chunkbench.tune.early_stop import certain_miss
 from chunkbench.tune.objectives.base import METRIC_ATTRS, Objective, Run
 from chunkbench.tune.objectives.registry import register
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
-from chunkbench.workload import WorkloadRequest
+from chunkbench.bench.workload import WorkloadRequest
 
 RESOLUTION_PCT = resolution_pct()
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from chunkbench.backends import Backend
+from chunkbench.bench.backends import Backend
 from chunkbench.tune.objectives.base import Run
 from chunkbench.tune.objectives.registry import get
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
-from chunkbench.workload import WorkloadRequest
+from chunkbench.bench.workload import WorkloadRequest
 
 console = Console()
 
@@ -54,7 +54,7 @@ def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
     calibration runs' untimed warm-up first. So does a simulator fitted to a server, whose cost remembers the
     token counts it ran (sim/linear_cost.py); see Backend.warms_up. A warm-up the server refused is said, once
     per trial, and the trial goes on (its own requests tell whether the configuration serves)."""
-    from chunkbench.tune.calibration_runs import warm_up
+    from chunkbench.calibration.server_runs import warm_up
 
     if backend.warms_up and not warm_up(serve, config, seed + 1):
         console.print(f"[yellow]warning:[/] the server refused part of the untimed warm-up (budget "

@@ -1,0 +1,186 @@
+"""`compare` across load: each policy's capacity at an SLA and its latency-load curve, from one backend
+session per policy.
+
+Per policy: a *saturation run* (every request at once: its achieved throughput is the most the policy serves,
+and the point past saturation on the curve), then the capacity search of chunkbench/bench/capacity.py started there
+(tune --objective capacity's search, with rates above the saturation throughput infeasible: a finite run
+offered more can keep its median scheduling delay under the bound while its queue grows without end), then
+any --rates asked for. Every probe that ran to the end is a point
+of the curve (p99 TTFT, p99 and median ITL against achieved throughput). The comparison table is taken at the
+*common rate*, the highest rate every policy sustains (the smallest capacity): each policy runs there once
+more unless a probe already did.
+
+Without an --sla-*, the SLA is Sarathi-Serve's strict one: p99 TBT within 5x a decode iteration without
+prefill interference, their reference batch being 32 requests at 4k context (here no more than the workload's
+requests, its mean context and the model's context length), its time from the backend's cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunkbench.bench.backends import Backend
+from chunkbench.bench.capacity import Capacity, Probe, at_rate, meets, search_capacity
+from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.policies import chunks_prompts
+from chunkbench.engine.shape import StepShape
+from chunkbench.bench.runs import BenchRun, measure
+from chunkbench.bench.slo import SLO, violations
+from chunkbench.tune.early_stop import certain_miss
+from chunkbench.bench.workload import WorkloadRequest
+
+STRICT_FACTOR = 5  # Sarathi-Serve's strict TBT SLO: 5x a decode iteration without prefill interference
+REFERENCE_BATCH, REFERENCE_CONTEXT = 32, 4096
+
+
+@dataclass
+class PolicyLoad:
+    label: str
+    config: EngineConfig
+    saturation: BenchRun  # every request at once
+    found: Capacity
+    extra: list[Probe] = field(default_factory=list)  # --rates
+    runs: dict[float, BenchRun] = field(default_factory=dict)  # full runs by offered rate
+
+    @property
+    def capacity(self) -> float:
+        return self.found.capacity
+
+    def points(self) -> list[tuple[float, dict]]:
+        """(offered rate, summary) of every full run, by rate; the saturation run last (rate: infinity)."""
+        full = sorted((rate, run.summary) for rate, run in self.runs.items() if run.summary)
+        return full + [(float("inf"), self.saturation.summary)]
+
+    def limited_by(self, slos: list[SLO], max_sched_delay_ms: float) -> str:
+        """What the lowest rate above the capacity missed (from its run, or 'stopped early' when cut short)."""
+        above = sorted((p for p in self.found.probes if not p.feasible and p.rate > self.capacity),
+                       key=lambda p: p.rate)
+        if not above:
+            return "-"
+        probe = above[0]
+        if probe.above_ceiling:
+            return f"its saturation throughput {self.saturation.summary['request_throughput']:.3g} req/s"
+        if probe.summary is None:
+            return f"an SLA at {probe.rate:.3g} req/s (stopped early)"
+        missed = [str(s) for s, v in zip(slos, violations(probe.summary, slos)) if v > 0]
+        if probe.summary["median_scheduling_delay_ms"] > max_sched_delay_ms:
+            missed.append(f"median scheduling delay <= {max_sched_delay_ms:g} ms")
+        return f"{' and '.join(missed)} at {probe.rate:.3g} req/s"
+
+
+def decode_iteration_s(backend: Backend, config: EngineConfig,
+                       workload: list[WorkloadRequest]) -> tuple[float, str]:
+    """A decode-only step of the reference batch, by the backend's cost model; and what it was. The batch is
+    Sarathi-Serve's 32 requests at 4k context, but no more requests than the workload has nor more context than
+    its mean (prompt and half the output): a CPU run of a few requests never decodes 32 at 4k."""
+    mean_context = sum(w.prompt_len + w.output_len // 2 for w in workload) / len(workload)
+    context = int(min(REFERENCE_CONTEXT, config.scheduler.max_model_len, mean_context))
+    batch = min(REFERENCE_BATCH, config.scheduler.max_num_seqs, len(workload))
+    cost = backend.cost(config) if backend.kind == "sim" else backend.step_cost_model(config)[0]
+    step = StepShape((), (context,) * batch, batch)
+    return cost.predict(step), f"a decode step of {batch} requests at {context} tokens of context"
+
+
+def default_slo(backend: Backend, config: EngineConfig, workload: list[WorkloadRequest]) -> tuple[list[SLO], str]:
+    seconds, what = decode_iteration_s(backend, config, workload)
+    limit = round(STRICT_FACTOR * seconds * 1000, 1)
+    slo = SLO("tbt", 99.0, limit)
+    return [slo], (f"SLA: {slo} (Sarathi-Serve's strict SLO: {STRICT_FACTOR}x {what}, {seconds * 1000:.1f} ms on "
+                   f"{backend}); set --sla-tbt/--sla-ttft to choose")
+
+
+def sweep_policy(label: str, config: EngineConfig, backend: Backend, workload: list[WorkloadRequest],
+                 slos: list[SLO], max_sched_delay_ms: float, rates: list[float], bisections: int,
+                 count: int | None = None, seed: int = 0, goodput_ms: dict | None = None, warmup_steps: int = 3,
+                 on_probe=None) -> PolicyLoad:
+    """One policy's saturation run, capacity search and --rates (or `count` rates half an octave apart up
+    to its saturation throughput), in one session."""
+    early = backend.kind in ("sim", "engine")  # runs the harness can stop
+    percentiles = [s.percentile for s in slos]
+    runs: dict[float, BenchRun] = {}
+    with backend.session(config) as serve:
+        def run_at(requests: list[WorkloadRequest], rate: float, may_stop: bool) -> BenchRun:
+            stop = certain_miss(slos, max_sched_delay_ms, len(requests)) if early and may_stop else None
+            done = measure(serve, config, requests, label=label, goodput_ms=goodput_ms, seed=seed,
+                           warmup_steps=warmup_steps, progress=False, percentiles=percentiles, backend=str(backend),
+                           stop=stop)
+            if done.summary:
+                runs[rate] = done
+            if on_probe:
+                on_probe(label, rate, done.summary or None)
+            return done
+
+        saturation = run_at(at_rate(workload, 1e9), float("inf"), False)
+        runs.pop(float("inf"), None)
+        hint = saturation.summary["request_throughput"]
+
+        def probe(requests: list[WorkloadRequest], may_stop: bool) -> dict | None:
+            rate = len(requests) / max(requests[-1].arrival_time, 1e-9)
+            return run_at(requests, rate, may_stop).summary or None
+
+        found = search_capacity(probe, workload, slos, max_sched_delay_ms, hint, bisections, ceiling=hint)
+        extra = []
+        for rate in rates + [hint * 2 ** (-(count - i) / 2) for i in range(count or 0)]:
+            summary = run_at(at_rate(workload, rate), rate, False).summary
+            extra.append(Probe(rate, summary, meets(summary, slos, max_sched_delay_ms)))
+    return PolicyLoad(label, config, saturation, found, extra, runs)
+
+
+def common_rate(loads: list[PolicyLoad]) -> float | None:
+    """The highest rate every policy sustains: the smallest capacity (None when a policy met the SLAs at none)."""
+    capacities = [load.capacity for load in loads]
+    return min(capacities) if capacities and min(capacities) > 0 else None
+
+
+def run_at_common_rate(load: PolicyLoad, rate: float, backend: Backend, workload: list[WorkloadRequest],
+                       **options) -> BenchRun:
+    """The policy's full run at `rate`: its probe's when one ran there to the end, else a new run."""
+    for probed, run in load.runs.items():
+        if abs(probed - rate) <= 1e-9 * rate:
+            return run
+    with backend.session(load.config) as serve:
+        run = measure(serve, load.config, at_rate(workload, rate), label=load.label, backend=str(backend),
+                      progress=False, **options)
+    load.runs[rate] = run
+    return run
+
+
+def verdict(loads: list[PolicyLoad], slos: list[SLO], max_sched_delay_ms: float, resolution_pct: float,
+            steps: dict[str, tuple[float, float]] | None = None) -> str:
+    """One line: each policy's capacity against the first's at the SLA; where chunked does not sustain the
+    most, that it does not, what limited it, and what the runs at the common rate show (`steps`: per policy,
+    mean tokens per step and tokens per second of step time)."""
+    sla = " and ".join(map(str, slos))
+    first = loads[0]
+    parts = []
+    for load in loads[1:]:
+        if first.capacity > 0:
+            parts.append(f"{load.label} sustains {load.capacity / first.capacity:.2f}x {first.label}'s rate")
+        else:
+            parts.append(f"{load.label} {load.capacity:.3g} req/s ({first.label} met it at no rate)")
+    line = f"at {sla}: " + ("; ".join(parts) if parts else f"{first.label} sustains {first.capacity:.3g} req/s")
+    chunked = [load for load in loads if chunks_prompts(load.config.scheduler.policy)]
+    best = max(loads, key=lambda load: load.capacity)
+    if not chunked or len(loads) < 2 or best in chunked:
+        return line
+    load = max(chunked, key=lambda c: c.capacity)
+    if load.capacity * (1 + resolution_pct / 100) >= best.capacity:
+        return line + (f". Chunked prefill ties with {best.label} here, within the capacity search's resolution "
+                       f"({resolution_pct:.1f}%)")
+    line += (f". Chunked prefill does not win here: {best.label} sustains the most; {load.label} is limited by "
+             f"{load.limited_by(slos, max_sched_delay_ms)}")
+    if steps and load.label in steps and best.label in steps:
+        (size, speed), (best_size, best_speed) = steps[load.label], steps[best.label]
+        if speed < 0.9 * best_speed:
+            line += (f"; at the common rate its steps averaged {size:,.0f} tokens at {speed:,.0f} tokens per second "
+                     f"of step time, {best.label}'s {best_size:,.0f} at {best_speed:,.0f}: smaller steps cost "
+                     "throughput on this backend")
+    return line
+
+
+def step_figures(run: BenchRun) -> tuple[float, float] | None:
+    """(mean tokens per step, tokens per second of step time) of a run with steps (engine, simulator)."""
+    steps = run.result.steps
+    tokens = sum(s.prefill_tokens + s.decode_tokens for s in steps)
+    seconds = sum(s.seconds for s in steps)
+    return (tokens / len(steps), tokens / seconds) if steps and seconds > 0 else None

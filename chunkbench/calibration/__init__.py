@@ -1,0 +1,1 @@
+"""Fits: the GPU kernel constants to operator profiles, the simulator to a launched server, step-cost profiles."""

@@ -1,0 +1,149 @@
+"""Servers launched per configuration from a command template (`tune --backend launch --launch ...`): the
+template's placeholders ({model}, every knob, {vllm_flags}, {chunkbench_flags}, and the slot's {port}, {gpus},
+{cpus}, {slot}: chunkbench/launch/node.py), and the LaunchBackend that starts, checks, measures and stops one server
+per session.
+
+A launch is trusted only as far as it can be checked: its slot's port must be free before it starts, the
+server must still be alive when it is healthy and after each run, and the process that listens on the port
+must be the server (or one of its children) wherever /proc shows it. Every server runs under a watchdog
+(chunkbench/launch/guard.py, chunkbench/launch/process.py) that stops it when the tune closes its pipe or
+dies, SIGKILL included."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlsplit
+
+from chunkbench.bench.backends import Backend, EndpointBackend, Serve
+from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.knobs import KNOBS
+from chunkbench.errors import UserError
+from chunkbench.launch.gpu_monitor import GpuMonitor
+from chunkbench.launch.node import Slot, fill_endpoint
+from chunkbench.launch.ports import holder_text, port_busy
+from chunkbench.launch.process import LaunchError, Launched, check_not_stopping, check_owner, start_server
+
+__all__ = ["LaunchBackend", "LaunchError", "launch_command", "launch_values", "launches_vllm", "log_tail"]
+
+
+
+def launches_vllm(template: str) -> bool:
+    """Whether a --launch command starts vLLM: `vllm serve` (any path to the CLI), vLLM's API server module, or
+    a template filled with {vllm_flags}."""
+    return bool(re.search(r"(^|[\s/])vllm\s+serve\b|vllm\.entrypoints|\{vllm_flags\}", template))
+
+
+def launch_values(config: EngineConfig) -> dict:
+    """The placeholders of a --launch command: {model}, every knob of chunkbench/engine/knobs.py by name and by its vLLM
+    option (dashes as underscores), a knob the config leaves unset as 0 (vLLM's 'no cap'); and whole flag
+    lists with unset knobs left out: {vllm_flags} (vLLM's options, e.g. `vllm serve {model} {vllm_flags}`) and
+    {chunkbench_flags} (`chunkbench serve --model small {chunkbench_flags}`)."""
+    from chunkbench.tune.emit import chunkbench_flags, first_chunk_cap, vllm_option_flags
+
+    values = {"model": config.model.hf_dir or config.model.name}
+    for knob in KNOBS.values():
+        value = knob.read(config)
+        value = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        values[knob.name] = 0 if value in (None, "") else value
+    values["long_prefill_token_threshold"] = first_chunk_cap(config.scheduler) or 0
+    values |= {k.vllm.replace("-", "_"): values[k.name] for k in KNOBS.values() if k.vllm}
+    values |= {"vllm_flags": vllm_option_flags(config), "chunkbench_flags": chunkbench_flags(config)}
+    return values
+
+
+def launch_command(template: str, config: EngineConfig, slot: Slot | None = None) -> str:
+    values = launch_values(config) | (slot or Slot()).values()
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserError(f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
+                        f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
+
+
+def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
+    """The last non-blank lines of a server's log in one line, e.g. vLLM's `vllm: error: unrecognized ...`."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no output)"
+    kept = [line.strip()[:width] for line in text if line.strip()][-lines:]
+    return " | ".join(kept) or "(no output)"
+
+
+
+
+@dataclass
+class LaunchBackend(Backend):
+    """A server started for each config from a command template, measured over HTTP, stopped after the
+    session. Its output goes to `log` (tune keeps one per trial: trials/<n>/launch.log). A server that does not
+    come up, dies, or cannot be shown to be the one answering raises LaunchError (a failed trial, not a failed
+    study). `slot`: where it runs (for_slot gives one backend per slot)."""
+
+    launch: str  # the command, with {knob} and slot placeholders (launch_values, Slot.values)
+    endpoint: str  # its OpenAI base URL, e.g. http://127.0.0.1:{port}/v1
+    timeout_s: float = 300.0  # to wait for /health
+    client_options: dict = field(default_factory=dict)
+    slot: Slot = field(default_factory=Slot)
+    node: tuple[Slot, ...] = ()  # every slot of the tune (--slots); empty: this one
+    gpu_figures: dict = field(default_factory=dict, repr=False)  # the last session's NVML figures (gpu_monitor)
+    kind = "launch"
+    warms_up = True
+
+    @property
+    def slots(self) -> list["LaunchBackend"]:
+        """One backend per slot of the node, each launching into its own slot."""
+        return [replace(self, slot=slot, gpu_figures={}) for slot in self.node] or [self]
+
+    @property
+    def url(self) -> str:
+        return fill_endpoint(self.endpoint, self.slot)
+
+    @contextlib.contextmanager
+    def session(self, config: EngineConfig, log: Path | None = None) -> Iterator[Serve]:
+        from chunkbench.bench.client import wait_healthy
+
+        with contextlib.ExitStack() as stack:
+            where = f" (whole log: {log})" if log else ""
+            if log is None:  # nobody keeps it: a temporary file, still quoted when the launch fails
+                log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chunkbench-launch-"))) / "launch.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            url = self.url
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            if port_busy(parts.hostname or "127.0.0.1", port):
+                raise LaunchError(f"port {port} (slot {self.slot.index}) is already in use{holder_text(port)}: a server "
+                                  "from before, or another program; stop it, or choose another --port-base")
+            env = {"CUDA_VISIBLE_DEVICES": self.slot.values()["gpus"]} if self.slot.gpus else {}
+            server = start_server(launch_command(self.launch, config, self.slot), log, env, port)
+            stack.callback(server.stop)
+            try:
+                wait_healthy(url, self.timeout_s, server.guard)
+                owner = check_owner(server, port)
+            except RuntimeError as exc:
+                raise LaunchError(f"{exc}; its output ended: {log_tail(log)}{where}") from None
+            with log.open("a") as out:
+                out.write(f"chunkbench: healthy at {url}: {owner}\n")
+            monitor = GpuMonitor.maybe(self.slot.gpus)
+            if monitor is not None:
+                stack.callback(lambda: self.gpu_figures.update(monitor.stop()))
+            self.gpu_figures.clear()
+            with EndpointBackend(url, client_options=self.client_options).session(config) as serve:
+                yield self._checked(serve, server, port)
+
+    @staticmethod
+    def _checked(serve: Serve, server: Launched, port: int) -> Serve:
+        """Each run's figures count only if the server that served them is still the one on the port."""
+        def run(*args, **kwargs):
+            result = serve(*args, **kwargs)
+            check_not_stopping()  # its server was stopped under it
+            check_owner(server, port)
+            return result
+        return run
+
+    def __str__(self) -> str:
+        return f"launched server at {self.url}"

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server over the engine: routes, request models, responses, the engine thread."""

@@ -19,10 +19,14 @@ from chunkbench.engine.config import ConfigError
 from chunkbench.errors import Interrupted, StudyFailed, show_warning
 
 app = typer.Typer(
-    name="chunkbench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="chunkbench",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Measure and tune chunked prefill for LLM serving: token budgets, chunk caps, progressive chunk "
-         "schedules and batching policies, against TTFT / inter-token-latency SLAs.")
+    "schedules and batching policies, against TTFT / inter-token-latency SLAs.",
+)
 for module in (generate, run, profile, tune, gate, serve, kernels):
     module.register(app)
 
@@ -34,8 +38,9 @@ def reflow(text: str | None) -> str | None:
     if not text:
         return text
     paragraphs = inspect.cleandoc(text).split("\n\n")
-    return "\n\n".join(p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
-                       for p in paragraphs)
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines()) for p in paragraphs
+    )
 
 
 def _parameter_infos(callback: typing.Callable[..., typing.Any]) -> list[typer.models.ParameterInfo]:

@@ -2,9 +2,10 @@
 
 import math
 import sys
-import tomllib
 import typing
 from pathlib import Path
+
+import tomllib
 
 from chunkbench.engine.config import ConfigError
 
@@ -40,8 +41,15 @@ def read_toml(path: Path, flag: str) -> dict:
         raise UserError(f"{flag}: {str(path)!r} is not a file name") from None
 
 
-def check_number(flag: str, value, *, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, integer: bool = False):
+def check_number(
+    flag: str,
+    value,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    integer: bool = False,
+):
     """`value` if it is a finite number in range (an integer where `integer`), else a UserError naming the
     flag. NaN fails every comparison, so `value <= 0` alone lets it through: this is the one check to use."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -58,8 +66,14 @@ def check_number(flag: str, value, *, low: float | None = None, high: float | No
 _warned: set[str] = set()
 
 
-def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                 file: typing.TextIO | None = None, line: str | None = None) -> None:
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: typing.TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """warnings.showwarning for the CLI (and its worker processes): one line in the tool's voice, each message
     once per process (Python's default names the module's file and repeats its source line, which means
     nothing to a user)."""

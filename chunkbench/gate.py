@@ -12,23 +12,24 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import statistics
 import types
 import typing
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from chunkbench.bench.backends import Backend, EngineBackend, SimBackend
-from chunkbench.bench.runs import config_for_policy, environment, run_benchmark
-from chunkbench.engine import policies
 from chunkbench import sweeps
-from chunkbench.errors import UserError, check_number, read_toml
+from chunkbench.bench.backends import Backend, EngineBackend, SimBackend
 from chunkbench.bench.metrics import summarize
-from chunkbench.files import write_json
+from chunkbench.bench.runs import config_for_policy, environment, run_benchmark
 from chunkbench.bench.slo import parse_goodput
 from chunkbench.bench.workload import WorkloadSpec, build_workload
+from chunkbench.engine import policies
+from chunkbench.errors import UserError, check_number, read_toml
+from chunkbench.files import write_json
+
 
 def known_metrics() -> set[str]:
     return set(summarize([], [], 1.0, {"ttft": 1.0, "tpot": 1.0, "e2el": 1.0}, num_kv_blocks=1))
@@ -73,8 +74,11 @@ def _check_types(where: str, entry: dict) -> None:
     hints = typing.get_type_hints(Case)
     for key, value in entry.items():
         union = typing.get_origin(hints[key]) in (typing.Union, types.UnionType)
-        kinds = [typing.get_origin(k) or k for k in (typing.get_args(hints[key]) if union else (hints[key],))
-                 if k is not type(None)]
+        kinds = [
+            typing.get_origin(k) or k
+            for k in (typing.get_args(hints[key]) if union else (hints[key],))
+            if k is not type(None)
+        ]
         kinds += [int] if float in kinds else []
         if isinstance(value, bool) or not isinstance(value, tuple(kinds)):
             raise UserError(f"{where}: {key} must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
@@ -107,8 +111,10 @@ def load_suite(path: str | Path) -> list[Case]:
             if not isinstance(g, dict):
                 raise UserError(f"{where}: guard must be a list of {{ metric = ..., direction = ... }} tables")
             if g.get("metric") not in metrics:
-                raise UserError(f"{where}: unknown metric '{g.get('metric')}'; e.g. p99_itl_ms, median_ttft_ms, "
-                                "output_throughput, request_goodput")
+                raise UserError(
+                    f"{where}: unknown metric '{g.get('metric')}'; e.g. p99_itl_ms, median_ttft_ms, "
+                    "output_throughput, request_goodput"
+                )
             if g.get("direction") not in ("lower", "higher"):
                 raise UserError(f"{where}: metric {g['metric']}: direction must be 'lower' or 'higher' (is better)")
             tolerance = check_number(f"{where}: metric {g['metric']}: tolerance", g.get("tolerance", 0.05), low=0)
@@ -132,8 +138,15 @@ def load_suite(path: str | Path) -> list[Case]:
 
 def _run(case: Case, policy: str, workload, backend: Backend) -> dict:
     config = config_for_policy(case.base(), policy)
-    return run_benchmark(config, workload, backend=backend, goodput_ms=parse_goodput(case.goodput),
-                         seed=case.seed, progress=False, warmup_steps=3).summary
+    return run_benchmark(
+        config,
+        workload,
+        backend=backend,
+        goodput_ms=parse_goodput(case.goodput),
+        seed=case.seed,
+        progress=False,
+        warmup_steps=3,
+    ).summary
 
 
 def measure(case: Case) -> dict[str, list[float]]:
@@ -190,28 +203,38 @@ def judge(guard: Guard, case: str, baseline: float, samples: list[float]) -> Ver
 
 def run_gate(cases: list[Case], baseline_path: Path, update: bool) -> list[Verdict]:
     if not update and not baseline_path.exists():
-        raise UserError(f"--baseline: no baseline at {baseline_path}; record one on a known-good commit with "
-                        f"`chunkbench gate --suite SUITE --baseline {baseline_path} --update` and commit it")
+        raise UserError(
+            f"--baseline: no baseline at {baseline_path}; record one on a known-good commit with "
+            f"`chunkbench gate --suite SUITE --baseline {baseline_path} --update` and commit it"
+        )
     baseline = {} if update else _read_baseline(baseline_path)
     if not update:
         missing = [c.name for c in cases if c.name not in baseline]
         if missing:
-            raise UserError(f"--baseline {baseline_path} has no case(s) {', '.join(missing)}; re-record it "
-                            "with --update")
+            raise UserError(
+                f"--baseline {baseline_path} has no case(s) {', '.join(missing)}; re-record it with --update"
+            )
     measured = {case.name: measure(case) for case in cases}
     if update:
-        write_json({
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": environment(),
-            "cases": {name: {metric: {"value": statistics.median(s), "samples": s} for metric, s in m.items()}
-                      for name, m in measured.items()}}, baseline_path)
+        write_json(
+            {
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "machine": environment(),
+                "cases": {
+                    name: {metric: {"value": statistics.median(s), "samples": s} for metric, s in m.items()}
+                    for name, m in measured.items()
+                },
+            },
+            baseline_path,
+        )
         baseline = _read_baseline(baseline_path)
     verdicts = []
     for case in cases:
         for g in case.guard:
             if g.metric not in baseline[case.name]:
-                raise UserError(f"--baseline {baseline_path}: case {case.name} has no {g.metric}; re-record it "
-                                "with --update")
+                raise UserError(
+                    f"--baseline {baseline_path}: case {case.name} has no {g.metric}; re-record it with --update"
+                )
             verdicts.append(judge(g, case.name, baseline[case.name][g.metric]["value"], measured[case.name][g.metric]))
     return verdicts
 
@@ -225,8 +248,10 @@ def _read_baseline(path: Path) -> dict:
                 check_number("value", entry["value"])
         return cases
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, UserError) as exc:
-        raise UserError(f"--baseline {path} is not a chunkbench gate baseline ({type(exc).__name__}: {exc}); "
-                        "re-record it with --update") from None
+        raise UserError(
+            f"--baseline {path} is not a chunkbench gate baseline ({type(exc).__name__}: {exc}); "
+            "re-record it with --update"
+        ) from None
 
 
 def junit_xml(verdicts: list[Verdict]) -> str:
@@ -237,26 +262,39 @@ def junit_xml(verdicts: list[Verdict]) -> str:
     for v in verdicts:
         body = ""
         if v.verdict == "REGRESSED":
-            body = (f"<failure message={quoteattr(f'{v.metric} regressed {v.change:+.1%}')}>"
-                    f"{escape(describe(v))}</failure>")
-        cases.append(f'  <testcase classname={quoteattr("chunkbench.gate." + v.case)} name={quoteattr(v.metric)}>'
-                     f"{body}</testcase>")
-    return (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="chunkbench gate" tests="{len(verdicts)}" '
-            f'failures="{failures}">\n' + "\n".join(cases) + "\n</testsuite>\n")
+            body = (
+                f"<failure message={quoteattr(f'{v.metric} regressed {v.change:+.1%}')}>{escape(describe(v))}</failure>"
+            )
+        cases.append(
+            f"  <testcase classname={quoteattr('chunkbench.gate.' + v.case)} name={quoteattr(v.metric)}>"
+            f"{body}</testcase>"
+        )
+    return (
+        f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="chunkbench gate" tests="{len(verdicts)}" '
+        f'failures="{failures}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )
 
 
 def describe(v: Verdict) -> str:
     better = "lower" if v.direction == "lower" else "higher"
-    return (f"{v.case} {v.metric}: baseline {v.baseline:.4g}, now {v.now:.4g} ({v.change:+.1%}; 95% interval "
-            f"{v.interval[0]:.4g}..{v.interval[1]:.4g}; tolerance {v.tolerance:.0%}, {better} is better)")
+    return (
+        f"{v.case} {v.metric}: baseline {v.baseline:.4g}, now {v.now:.4g} ({v.change:+.1%}; 95% interval "
+        f"{v.interval[0]:.4g}..{v.interval[1]:.4g}; tolerance {v.tolerance:.0%}, {better} is better)"
+    )
 
 
 def markdown(verdicts: list[Verdict]) -> str:
     regressions = [v for v in verdicts if v.verdict == "REGRESSED"]
     headline = f"❌ {len(regressions)} regression(s)" if regressions else "✅ clean"
-    lines = [f"### chunkbench gate: {headline}",
-             "", "| case | metric | baseline | now | change | 95% interval | tolerance | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {v.case} | {v.metric} | {v.baseline:.4g} | {v.now:.4g} | {v.change:+.1%} | "
-              f"{v.interval[0]:.4g}..{v.interval[1]:.4g} | {v.tolerance:.0%} | {v.verdict} |" for v in verdicts]
+    lines = [
+        f"### chunkbench gate: {headline}",
+        "",
+        "| case | metric | baseline | now | change | 95% interval | tolerance | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {v.case} | {v.metric} | {v.baseline:.4g} | {v.now:.4g} | {v.change:+.1%} | "
+        f"{v.interval[0]:.4g}..{v.interval[1]:.4g} | {v.tolerance:.0%} | {v.verdict} |"
+        for v in verdicts
+    ]
     return "\n".join(lines) + "\n"

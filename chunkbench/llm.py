@@ -17,13 +17,14 @@ class LLM:
         self.engine = LLMEngine(EngineConfig.create(model, **engine_kwargs))
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "LLM":
+    def from_config(cls, config: EngineConfig) -> LLM:
         llm = cls.__new__(cls)
         llm.engine = LLMEngine(config)
         return llm
 
-    def generate_requests(self, prompt_token_ids: list[list[int]], sampling: SamplingParams | None = None,
-                          **sampling_kwargs) -> list[Request]:
+    def generate_requests(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams | None = None, **sampling_kwargs
+    ) -> list[Request]:
         """Run the prompts to completion; return their finished requests (rejected ones carry `error`).
 
         Sampling is `sampling`, or SamplingParams(**sampling_kwargs): max_tokens, temperature, top_p,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import typer
 import typer.core
@@ -76,8 +76,18 @@ def cli_reference() -> str:
         ctx = typer.Context(command, info_name=name)
         usage = " ".join([name, *command.collect_usage_pieces(ctx)])
         paragraphs = "\n\n".join(_cell(p) for p in (command.help or "").split("\n\n"))
-        out += [f"## `{name}`", "", paragraphs, "", "```", usage, "```", "",
-                "| option | type | help |", "|---|---|---|"]
+        out += [
+            f"## `{name}`",
+            "",
+            paragraphs,
+            "",
+            "```",
+            usage,
+            "```",
+            "",
+            "| option | type | help |",
+            "|---|---|---|",
+        ]
         out += [f"| `{f}` | {_cell(k)} | {_cell(h)} |" for f, k, h in option_rows(command)]
         out.append("")
     return "\n".join(out)
@@ -87,16 +97,20 @@ def knob_table() -> str:
     """chunkbench/engine/knobs.py as a table: chunkbench flag, vLLM option, SGLang flag, searchable, help."""
     from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
 
-    out = [f"| knob | chunkbench flag | vLLM {VLLM_VERSION} option | SGLang flag | searchable | help |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        f"| knob | chunkbench flag | vLLM {VLLM_VERSION} option | SGLang flag | searchable | help |",
+        "|---|---|---|---|---|---|",
+    ]
     for knob in KNOBS.values():
         vllm = f"`--{knob.vllm}`" if knob.vllm else "chunkbench only"
         if knob.vllm_before:
             vllm += f" (earlier: {knob.vllm_before})"
         flags = ", ".join(f"`{f}`" for f in knob.cli_flags)
         sglang = f"`{knob.sglang}`" if knob.sglang else "-"
-        out.append(f"| `{knob.name}` | {_cell(flags)} | {_cell(vllm)} | {_cell(sglang)} | "
-                   f"{'yes' if knob.searchable else 'no'} | {_cell(knob.help)} |")
+        out.append(
+            f"| `{knob.name}` | {_cell(flags)} | {_cell(vllm)} | {_cell(sglang)} | "
+            f"{'yes' if knob.searchable else 'no'} | {_cell(knob.help)} |"
+        )
     return "\n".join(out)
 
 
@@ -105,10 +119,12 @@ GENERATORS: dict[str, Callable[[], str]] = {"cli-reference": cli_reference, "kno
 
 def expand(markdown: str) -> str:
     """Replace each marker with its generated block; an unknown name fails the build."""
+
     def generate(match: re.Match[str]) -> str:
         if match.group(1) not in GENERATORS:
             raise ValueError(f"unknown generated block {match.group(1)!r}; known: {', '.join(GENERATORS)}")
         return GENERATORS[match.group(1)]()
+
     return MARKER.sub(generate, markdown)
 
 

@@ -10,10 +10,10 @@ a ratio, and the table prints the median ratio with its spread (lowest to highes
 
 vLLM (when .venv-vllm exists; --no-vllm skips it) runs in its own process, an in-process `LLM` with
 enforce_eager=True, dtype float32, in the vLLM tier's environment (tests/vllm/env.py: VLLM_CPU_KVCACHE_SPACE=1,
-TCMalloc preloaded when installed, as vLLM's CPU guide asks) but on torch's thread count here, as the other two engines, on the same weights saved as a
-Hugging Face directory, fed token ids, prefix caching off; it takes its turn after the other two in each phase
-of a round, its prefill also the faster of two. Its decode step is the batch's time from its last first token
-to its last token over 8, from vLLM's own request timestamps (log stats on).
+TCMalloc preloaded when installed, as vLLM's CPU guide asks) but on torch's thread count here, as the other two engines,
+on the same weights saved as a Hugging Face directory, fed token ids, prefix caching off; it takes its turn after the
+other two in each phase of a round, its prefill also the faster of two. Its decode step is the batch's time from its
+last first token to its last token over 8, from vLLM's own request timestamps (log stats on).
 
     .venv/bin/python scripts/engine_vs_transformers.py --model small
     .venv/bin/python scripts/engine_vs_transformers.py --model .venv-vllm/tiny-llama --prompt-len 1024
@@ -42,19 +42,29 @@ def vllm_worker(model_dir: str) -> None:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     spec = json.loads(Path(model_dir, "requests.json").read_text())
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
-              max_model_len=spec["max_model_len"], block_size=32,
-              max_num_batched_tokens=max(4096, len(spec["prompt"])),
-              max_num_seqs=max(256, len(spec["short"])),
-              enable_prefix_caching=False, disable_log_stats=False)  # repeated prompts are computed each time, as in the other two
-    prompts = {"prefill": [TokensPrompt(prompt_token_ids=spec["prompt"])],
-               "decode": [TokensPrompt(prompt_token_ids=row) for row in spec["short"]]}
+    llm = LLM(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=spec["max_model_len"],
+        block_size=32,
+        max_num_batched_tokens=max(4096, len(spec["prompt"])),
+        max_num_seqs=max(256, len(spec["short"])),
+        enable_prefix_caching=False,
+        disable_log_stats=False,
+    )  # repeated prompts are computed each time, as in the other two
+    prompts = {
+        "prefill": [TokensPrompt(prompt_token_ids=spec["prompt"])],
+        "decode": [TokensPrompt(prompt_token_ids=row) for row in spec["short"]],
+    }
 
     def seconds(name: str) -> float:
         """Prefill: the call's wall time. Decode: from the batch's last first token to its last token (the
         engine core's own timestamps), per step."""
-        params = SamplingParams(max_tokens=1 if name == "prefill" else 1 + DECODE_STEPS, temperature=0.0,
-                                ignore_eos=True, detokenize=False)
+        params = SamplingParams(
+            max_tokens=1 if name == "prefill" else 1 + DECODE_STEPS, temperature=0.0, ignore_eos=True, detokenize=False
+        )
         start = time.perf_counter()
         outputs = llm.generate(prompts[name], params, use_tqdm=False)
         if name == "prefill":
@@ -79,9 +89,14 @@ class VllmPeer:
 
         env = vllm_env(OMP_NUM_THREADS=str(torch.get_num_threads()))
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-peer-", suffix=".log", delete=False)
-        self.process = subprocess.Popen([str(VLLM_PYTHON), __file__, "--vllm-worker", model_dir],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                        text=True, env=env)
+        self.process = subprocess.Popen(
+            [str(VLLM_PYTHON), __file__, "--vllm-worker", model_dir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
         self._read()  # ready
 
     def _read(self) -> dict:
@@ -126,10 +141,17 @@ def run(args: argparse.Namespace) -> None:
 
     torch.manual_seed(0)
     budget = max(args.prompt_len, args.batch * SHORT_PROMPT)  # the decode batch's prompts in one step
-    engine = LLMEngine(EngineConfig.create(args.model, policy="chunked", max_num_batched_tokens=budget,
-                                           max_num_seqs=max(256, args.batch),
-                                           max_model_len=min(4096, ModelConfig.from_name(args.model).max_model_len),
-                                           num_blocks=2048, dtype="float32"))
+    engine = LLMEngine(
+        EngineConfig.create(
+            args.model,
+            policy="chunked",
+            max_num_batched_tokens=budget,
+            max_num_seqs=max(256, args.batch),
+            max_model_len=min(4096, ModelConfig.from_name(args.model).max_model_len),
+            num_blocks=2048,
+            dtype="float32",
+        )
+    )
     vocab = engine.config.model.vocab_size
     prompt = torch.randint(0, vocab, (args.prompt_len,)).tolist()
     short = torch.randint(0, vocab, (args.batch, SHORT_PROMPT))
@@ -201,10 +223,19 @@ def run(args: argparse.Namespace) -> None:
 def hf_model(engine, transformers):
     m = engine.config.model
     config = transformers.LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
-        head_dim=m.head_dim, max_position_embeddings=m.max_model_len, rope_theta=m.rope_theta,
-        rms_norm_eps=m.rms_norm_eps, tie_word_embeddings=m.tie_word_embeddings, attention_bias=m.qkv_bias)
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        max_position_embeddings=m.max_model_len,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.rms_norm_eps,
+        tie_word_embeddings=m.tie_word_embeddings,
+        attention_bias=m.qkv_bias,
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     missing, _ = model.load_state_dict(engine.executor.model.state_dict(), strict=False)  # the same weights
     missing = [k for k in missing if k != "lm_head.weight" or not m.tie_word_embeddings]
@@ -218,24 +249,31 @@ def start_vllm(args, model, prompt: list[int], short: list[list[int]], max_model
         return None
     folder = tempfile.mkdtemp(prefix="engine-vs-vllm-")
     model.save_pretrained(folder)  # the same weights, as a Hugging Face directory
-    Path(folder, "requests.json").write_text(json.dumps({"prompt": prompt, "short": short,
-                                                         "max_model_len": max_model_len}))
+    Path(folder, "requests.json").write_text(
+        json.dumps({"prompt": prompt, "short": short, "max_model_len": max_model_len})
+    )
     return VllmPeer(folder)
 
 
 def print_table(args, torch_version: str, threads: int, phases, seconds) -> None:
     have_vllm = bool(seconds[("prefill", "vllm")])
-    print(f"model {args.model}, fp32, torch {torch_version}, {threads} threads; {args.repeats} interleaved rounds"
-          f" after a warm-up; medians, spread = lowest-highest round" + ("; vLLM 0.32 CPU, float32, eager"
-                                                                         if have_vllm else ""))
+    print(
+        f"model {args.model}, fp32, torch {torch_version}, {threads} threads; {args.repeats} interleaved rounds"
+        f" after a warm-up; medians, spread = lowest-highest round"
+        + ("; vLLM 0.32 CPU, float32, eager" if have_vllm else "")
+    )
     head = "| phase | chunkbench tokens/s | transformers tokens/s | ratio (spread) |"
     print(head + (" vLLM CPU tokens/s | ratio to vLLM (spread) |" if have_vllm else ""))
     print("|---" * (6 if have_vllm else 4) + "|")
     for phase, (tokens, _) in phases.items():
         ours, hf, vllm = (seconds[(phase, name)] for name in ("ours", "hf", "vllm"))
         label = f"prefill ({args.prompt_len}-token prompt)" if phase == "prefill" else f"decode (batch {args.batch})"
-        cells = [label, f"{tokens / statistics.median(ours):,.0f}", f"{tokens / statistics.median(hf):,.0f}",
-                 ratio_cell(hf, ours)]
+        cells = [
+            label,
+            f"{tokens / statistics.median(ours):,.0f}",
+            f"{tokens / statistics.median(hf):,.0f}",
+            ratio_cell(hf, ours),
+        ]
         if have_vllm:
             cells += [f"{tokens / statistics.median(vllm):,.0f}", ratio_cell(vllm, ours)]
         print("| " + " | ".join(cells) + " |")

@@ -16,16 +16,15 @@ import json
 import statistics
 
 from chunkbench.bench.backends import SimBackend, engine_runner
+from chunkbench.bench.runs import measure, run_benchmark
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.executor import ModelExecutor
-from chunkbench.bench.runs import measure, run_benchmark
 from chunkbench.sim.fitted import FittedCostModel
 from chunkbench.sim.shape import StepShape
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 
-METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"),
-           ("output_throughput", "output tok/s"))
+METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"), ("output_throughput", "output tok/s"))
 CASES = [  # (label, workload spec) sized for `small` on a 2-core CPU: each real run takes a few minutes
     ("chat @0.3/s", WorkloadSpec(name="chat", num_requests=20, rate=0.3)),
     ("chat @0.6/s", WorkloadSpec(name="chat", num_requests=20, rate=0.6)),
@@ -56,18 +55,27 @@ class StepLog:
 
 def compare_case(model: str, profile: str, spec: WorkloadSpec, budget: int, real_repeats: int = 1) -> dict:
     num_blocks = FittedCostModel.load(profile).num_blocks
-    config = EngineConfig.create(model, policy="chunked", max_num_batched_tokens=budget, num_blocks=num_blocks,
-                                 max_model_len=8192 if model == "small" else None)
+    config = EngineConfig.create(
+        model,
+        policy="chunked",
+        max_num_batched_tokens=budget,
+        num_blocks=num_blocks,
+        max_model_len=8192 if model == "small" else None,
+    )
     workload = build_workload(spec, config.scheduler.max_model_len)
     log = StepLog(ModelExecutor(config))
     serve = engine_runner(lambda: LLMEngine(config, executor=log))
     reals = [measure(serve, config, workload, progress=False) for _ in range(real_repeats)]
     sim = run_benchmark(config, workload, backend=SimBackend(cost_model=profile), progress=False)
     runs = {k: [r.summary[k] for r in reals] for k, _ in METRICS}
-    return {"real": {k: statistics.median(v) for k, v in runs.items()}, "real_runs": runs,
-            "sim": {k: sim.summary[k] for k, _ in METRICS},
-            "real_wall_s": sum(r.result.wall_seconds for r in reals), "sim_wall_s": sim.result.wall_seconds,
-            "real_steps": [[list(map(list, s.prefills)), list(s.decodes), t] for s, t in log.steps]}
+    return {
+        "real": {k: statistics.median(v) for k, v in runs.items()},
+        "real_runs": runs,
+        "sim": {k: sim.summary[k] for k, _ in METRICS},
+        "real_wall_s": sum(r.result.wall_seconds for r in reals),
+        "sim_wall_s": sim.result.wall_seconds,
+        "real_steps": [[list(map(list, s.prefills)), list(s.decodes), t] for s, t in log.steps],
+    }
 
 
 def step_errors(profile: str, steps: list) -> list[str]:
@@ -84,8 +92,10 @@ def step_errors(profile: str, steps: list) -> list[str]:
         groups[kind][0] += 1
         groups[kind][1] += seconds
         groups[kind][2] += cost.predict(shape)
-    return [f"    {kind}: {n} steps, measured {real:.1f} s, predicted {pred:.1f} s ({(pred - real) / real:+.1%})"
-            for kind, (n, real, pred) in sorted(groups.items())]
+    return [
+        f"    {kind}: {n} steps, measured {real:.1f} s, predicted {pred:.1f} s ({(pred - real) / real:+.1%})"
+        for kind, (n, real, pred) in sorted(groups.items())
+    ]
 
 
 def main() -> None:
@@ -94,11 +104,15 @@ def main() -> None:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--budget", type=int, default=512)
     parser.add_argument("--json", default=None, help="also write the figures (and the real steps) here")
-    parser.add_argument("--steps", action="store_true",
-                        help="after each case, the cost model's error on the real run's steps, by kind of step")
+    parser.add_argument(
+        "--steps",
+        action="store_true",
+        help="after each case, the cost model's error on the real run's steps, by kind of step",
+    )
     parser.add_argument("--cases", default="", help="only the cases whose label starts with this (e.g. azure-conv)")
-    parser.add_argument("--real-repeats", type=int, default=1,
-                        help="real runs per case (>= 2 also shows how far apart they land)")
+    parser.add_argument(
+        "--real-repeats", type=int, default=1, help="real runs per case (>= 2 also shows how far apart they land)"
+    )
     args = parser.parse_args()
     rows, results = [], {}
     spread = args.real_repeats > 1

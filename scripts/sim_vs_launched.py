@@ -29,14 +29,14 @@ import optuna
 import pandas as pd
 
 from chunkbench.bench.backends import SimBackend
+from chunkbench.bench.slo import SLO
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.files import write_text
 from chunkbench.sim.server_calibration import ServerCalibration
-from chunkbench.bench.slo import SLO
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 FIGURES = ("request_goodput", "median_ttft_ms", "p99_ttft_ms", "p99_itl_ms", "p99_e2el_ms")
 VERIFIED = ("request_goodput", "p99_ttft_ms", "p99_itl_ms")  # what a presearch's verification compares
@@ -59,8 +59,10 @@ def error(simulated: float | None, measured: float | None) -> float | None:
 
 
 def summary(label: str, errors: list[float]) -> str:
-    return (f"| {label} | {len(errors)} | {100 * statistics.median(errors):+.1f}% | "
-            f"{100 * statistics.mean(errors):+.1f}% | {sum(abs(e) <= WITHIN for e in errors)} |")
+    return (
+        f"| {label} | {len(errors)} | {100 * statistics.median(errors):+.1f}% | "
+        f"{100 * statistics.mean(errors):+.1f}% | {sum(abs(e) <= WITHIN for e in errors)} |"
+    )
 
 
 def verified_rows(study: optuna.Study, path: Path, simulated: dict[int, dict]) -> None:
@@ -77,8 +79,10 @@ def verified_rows(study: optuna.Study, path: Path, simulated: dict[int, dict]) -
         best = max(runs, key=lambda t: t.values[0])
         for figure in VERIFIED:
             measured = record["metrics"].get(figure)
-            for side, figures in (("simulated", simulated[best.number]),
-                                  ("its best single run", best.user_attrs["metrics"])):
+            for side, figures in (
+                ("simulated", simulated[best.number]),
+                ("its best single run", best.user_attrs["metrics"]),
+            ):
                 if (e := error(figures.get(figure), measured)) is not None:
                     pairs[side].append(e)
     for side, errors in pairs.items():
@@ -101,10 +105,15 @@ def main() -> None:
     storage = f"sqlite:///{folder / 'study.db'}"
     study = optuna.load_study(study_name=optuna.study.get_all_study_names(storage)[0], storage=storage)
     space = SearchSpace.load(args.space)
-    spec = TuneSpec(model=study.user_attrs.get("model", "small"), slos=slos_of(study), space=space,
-                    workload=WorkloadSpec(**space.workload), backend=None,
-                    objective=study.user_attrs.get("objective", "goodput"),
-                    engine_overrides={"num_blocks": args.num_blocks})
+    spec = TuneSpec(
+        model=study.user_attrs.get("model", "small"),
+        slos=slos_of(study),
+        space=space,
+        workload=WorkloadSpec(**space.workload),
+        backend=None,
+        objective=study.user_attrs.get("objective", "goodput"),
+        engine_overrides={"num_blocks": args.num_blocks},
+    )
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     backend = SimBackend(server_calibration=ServerCalibration.load(args.calibration))
     rows, simulated = [], {}
@@ -113,8 +122,14 @@ def main() -> None:
         if trial.state != optuna.trial.TrialState.COMPLETE or not measured:
             continue
         sim = simulated[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=backend).metrics
-        rows.append({"trial": trial.number} | {f"{k} {side}": figures.get(k) for k in FIGURES
-                                               for side, figures in (("sim", sim), ("measured", measured))})
+        rows.append(
+            {"trial": trial.number}
+            | {
+                f"{k} {side}": figures.get(k)
+                for k in FIGURES
+                for side, figures in (("sim", sim), ("measured", measured))
+            }
+        )
     slas = ", ".join(map(str, spec.slos))
     print(f"{len(rows)} launched trials of {folder} against {args.calibration} ({slas})")
     print("| figure | trials | median error | mean error | within 15% |\n|---|---|---|---|---|")

@@ -33,9 +33,9 @@ def main() -> None:
 
     import numpy as np
 
+    from chunkbench.bench.workload import WorkloadRequest
     from chunkbench.calibration.server import copy_sums
     from chunkbench.calibration.server_runs import design_requests, designs, run_figures, warm_up
-    from chunkbench.bench.workload import WorkloadRequest
     from tests.vllm.test_server_calibration import tier_launch, tune_spec
 
     launch = tier_launch()
@@ -51,9 +51,12 @@ def main() -> None:
             figures = run_figures(serve(requests, seed=2 * k, warmup_steps=0, progress=False))
             sums = [round(s) for s in copy_sums(figures, once)]
             gaps = np.asarray(figures["itl_ms"])
-            print(f"pass {k}: ITL median {np.median(gaps):.2f} mean {gaps.mean():.2f} p99 "
-                  f"{np.percentile(gaps, 99):.2f} ms, longest gap {gaps.max():.0f} ms; E2EL of each repeat's "
-                  f"shared requests {sums} ms", flush=True)
+            print(
+                f"pass {k}: ITL median {np.median(gaps):.2f} mean {gaps.mean():.2f} p99 "
+                f"{np.percentile(gaps, 99):.2f} ms, longest gap {gaps.max():.0f} ms; E2EL of each repeat's "
+                f"shared requests {sums} ms",
+                flush=True,
+            )
         lengths = [int(n) for n in args.prompts.split(",") if n]
         for seed in range(2):
             for n in lengths:
@@ -63,8 +66,11 @@ def main() -> None:
             decodes = [WorkloadRequest(32, 150, 0.0)] * 6
             mixed = serve(decodes + [WorkloadRequest(n, 2, 0.15 + 0.3 * k) for k in range(4)], seed=500 + n)
             gaps = 1e3 * np.concatenate([r.itls for r in mixed.requests[:6]])
-            print(f"prompt {n} among 6 decodes: TTFT {[round(1e3 * r.ttft, 1) for r in mixed.requests[6:]]} ms, "
-                  f"the decodes' ITL median {np.median(gaps):.2f} ms, longest {gaps.max():.1f}", flush=True)
+            print(
+                f"prompt {n} among 6 decodes: TTFT {[round(1e3 * r.ttft, 1) for r in mixed.requests[6:]]} ms, "
+                f"the decodes' ITL median {np.median(gaps):.2f} ms, longest {gaps.max():.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

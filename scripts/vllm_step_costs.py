@@ -8,7 +8,8 @@ eager, prefix caching off; each step is one engine.step() carrying prompts of on
   the same 20 again; the median step of each pass.
 - --scan: one prompt of each length in --sizes, three times each, the median (twice, after a pass that ran each).
 
-    VLLM_CPU_KVCACHE_SPACE=1 VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python scripts/vllm_step_costs.py .venv-vllm/tiny-llama
+    VLLM_CPU_KVCACHE_SPACE=1 VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python scripts/vllm_step_costs.py
+    .venv-vllm/tiny-llama
     LD_PRELOAD=libtcmalloc_minimal.so.4 ... (as the vLLM tier serves it: tests/vllm/env.py vllm_env)
 """
 
@@ -34,16 +35,26 @@ def main() -> None:
     from vllm import EngineArgs, LLMEngine, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    engine = LLMEngine.from_engine_args(EngineArgs(
-        model=args.model, enforce_eager=True, dtype="float32", max_model_len=2048, block_size=32,
-        max_num_batched_tokens=args.budget, enable_prefix_caching=False))
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(
+            model=args.model,
+            enforce_eager=True,
+            dtype="float32",
+            max_model_len=2048,
+            block_size=32,
+            max_num_batched_tokens=args.budget,
+            enable_prefix_caching=False,
+        )
+    )
     rng, sent = random.Random(0), [0]
 
     def step_ms(prompt_len: int) -> float:
         sent[0] += 1
-        engine.add_request(f"r{sent[0]}", TokensPrompt(prompt_token_ids=[rng.randrange(10, 600)
-                                                                         for _ in range(prompt_len)]),
-                           SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0))
+        engine.add_request(
+            f"r{sent[0]}",
+            TokensPrompt(prompt_token_ids=[rng.randrange(10, 600) for _ in range(prompt_len)]),
+            SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0),
+        )
         start = time.perf_counter()
         engine.step()
         seconds = time.perf_counter() - start
@@ -65,8 +76,10 @@ def main() -> None:
         return
     for base in (100, 700, 1400):
         forty, twenty = [base + i for i in range(40)], [base + 100 + i for i in range(20)]
-        print(f"~{base} tokens, median ms: 40 new {median_ms(forty)}, the same again {median_ms(forty)}; "
-              f"20 new {median_ms(twenty)}, the same again {median_ms(twenty)}")
+        print(
+            f"~{base} tokens, median ms: 40 new {median_ms(forty)}, the same again {median_ms(forty)}; "
+            f"20 new {median_ms(twenty)}, the same again {median_ms(twenty)}"
+        )
 
 
 if __name__ == "__main__":

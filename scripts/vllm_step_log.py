@@ -30,8 +30,12 @@ from tests.vllm.conftest import VLLM_CLI, vllm_env  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--design", default="workload", choices=("prefill", "decode", "mixed", "workload", "held-out"),
-                        help="which calibration run's requests to serve, or the calibration test's held-out workload")
+    parser.add_argument(
+        "--design",
+        default="workload",
+        choices=("prefill", "decode", "mixed", "workload", "held-out"),
+        help="which calibration run's requests to serve, or the calibration test's held-out workload",
+    )
     parser.add_argument("--passes", type=int, default=3, help="times the design's requests are served on the launch")
     parser.add_argument("--min-tokens", type=int, default=200, help="list the steps of at least this many tokens")
     args = parser.parse_args()
@@ -42,8 +46,8 @@ def main() -> None:
     import numpy as np
 
     from chunkbench.bench.metrics import summarize
-    from chunkbench.calibration.server_runs import design_requests, designs, warm_up
     from chunkbench.bench.workload import build_workload
+    from chunkbench.calibration.server_runs import design_requests, designs, warm_up
     from tests.vllm.test_server_calibration import HELD_OUT, HELD_OUT_BUDGET, tier_launch, tune_spec
 
     launch = tier_launch()
@@ -54,8 +58,9 @@ def main() -> None:
     else:
         design = next(d for d in designs(spec) if d.name == args.design)
         config = spec.base_config(**design.knobs)
-        requests = design_requests(asdict(design.workload), design.take, design.primer,
-                                   config.scheduler.max_model_len, design.repeat)
+        requests = design_requests(
+            asdict(design.workload), design.take, design.primer, config.scheduler.max_model_len, design.repeat
+        )
     passes, figures = [], []  # each pass's (start, end) on perf_counter's clock, the engine core log's too
     with launch.session(config, log=log_dir / "server.log") as serve:
         warm_up(serve, config, seed=1)
@@ -72,15 +77,20 @@ def main() -> None:
         if not len(served):
             print(f"pass {k}: no step logged")
             continue
-        print(f"pass {k}: {len(served)} steps, {served[:, 4].sum():.0f} page faults, resident memory "
-              f"{served[0, 7]:.0f} -> {served[-1, 7]:.0f} MB; median TTFT {summary['median_ttft_ms']:.2f} ms, "
-              f"p99 ITL {summary['p99_itl_ms']:.2f} ms")
+        print(
+            f"pass {k}: {len(served)} steps, {served[:, 4].sum():.0f} page faults, resident memory "
+            f"{served[0, 7]:.0f} -> {served[-1, 7]:.0f} MB; median TTFT {summary['median_ttft_ms']:.2f} ms, "
+            f"p99 ITL {summary['p99_itl_ms']:.2f} ms"
+        )
     print(f"steps of {args.min_tokens} tokens or more (the server's log and all steps: {log_dir}):")
     print("  pass       ms  tokens  first-chunk tokens  decodes  page faults  system ms  resident MB")
     for start, end, tokens, _, faults, _, system_ms, rss, first, _, decodes in steps[steps[:, 2] >= args.min_tokens]:
         where = next((str(k) for k, (a, b) in enumerate(passes) if a <= start <= b), "warm-up")
-        print(f"  {where:7s} {1e3 * (end - start):6.1f} {tokens:7.0f} {first:19.0f} {decodes:8.0f} {faults:12.0f} "
-              f"{system_ms:10.1f} {rss:12.0f}")
+        print(
+            f"  {where:7s} {1e3 * (end - start):6.1f} {tokens:7.0f} {first:19.0f} {decodes:8.0f} {faults:12.0f} "
+            f"{system_ms:10.1f} {rss:12.0f}"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-
 BUILTIN = str(resources.files(__name__))  # where the built-in files lie: a space from there is not the user's
 
 

@@ -22,9 +22,11 @@ def check_real_time(requests: list, where: str) -> None:
     """Refuse a workload whose arrivals would keep a real-clock run waiting for more than MAX_REAL_WAIT_S."""
     span = arrival_span(requests)
     if span > MAX_REAL_WAIT_S:
-        raise UserError(f"the workload's arrivals span {span:,.0f} s ({span / 86400:,.1f} days) of waiting on {where}; "
-                        f"at most {MAX_REAL_WAIT_S // 86400} days: raise --rate, lower --time-scale, or simulate it "
-                        "(--backend sim)")
+        raise UserError(
+            f"the workload's arrivals span {span:,.0f} s ({span / 86400:,.1f} days) of waiting on {where}; "
+            f"at most {MAX_REAL_WAIT_S // 86400} days: raise --rate, lower --time-scale, or simulate it "
+            "(--backend sim)"
+        )
 
 
 RAMP_UPS = ("linear", "exponential")
@@ -41,8 +43,9 @@ def ramp_rates(strategy: str, start: float, end: float, n: int) -> np.ndarray:
     raise UserError(f"--ramp-up-strategy must be one of {', '.join(RAMP_UPS)}, got '{strategy}'")
 
 
-def vllm_arrivals(n: int, rate: float, burstiness: float, seed: int,
-                  ramp: tuple[str, float, float] | None = None) -> np.ndarray:
+def vllm_arrivals(
+    n: int, rate: float, burstiness: float, seed: int, ramp: tuple[str, float, float] | None = None
+) -> np.ndarray:
     """The send times of `vllm bench serve --request-rate RATE --burstiness B --seed SEED` (0.32's get_request):
     after np.random.seed(seed), one gamma gap per request (shape B, scale 1/(rate B); the first request waits
     its gap too), summed, then rescaled so the last is due at n / rate. With `ramp` (strategy, start, end:
@@ -63,8 +66,15 @@ def vllm_arrivals(n: int, rate: float, burstiness: float, seed: int,
     return due
 
 
-def sample_arrivals(kind: str, n: int, rate: float, burstiness: float, rng: np.random.Generator,
-                    seed: int = 0, ramp: tuple[str, float, float] | None = None) -> np.ndarray:
+def sample_arrivals(
+    kind: str,
+    n: int,
+    rate: float,
+    burstiness: float,
+    rng: np.random.Generator,
+    seed: int = 0,
+    ramp: tuple[str, float, float] | None = None,
+) -> np.ndarray:
     """Arrival times (s). gamma follows vLLM's shape: shape = burstiness, mean gap = 1/rate; burstiness 1 =
     poisson. vllm: vLLM's own schedule for `seed` (vllm_arrivals), the other kinds draw from `rng`. `ramp`
     (strategy, start, end): the rate rises (or falls) over the requests instead of staying at `rate`."""

@@ -29,10 +29,19 @@ class Resolved:
     verify: bool = False  # search only: re-measure the best trials on the real engine
 
 
-def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | None = None,
-            search: bool = False, launch: str | None = None, endpoint: str | None = None,
-            launch_timeout_s: float = 300.0, config: EngineConfig | None = None,
-            engine_overhead: str | None = None) -> Resolved:
+def resolve(
+    kind: str,
+    model: str,
+    *,
+    gpu: str | None = None,
+    cost_model: str | None = None,
+    search: bool = False,
+    launch: str | None = None,
+    endpoint: str | None = None,
+    launch_timeout_s: float = 300.0,
+    config: EngineConfig | None = None,
+    engine_overhead: str | None = None,
+) -> Resolved:
     """`auto` for a run: the real engine unless the model is too large for this machine, then the simulator
     on a stated GPU. `auto` for a search (`search=True`): the simulator, calibrated by this machine's profile
     of the model when there is one, with the best trials verified on the real engine when the model runs
@@ -59,8 +68,10 @@ def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | 
         return Resolved(EngineBackend())
     if limitation and kind == "auto":
         chosen = _simulated(gpu, cost_model, engine_overhead)
-        return Resolved(chosen.backend, f"{limitation.split(' needs')[0]}: {chosen.note}"
-                        + ("" if gpu else "; pass --gpu to choose"))
+        return Resolved(
+            chosen.backend,
+            f"{limitation.split(' needs')[0]}: {chosen.note}" + ("" if gpu else "; pass --gpu to choose"),
+        )
     if kind == "sim" or gpu or (cost_model and not search):
         return _simulated(gpu, cost_model, engine_overhead)
     local = runs_here(model)
@@ -68,21 +79,28 @@ def resolve(kind: str, model: str, *, gpu: str | None = None, cost_model: str | 
         if local:
             return Resolved(EngineBackend())
         chosen = _simulated(None, None, engine_overhead)
-        return Resolved(chosen.backend, f"no CUDA device here and {model} is larger than 'small': {chosen.note}; "
-                                        "pass --gpu to choose")
+        return Resolved(
+            chosen.backend,
+            f"no CUDA device here and {model} is larger than 'small': {chosen.note}; pass --gpu to choose",
+        )
     from chunkbench.calibration.profile import profile_path
 
     profile = cost_model or profile_path(device_name(), ModelConfig.from_name(model).name)
     if cost_model or os.path.exists(profile):  # a missing --cost-model fails when it is loaded, by name
-        return Resolved(SimBackend(cost_model=profile), f"searching in simulation calibrated by {profile}"
-                        + ("; the best trials are re-measured on the real engine" if local else ""), verify=local)
+        return Resolved(
+            SimBackend(cost_model=profile),
+            f"searching in simulation calibrated by {profile}"
+            + ("; the best trials are re-measured on the real engine" if local else ""),
+            verify=local,
+        )
     hint = f" (run `chunkbench profile --model {model}` to calibrate for this machine)" if local else ""
     backend = SimBackend(DEFAULT_SIM_GPU, engine_overhead=engine_overhead)
     return Resolved(backend, f"searching SIMULATED with the {backend.roofline_label()}{hint}; no real-engine check")
 
 
 def _simulated(gpu: str | None, cost_model: str | None, engine_overhead: str | None = None) -> Resolved:
-    backend = SimBackend(gpu=None if cost_model else gpu or DEFAULT_SIM_GPU, cost_model=cost_model,
-                         engine_overhead=engine_overhead)
+    backend = SimBackend(
+        gpu=None if cost_model else gpu or DEFAULT_SIM_GPU, cost_model=cost_model, engine_overhead=engine_overhead
+    )
     what = f"profile {cost_model}" if cost_model else f"the {backend.roofline_label()}"
     return Resolved(backend, f"the figures below are SIMULATED with {what}")

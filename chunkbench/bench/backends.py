@@ -4,24 +4,24 @@ OpenAI-compatible server that is already running, or one launched per configurat
 Every backend opens a *session* for one engine config (`with backend.session(config) as serve:`) and serves
 any number of workloads in it (`serve(workload, seed=..., ...)` -> RunResult): a capacity search probes many
 arrival rates against one launched server, and `compare` reuses one set of weights. A server launched per
-configuration is chunkbench/launch/backend.py's LaunchBackend; chunkbench/bench/backend_choice.py's `resolve()` turns the
-user's `--backend auto|engine|sim|launch` into one of them, once.
+configuration is chunkbench/launch/backend.py's LaunchBackend; chunkbench/bench/backend_choice.py's `resolve()` turns
+the user's `--backend auto|engine|sim|launch` into one of them, once.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
+from chunkbench.bench.harness import RunResult, run_workload
+from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.engine.config import MAX_NUM_BLOCKS, EngineConfig
 from chunkbench.engine.engine import CpuClock, LLMEngine
 from chunkbench.engine.sharding import single_device_limitation
 from chunkbench.errors import UserError
-from chunkbench.bench.harness import RunResult, run_workload
-from chunkbench.bench.workload import WorkloadRequest
 
 DEFAULT_SIM_GPU = "h100-sxm"
 Serve = Callable[..., RunResult]  # serve(workload, *, seed, warmup_steps, progress, label) -> RunResult
@@ -35,8 +35,7 @@ class Backend(ABC):
     warms_up: bool = False
 
     @abstractmethod
-    def session(self, config: EngineConfig | None,
-                log: Path | None = None) -> contextlib.AbstractContextManager[Serve]:
+    def session(self, config: EngineConfig | None, log: Path | None = None) -> contextlib.AbstractContextManager[Serve]:
         """A context in which workloads run on `config` (None: a server as it is). `log`: where a server this
         session starts writes its output (LaunchBackend); the other backends start none and ignore it."""
 
@@ -47,9 +46,18 @@ class Backend(ABC):
 
 def engine_runner(make_engine: Callable[[], LLMEngine]) -> Serve:
     """Serve workloads on engines from `make_engine`, a fresh one (scheduler, cache, clock) per workload."""
+
     def serve(workload, *, seed=0, warmup_steps=3, progress=True, label="run", stop=None) -> RunResult:
-        return run_workload(make_engine(), workload, seed=seed, warmup_steps=warmup_steps, progress=progress,
-                            description=label, stop=stop)
+        return run_workload(
+            make_engine(),
+            workload,
+            seed=seed,
+            warmup_steps=warmup_steps,
+            progress=progress,
+            description=label,
+            stop=stop,
+        )
+
     return serve
 
 
@@ -75,10 +83,15 @@ class EngineBackend(Backend):
 
         def make() -> LLMEngine:
             step_cost = OnlineCorrection(cost.predict) if cost else None  # each run learns the ratio afresh
-            engine = LLMEngine(config, executor=self._executors.get(key), clock=CpuClock() if self.cpu_time else None,
-                               step_cost=step_cost)
+            engine = LLMEngine(
+                config,
+                executor=self._executors.get(key),
+                clock=CpuClock() if self.cpu_time else None,
+                step_cost=step_cost,
+            )
             self._executors[key] = engine.executor
             return engine
+
         with one_torch_thread(self.cpu_time):
             yield engine_runner(make)
 
@@ -88,8 +101,16 @@ class EngineBackend(Backend):
     @staticmethod
     def _key(config: EngineConfig) -> tuple:
         """What an executor depends on: configs equal in these share one."""
-        return (config.model, config.cache, config.device, config.dtype, config.attention_backend, config.seed,
-                config.scheduler.max_num_seqs, config.scheduler.max_model_len)
+        return (
+            config.model,
+            config.cache,
+            config.device,
+            config.dtype,
+            config.attention_backend,
+            config.seed,
+            config.scheduler.max_num_seqs,
+            config.scheduler.max_model_len,
+        )
 
     def executor(self, config: EngineConfig):
         from chunkbench.engine.executor import ModelExecutor
@@ -108,8 +129,11 @@ class EngineBackend(Backend):
         key = ("cost",) + self._key(config)
         if key not in self._executors:
             path = saved_profile(config)
-            self._executors[key] = ((FittedCostModel.load(path), f"the profile {path}") if path else
-                                    (quick_profile(config, self.executor(config)), "a quick calibration"))
+            self._executors[key] = (
+                (FittedCostModel.load(path), f"the profile {path}")
+                if path
+                else (quick_profile(config, self.executor(config)), "a quick calibration")
+            )
         return self._executors[key]
 
 
@@ -137,8 +161,10 @@ class SimBackend(Backend):
             return self.server_calibration.cost_model(config)
         if self.cost_model:
             if engine_limitation(config):  # a profile times one device in the model's dtype
-                raise UserError(f"--cost-model profiles the real engine on one device: {engine_limitation(config)}"
-                                "; use --gpu (the roofline) instead")
+                raise UserError(
+                    f"--cost-model profiles the real engine on one device: {engine_limitation(config)}"
+                    "; use --gpu (the roofline) instead"
+                )
             return FittedCostModel.load(self.cost_model)
         return RooflineCostModel.for_config(config, gpu_spec(self.gpu or DEFAULT_SIM_GPU), self.engine_overhead)
 
@@ -148,8 +174,11 @@ class SimBackend(Backend):
         from chunkbench.sim.server_calibration import delayed
 
         cost = self.cost(config)
-        num_blocks = (config.cache.num_blocks or getattr(self.server_calibration, "num_blocks", None)
-                      or min(cost.kv_blocks(config), MAX_NUM_BLOCKS))  # more blocks than that are never used
+        num_blocks = (
+            config.cache.num_blocks
+            or getattr(self.server_calibration, "num_blocks", None)
+            or min(cost.kv_blocks(config), MAX_NUM_BLOCKS)
+        )  # more blocks than that are never used
         serve = engine_runner(lambda: sim_engine(config, cost, num_blocks, self.fast_forward))
         yield delayed(serve, self.server_calibration)  # a linear calibration's client latency, if any
 
@@ -160,13 +189,12 @@ class SimBackend(Backend):
 
     def roofline_label(self) -> str:
         """Which GPU, which calibration (or 'uncalibrated') and which engine's step overhead the roofline uses."""
-        from chunkbench.sim.kernel_constants import calibration_for
         from chunkbench.sim.engine_overhead import engine_overhead
+        from chunkbench.sim.kernel_constants import calibration_for
 
         gpu = self.gpu or DEFAULT_SIM_GPU
         overhead, engine = engine_overhead(self.engine_overhead)
-        return (f"roofline on {gpu} ({calibration_for(gpu).label}; {engine} step overhead "
-                f"{overhead * 1e3:g} ms)")
+        return f"roofline on {gpu} ({calibration_for(gpu).label}; {engine} step overhead {overhead * 1e3:g} ms)"
 
 
 @dataclass
@@ -182,8 +210,14 @@ class EndpointBackend(Backend):
     kind = "endpoint"
 
     @classmethod
-    def connect(cls, endpoint: str, model: str | None = None, vocab_size: int | None = None,
-                tokenizer: str | None = None, **client_options) -> "EndpointBackend":
+    def connect(
+        cls,
+        endpoint: str,
+        model: str | None = None,
+        vocab_size: int | None = None,
+        tokenizer: str | None = None,
+        **client_options,
+    ) -> EndpointBackend:
         """Read the server's model card (/v1/models): the model name to send and the context length when the
         server reports it (chunkbench serve and vLLM do). The vocabulary (vocab.resolve_vocab_size) is needed
         for token-id prompts only: chat prompts are text."""
@@ -213,13 +247,15 @@ class EndpointBackend(Backend):
         def serve(workload, *, seed=0, warmup_steps=0, progress=False, label="run") -> RunResult:
             vocab = self.vocab_size or (config.model.vocab_size if config else 32000)
             before = scrape_metrics(self.endpoint)
-            result = asyncio.run(bench_endpoint(self.endpoint, workload, vocab,
-                                                self.model, seed=seed, **self.client_options))
+            result = asyncio.run(
+                bench_endpoint(self.endpoint, workload, vocab, self.model, seed=seed, **self.client_options)
+            )
             ttfts = [r.ttft for r in result.records if r.ok]
             server = server_figures(before, scrape_metrics(self.endpoint), ttfts)
             if self.client_options.get("probe_rate"):
                 server |= probe_figures(result.probes)
             return RunResult(result.records, [], result.duration, 0, server=server)
+
         yield serve
 
     def __str__(self) -> str:

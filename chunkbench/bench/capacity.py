@@ -11,8 +11,8 @@ fewer probes. Then `bisections` geometric halvings; resolution 2**(1 / 2**bisect
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from chunkbench.bench.slo import SLO, violations
 from chunkbench.bench.workload import WorkloadRequest, add_probes
@@ -37,7 +37,7 @@ class Capacity:
 
 
 def resolution_pct(bisections: int = BISECTIONS) -> float:
-    return 100 * (2 ** (1 / 2 ** bisections) - 1)
+    return 100 * (2 ** (1 / 2**bisections) - 1)
 
 
 def base_rate(workload: list[WorkloadRequest]) -> float:
@@ -56,13 +56,22 @@ def at_rate(workload: list[WorkloadRequest], rate: float) -> list[WorkloadReques
 
 
 def meets(summary: dict | None, slos: list[SLO], max_sched_delay_ms: float) -> bool:
-    return summary is not None and max(violations(summary, slos), default=0) <= 0 and \
-        summary["median_scheduling_delay_ms"] <= max_sched_delay_ms
+    return (
+        summary is not None
+        and max(violations(summary, slos), default=0) <= 0
+        and summary["median_scheduling_delay_ms"] <= max_sched_delay_ms
+    )
 
 
-def search_capacity(run: Callable[[list[WorkloadRequest], bool], dict | None], workload: list[WorkloadRequest],
-                    slos: list[SLO], max_sched_delay_ms: float, hint: float | None = None,
-                    bisections: int = BISECTIONS, ceiling: float | None = None) -> Capacity:
+def search_capacity(
+    run: Callable[[list[WorkloadRequest], bool], dict | None],
+    workload: list[WorkloadRequest],
+    slos: list[SLO],
+    max_sched_delay_ms: float,
+    hint: float | None = None,
+    bisections: int = BISECTIONS,
+    ceiling: float | None = None,
+) -> Capacity:
     """`run(requests, may_stop)` serves the requests and returns their summary, or None for a run it stopped
     early because an SLA was certainly missed (infeasible, as the whole run would be). `ceiling`: rates above
     it are infeasible without a run (compare: the policy's saturation throughput; a finite run offered more
@@ -81,17 +90,17 @@ def search_capacity(run: Callable[[list[WorkloadRequest], bool], dict | None], w
 
     k = 0 if not hint or hint <= 0 else max(-BRACKET, min(BRACKET, round(math.log2(hint / base))))
     lo, hi, best = None, None, None
-    ok, summary = feasible(base * 2.0 ** k)
+    ok, summary = feasible(base * 2.0**k)
     step = 1 if ok else -1  # feasible: climb until a rate fails; infeasible: descend until one passes
     while True:
         if ok:
-            lo, best = base * 2.0 ** k, summary
+            lo, best = base * 2.0**k, summary
         else:
-            hi = base * 2.0 ** k
+            hi = base * 2.0**k
         if (lo is not None and hi is not None) or not -BRACKET <= k + step <= BRACKET:
             break
         k += step
-        ok, summary = feasible(base * 2.0 ** k)
+        ok, summary = feasible(base * 2.0**k)
     if lo is not None and hi is not None:
         for _ in range(bisections):
             mid = (lo * hi) ** 0.5
@@ -99,5 +108,5 @@ def search_capacity(run: Callable[[list[WorkloadRequest], bool], dict | None], w
             lo, best = (mid, summary) if ok else (lo, best)
             hi = hi if ok else mid
     if best is None:  # no rate met the SLAs: show by how much the lowest one missed (its full run)
-        best = summary if summary is not None else feasible(base * 2.0 ** k, may_stop=False)[1]
+        best = summary if summary is not None else feasible(base * 2.0**k, may_stop=False)[1]
     return Capacity(lo or 0.0, best, probes)

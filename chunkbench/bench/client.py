@@ -35,7 +35,6 @@ import aiohttp
 import httpx
 
 from chunkbench.bench.arrivals import check_real_time
-
 from chunkbench.bench.gc_pause import frozen_heap
 from chunkbench.bench.harness import prompt_ids
 from chunkbench.bench.metrics import RequestRecord
@@ -43,11 +42,20 @@ from chunkbench.bench.workload import WorkloadRequest
 
 APIS = {"completions": "/completions", "chat": "/chat/completions"}
 # vllm bench serve's sampling flags (all unset by default, so none is sent) and their request fields.
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                   "repetition_penalty")
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
 # Words that are one token (with their leading space) in the common BPE vocabularies.
-CHAT_WORDS = ("the of and to in is for on that with as was by at from it be this are or an not have".split()
-              + "but which one all were we when there can more has been if will also new time other".split())
+CHAT_WORDS = (
+    "the of and to in is for on that with as was by at from it be this are or an not have".split()
+    + "but which one all were we when there can more has been if will also new time other".split()
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +86,7 @@ def prompt_text(ids: list[int]) -> str:
     return "".join(" " + CHAT_WORDS[t % len(CHAT_WORDS)] for t in ids).lstrip()
 
 
-def request_body(api: str, model: str | None, prompt: list[int], max_tokens: int,
-                 sampling: dict | None = None) -> dict:
+def request_body(api: str, model: str | None, prompt: list[int], max_tokens: int, sampling: dict | None = None) -> dict:
     """The request as vLLM's client builds it; `sampling` (SAMPLING_FIELDS given by the user) merged last."""
     body = {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if api == "chat":
@@ -107,8 +114,14 @@ def prepare(body: dict) -> _Prepared:
     return _Prepared(json.dumps(body).encode(), "messages" in body)
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, body: _Prepared, headers: dict, into: _Stream,
-                  disconnect_after: int | None) -> str | None:
+async def _stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: _Prepared,
+    headers: dict,
+    into: _Stream,
+    disconnect_after: int | None,
+) -> str | None:
     """Send one request and read its event stream into `into`; the error, or None. Every line of a network
     read carries that read's arrival time."""
     async with session.post(url, data=body.body, headers=headers) as response:
@@ -155,8 +168,14 @@ def _event(line: str, now: float, chat: bool, into: _Stream, disconnect_after: i
     return None
 
 
-async def _request(session: aiohttp.ClientSession, url: str, body: _Prepared, headers: dict, timeout_s: float,
-                   disconnect_after: int | None = None) -> tuple[float, float, _Stream, str | None]:
+async def _request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: _Prepared,
+    headers: dict,
+    timeout_s: float,
+    disconnect_after: int | None = None,
+) -> tuple[float, float, _Stream, str | None]:
     """(send time, end time, what arrived, error): one request, failures caught and named."""
     received = _Stream()
     send = time.perf_counter()
@@ -172,12 +191,23 @@ async def _request(session: aiohttp.ClientSession, url: str, body: _Prepared, he
     return send, time.perf_counter(), received, error
 
 
-async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_size: int, model: str | None = None,
-                         max_concurrency: int | None = None, seed: int = 0, timeout_s: float = 600.0,
-                         disconnect: dict[int, int] | None = None, *, api: str = "completions",
-                         api_key: str | None = None, headers: dict[str, str] | None = None,
-                         num_warmups: int = 0, sampling: dict | None = None,
-                         probe_rate: float = 0.0) -> EndpointResult:
+async def bench_endpoint(
+    endpoint: str,
+    workload: list[WorkloadRequest],
+    vocab_size: int,
+    model: str | None = None,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    disconnect: dict[int, int] | None = None,
+    *,
+    api: str = "completions",
+    api_key: str | None = None,
+    headers: dict[str, str] | None = None,
+    num_warmups: int = 0,
+    sampling: dict | None = None,
+    probe_rate: float = 0.0,
+) -> EndpointResult:
     """Run `workload` against `endpoint` (the base URL, e.g. http://host:8000/v1).
 
     timeout_s: per request, from its send to its end; a request past it fails. api: "completions" or "chat".
@@ -192,8 +222,10 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
     check_real_time(workload, "the server")
     url = endpoint.rstrip("/") + APIS[api]
     all_headers = request_headers(api_key, headers) | {"content-type": "application/json"}
-    bodies = [prepare(request_body(api, model, prompt_ids(i, w, vocab_size, seed), w.output_len, sampling))
-              for i, w in enumerate(workload)]
+    bodies = [
+        prepare(request_body(api, model, prompt_ids(i, w, vocab_size, seed), w.output_len, sampling))
+        for i, w in enumerate(workload)
+    ]
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)  # stable: list order on ties
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     dispatched = [0.0] * len(workload)
@@ -204,8 +236,12 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
 
     # vllm bench serve's session: a pool of at most max_concurrency connections (0: no limit), kept alive 60 s,
     # proxies from the environment (HTTP_PROXY, NO_PROXY) as there.
-    connector = aiohttp.TCPConnector(limit=max_concurrency or 0, limit_per_host=max_concurrency or 0,
-                                     keepalive_timeout=60, enable_cleanup_closed=True)
+    connector = aiohttp.TCPConnector(
+        limit=max_concurrency or 0,
+        limit_per_host=max_concurrency or 0,
+        keepalive_timeout=60,
+        enable_cleanup_closed=True,
+    )
     timeout = aiohttp.ClientTimeout(total=None)  # each request's own limit is asyncio.timeout in _request
     with frozen_heap():  # no ~130 ms collection of the imports inside a timed request (chunkbench/bench/gc_pause.py)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=True) as session:
@@ -219,8 +255,22 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
             tasks: dict[int, asyncio.Task] = {}
             probes: list[tuple[float, str | None]] = []
             probing = asyncio.Event()
-            prober = asyncio.create_task(_probe_loop(session, url, probe_body(api, model, sampling), all_headers,
-                                                     timeout_s, probe_rate, probes, probing)) if probe_rate else None
+            prober = (
+                asyncio.create_task(
+                    _probe_loop(
+                        session,
+                        url,
+                        probe_body(api, model, sampling),
+                        all_headers,
+                        timeout_s,
+                        probe_rate,
+                        probes,
+                        probing,
+                    )
+                )
+                if probe_rate
+                else None
+            )
             start = time.perf_counter()
             for i in order:  # vLLM's get_request: sleep to the due time, then start the request's task
                 due = start + workload[i].arrival_time
@@ -234,9 +284,16 @@ async def bench_endpoint(endpoint: str, workload: list[WorkloadRequest], vocab_s
                 await prober
     records = [_record(w, start, dispatch, *outcome) for w, dispatch, outcome in zip(workload, dispatched, outcomes)]
     end_times = [end - start for _, end, _, _ in outcomes]
-    return EndpointResult(records, [received.response_id for _, _, received, _ in outcomes],
-                          [error for *_, error in outcomes], max(end_times, default=0.0), end_times, start,
-                          warmup_error, probes)
+    return EndpointResult(
+        records,
+        [received.response_id for _, _, received, _ in outcomes],
+        [error for *_, error in outcomes],
+        max(end_times, default=0.0),
+        end_times,
+        start,
+        warmup_error,
+        probes,
+    )
 
 
 def probe_body(api: str, model: str | None, sampling: dict | None) -> _Prepared:
@@ -249,8 +306,16 @@ def probe_body(api: str, model: str | None, sampling: dict | None) -> _Prepared:
     return prepare(body)
 
 
-async def _probe_loop(session, url: str, body: _Prepared, headers: dict, timeout_s: float, rate: float,
-                      into: list[tuple[float, str | None]], stop: asyncio.Event) -> None:
+async def _probe_loop(
+    session,
+    url: str,
+    body: _Prepared,
+    headers: dict,
+    timeout_s: float,
+    rate: float,
+    into: list[tuple[float, str | None]],
+    stop: asyncio.Event,
+) -> None:
     """One probe at a time until `stop`: send, wait for its end, pause 1/rate s (as vLLM 0.32's probe_loop)."""
     while not stop.is_set():
         send, end, _, error = await _request(session, url, body, headers, timeout_s)
@@ -259,17 +324,26 @@ async def _probe_loop(session, url: str, body: _Prepared, headers: dict, timeout
             await asyncio.wait_for(stop.wait(), 1.0 / rate)
 
 
-def _record(w: WorkloadRequest, start: float, dispatch: float, send: float, end: float, received: _Stream,
-            error: str | None) -> RequestRecord:
+def _record(
+    w: WorkloadRequest, start: float, dispatch: float, send: float, end: float, received: _Stream, error: str | None
+) -> RequestRecord:
     """The request's arrival is when it was due; the loop dispatched it at `dispatch` (the send lag after the
     due time), it was sent at `send` (after any wait for a slot), and its latencies start there."""
     usage = received.completion_tokens is not None
-    return RequestRecord(prompt_len=received.prompt_tokens or w.prompt_len, output_len=w.output_len,
-                         arrival_time=w.arrival_time, token_times=[t - start for t in received.chunk_times],
-                         error=error, send_time=send - start, dispatch_time=dispatch - start,
-                         num_output_tokens=received.completion_tokens if usage else received.text_chunks,
-                         output_token_source="usage" if usage else "chunks", end_time=end - start,
-                         response_id=received.response_id, probe=w.probe)
+    return RequestRecord(
+        prompt_len=received.prompt_tokens or w.prompt_len,
+        output_len=w.output_len,
+        arrival_time=w.arrival_time,
+        token_times=[t - start for t in received.chunk_times],
+        error=error,
+        send_time=send - start,
+        dispatch_time=dispatch - start,
+        num_output_tokens=received.completion_tokens if usage else received.text_chunks,
+        output_token_source="usage" if usage else "chunks",
+        end_time=end - start,
+        response_id=received.response_id,
+        probe=w.probe,
+    )
 
 
 def wait_healthy(base_url: str, timeout_s: float, process=None) -> None:

@@ -50,16 +50,22 @@ def quick_profile(config: EngineConfig, executor, passes: int = 1) -> FittedCost
     grid = quick_grid(config.scheduler.max_model_len, executor.num_blocks, config.cache.block_size)
     wanted = quick_grid(config.scheduler.max_model_len, 1 << 62, config.cache.block_size)
     if not wanted:
-        raise UserError(f"--max-model-len {config.scheduler.max_model_len} is shorter than every step the quick "
-                        "calibration that sizes CPU defaults times: give --max-num-batched-tokens and --num-requests")
-    if any(any(getattr(s, kind) for s in wanted) and not any(getattr(s, kind) for s in grid)
-           for kind in ("prefills", "decodes")):  # the cache, not the context, left out a kind of step
+        raise UserError(
+            f"--max-model-len {config.scheduler.max_model_len} is shorter than every step the quick "
+            "calibration that sizes CPU defaults times: give --max-num-batched-tokens and --num-requests"
+        )
+    if any(
+        any(getattr(s, kind) for s in wanted) and not any(getattr(s, kind) for s in grid)
+        for kind in ("prefills", "decodes")
+    ):  # the cache, not the context, left out a kind of step
         context = min(c for _, c in QUICK_DECODES)
-        raise UserError(f"the KV cache ({executor.num_blocks} blocks of {config.cache.block_size} tokens) is too small "
-                        f"for the quick calibration that sizes CPU defaults (a decode at {context} tokens of context "
-                        f"needs {-(-context // config.cache.block_size)} blocks): give a larger --num-blocks, or "
-                        "--max-num-batched-tokens and --num-requests (and no --step-time-target), or run "
-                        "`chunkbench profile` first")
+        raise UserError(
+            f"the KV cache ({executor.num_blocks} blocks of {config.cache.block_size} tokens) is too small "
+            f"for the quick calibration that sizes CPU defaults (a decode at {context} tokens of context "
+            f"needs {-(-context // config.cache.block_size)} blocks): give a larger --num-blocks, or "
+            "--max-num-batched-tokens and --num-requests (and no --step-time-target), or run "
+            "`chunkbench profile` first"
+        )
     outputs = [step_output(step, config.cache.block_size) for step in grid]
     times = [[] for _ in grid]
     for timed in [False] + [True] * passes:
@@ -67,8 +73,13 @@ def quick_profile(config: EngineConfig, executor, passes: int = 1) -> FittedCost
             seconds = executor.execute(output).seconds
             if timed:
                 times[i].append(seconds)
-    return FittedCostModel.fit_steps(grid, [statistics.median(t) for t in times], model_name=config.model.name,
-                                     device=str(getattr(executor, "device", "")), num_blocks=executor.num_blocks)
+    return FittedCostModel.fit_steps(
+        grid,
+        [statistics.median(t) for t in times],
+        model_name=config.model.name,
+        device=str(getattr(executor, "device", "")),
+        num_blocks=executor.num_blocks,
+    )
 
 
 def has_cuda() -> bool:
@@ -100,10 +111,12 @@ def default_step_target(cost: FittedCostModel, source: str) -> tuple[float, str]
     """The CPU default step-time target (ms) and why."""
     decode = decode_step_seconds(cost)
     target = round(TARGET_DECODE_MULTIPLE * decode * 1000)
-    return target, (f"CPU: chunked sizes steps to --step-time-target {target} ms, {TARGET_DECODE_MULTIPLE:g}x a "
-                    f"{DECODE_BATCH}-decode step ({decode * 1000:.0f} ms by {source}), instead of vLLM's 2048-token "
-                    "budget, whose steps take seconds here; pass --max-num-batched-tokens or --step-time-target "
-                    "to choose")
+    return target, (
+        f"CPU: chunked sizes steps to --step-time-target {target} ms, {TARGET_DECODE_MULTIPLE:g}x a "
+        f"{DECODE_BATCH}-decode step ({decode * 1000:.0f} ms by {source}), instead of vLLM's 2048-token "
+        "budget, whose steps take seconds here; pass --max-num-batched-tokens or --step-time-target "
+        "to choose"
+    )
 
 
 def request_seconds(cost: FittedCostModel, prompt_len: int, output_len: int) -> float:
@@ -112,8 +125,9 @@ def request_seconds(cost: FittedCostModel, prompt_len: int, output_len: int) -> 
     return prefill + output_len * decode_step_seconds(cost) / DECODE_BATCH
 
 
-def default_num_requests(requests: list, cost: FittedCostModel, num_runs: int, wall_s: float = WALL_S,
-                         minimum: int = MIN_REQUESTS) -> tuple[int, str]:
+def default_num_requests(
+    requests: list, cost: FittedCostModel, num_runs: int, wall_s: float = WALL_S, minimum: int = MIN_REQUESTS
+) -> tuple[int, str]:
     """How many of the workload's requests fit `wall_s` of work over `num_runs` runs on this device, by the
     cost model (policies that batch worse, `static`, take up to twice the estimate: hence the factor 2)."""
     per_run, work, n = wall_s / num_runs, 0.0, 0
@@ -122,9 +136,11 @@ def default_num_requests(requests: list, cost: FittedCostModel, num_runs: int, w
         if work > per_run and n >= minimum:
             break
         n += 1
-    return n, (f"CPU: the first {n} requests by default (about {per_run:.0f} s of predicted work per run, "
-               f"{num_runs} run{'s' if num_runs > 1 else ''} in about {wall_s / 60:.0f} minutes); pass "
-               "--num-requests to choose")
+    return n, (
+        f"CPU: the first {n} requests by default (about {per_run:.0f} s of predicted work per run, "
+        f"{num_runs} run{'s' if num_runs > 1 else ''} in about {wall_s / 60:.0f} minutes); pass "
+        "--num-requests to choose"
+    )
 
 
 def on_cpu(backend, config: EngineConfig) -> bool:
@@ -132,8 +148,15 @@ def on_cpu(backend, config: EngineConfig) -> bool:
     return backend.kind == "engine" and (config.device == "cpu" or (config.device == "auto" and not has_cuda()))
 
 
-def fit_to_device(backend, config: EngineConfig, options: dict, num_runs: int, chunked: bool,
-                  requests: list, minimum: int = MIN_REQUESTS) -> tuple[list, dict, list[str]]:
+def fit_to_device(
+    backend,
+    config: EngineConfig,
+    options: dict,
+    num_runs: int,
+    chunked: bool,
+    requests: list,
+    minimum: int = MIN_REQUESTS,
+) -> tuple[list, dict, list[str]]:
     """Defaults for what the user left unset, fitted to where the runs execute: on the CPU the first requests
     that fit a few minutes of work (unless --num-requests), and for `chunked` without a token budget or a
     time target a step-time target. Returns the requests, the chunked knobs to add and lines that say why."""

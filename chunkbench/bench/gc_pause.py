@@ -38,10 +38,12 @@ def paused_gc(pause: bool = True):
 
 def gc_paused(function):
     """`function` runs with the collector paused."""
+
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         with paused_gc():
             return function(*args, **kwargs)
+
     return wrapper
 
 

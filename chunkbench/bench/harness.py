@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chunkbench.engine.engine import LLMEngine, RealClock
-from chunkbench.engine.request import Request, SamplingParams
+from chunkbench.bench.arrivals import check_real_time
 from chunkbench.bench.gc_pause import paused_gc
 from chunkbench.bench.metrics import RequestRecord, StepRecord
-from chunkbench.sim.fastforward import fast_forward
-from chunkbench.bench.arrivals import check_real_time
 from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.engine.engine import LLMEngine, RealClock
+from chunkbench.engine.request import Request, SamplingParams
+from chunkbench.sim.fastforward import fast_forward
 
 
 @dataclass
@@ -55,8 +55,7 @@ def warm_up(engine: LLMEngine, steps: int = 3) -> None:
         return
     budget = engine.config.scheduler.max_num_batched_tokens
     length = max(1, min(budget, engine.config.scheduler.max_model_len - steps, 512))
-    request = engine.add_request([1] * length, SamplingParams(max_tokens=steps, ignore_eos=True),
-                                 request_id="warmup")
+    request = engine.add_request([1] * length, SamplingParams(max_tokens=steps, ignore_eos=True), request_id="warmup")
     while not request.is_finished:
         engine.step()
 
@@ -64,8 +63,16 @@ def warm_up(engine: LLMEngine, steps: int = 3) -> None:
 STOP_CHECK_STEPS = 256  # how often `stop` is asked (steps)
 
 
-def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: int = 0, warmup_steps: int = 3,
-                 progress: bool = True, description: str = "run", stop=None) -> RunResult:
+def run_workload(
+    engine: LLMEngine,
+    workload: list[WorkloadRequest],
+    *,
+    seed: int = 0,
+    warmup_steps: int = 3,
+    progress: bool = True,
+    description: str = "run",
+    stop=None,
+) -> RunResult:
     """Serve `workload` on `engine` and record per-request token times and per-step composition.
     `stop(requests, start, now)`, asked every STOP_CHECK_STEPS steps with the requests added so far, may end
     the run early (a capacity probe that has certainly missed its SLA: tune/early_stop.py)."""
@@ -75,8 +82,15 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
         warm_up(engine, warmup_steps)
     loop = WorkloadLoop(engine, workload, seed)
     wall_start = time.perf_counter()
-    bar = Progress(TextColumn(f"[bold]{description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), disable=not progress, transient=True)
+    bar = Progress(
+        TextColumn(f"[bold]{description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        disable=not progress,
+        transient=True,
+    )
     with paused_gc(engine.clock.virtual), bar:  # no collector pauses in a simulated run (chunkbench/bench/gc_pause.py)
         task = bar.add_task(description, total=len(workload), rate="")
         try:
@@ -86,10 +100,16 @@ def run_workload(engine: LLMEngine, workload: list[WorkloadRequest], *, seed: in
         records = loop.records()
     ends = [rec.token_times[-1] for rec in records if rec.ok]
     first = min((rec.arrival_time for rec in records), default=0.0)
-    return RunResult(requests=records, steps=loop.steps, duration=max(ends, default=first) - first,
-                     num_kv_blocks=engine.block_manager.num_blocks, interrupted=loop.interrupted,
-                     wall_seconds=time.perf_counter() - wall_start, stopped=loop.stopped,
-                     step_requests=loop.step_requests)
+    return RunResult(
+        requests=records,
+        steps=loop.steps,
+        duration=max(ends, default=first) - first,
+        num_kv_blocks=engine.block_manager.num_blocks,
+        interrupted=loop.interrupted,
+        wall_seconds=time.perf_counter() - wall_start,
+        stopped=loop.stopped,
+        step_requests=loop.step_requests,
+    )
 
 
 class WorkloadLoop:
@@ -125,7 +145,7 @@ class WorkloadLoop:
         while self.next_index < len(order) or engine.has_unfinished():
             if stop is not None and len(self.steps) >= next_check:
                 next_check = len(self.steps) + STOP_CHECK_STEPS
-                if stop([self.requests[i] for i in order[:self.next_index]], self.start, engine.clock.now()):
+                if stop([self.requests[i] for i in order[: self.next_index]], self.start, engine.clock.now()):
                     self.stopped = True
                     break
             now = engine.clock.now() - self.start
@@ -140,8 +160,7 @@ class WorkloadLoop:
             if done != finished:
                 finished = done
                 elapsed = engine.clock.now() - self.start
-                bar.update(task, completed=finished,
-                           rate=f"{self.output_tokens / max(elapsed, 1e-9):,.0f} out tok/s")
+                bar.update(task, completed=finished, rate=f"{self.output_tokens / max(elapsed, 1e-9):,.0f} out tok/s")
 
     def add_arrived(self, now: float) -> None:
         """Add to the engine every request whose arrival time (relative to the start) is at or before `now`."""
@@ -152,7 +171,9 @@ class WorkloadLoop:
             self.requests[i] = engine.add_request(
                 [0] * w.prompt_len if self.placeholders else prompt_ids(i, w, self.vocab, self.seed),
                 SamplingParams(max_tokens=w.output_len, ignore_eos=True),
-                request_id=str(i), arrival_time=self.start + w.arrival_time)
+                request_id=str(i),
+                arrival_time=self.start + w.arrival_time,
+            )
             self.next_index += 1
 
     def advance(self) -> None:
@@ -169,9 +190,11 @@ class WorkloadLoop:
         step_start = engine.clock.now()
         updated = engine.step()
         if engine.last_step is None and not updated:  # work left, none schedulable: a scheduler bug
-            raise RuntimeError(f"the engine has unfinished requests but scheduled nothing "
-                               f"({len(engine.scheduler.waiting)} waiting, "
-                               f"{len(engine.scheduler.running)} running)")
+            raise RuntimeError(
+                f"the engine has unfinished requests but scheduled nothing "
+                f"({len(engine.scheduler.waiting)} waiting, "
+                f"{len(engine.scheduler.running)} running)"
+            )
         if engine.last_step is not None:
             self.record_step(step_start, *engine.last_step)
 
@@ -181,33 +204,54 @@ class WorkloadLoop:
         decodes = output.num_decode_tokens
         # StepRecord's fields in order: start, seconds, prefill and decode tokens, running,
         # waiting, KV blocks used, preempted, cached tokens, paused decodes, activation peak
-        self.steps.append(StepRecord(
-            step_start - self.start, result.seconds, output.num_tokens - decodes, decodes,
-            output.num_running, output.num_waiting, output.num_used_blocks, len(output.preempted),
-            output.num_cached_tokens, len(output.paused_decodes), result.activation_bytes))
+        self.steps.append(
+            StepRecord(
+                step_start - self.start,
+                result.seconds,
+                output.num_tokens - decodes,
+                decodes,
+                output.num_running,
+                output.num_waiting,
+                output.num_used_blocks,
+                len(output.preempted),
+                output.num_cached_tokens,
+                len(output.paused_decodes),
+                result.activation_bytes,
+            )
+        )
         for request_id in output.paused_decodes:  # it got no token: the pause is in its next gap
             i = int(request_id)
             self.paused_steps[i] = self.paused_steps.get(i, 0) + 1
             self.paused_gaps.setdefault(i, set()).add(len(self.requests[i].token_times))
         self.output_tokens += len(result.sampled)
-        self.step_requests.append((tuple(int(c.request_id) for c in output.chunks),
-                                   tuple(len(c.token_ids) for c in output.chunks)))
+        self.step_requests.append(
+            (tuple(int(c.request_id) for c in output.chunks), tuple(len(c.token_ids) for c in output.chunks))
+        )
 
     def records(self) -> list[RequestRecord]:
         """The added requests' records; after an interrupt or a stop, only those that finished."""
         partial = self.interrupted or self.stopped
-        return [_record(r, w, self.start, self.paused_steps.get(i, 0), self.paused_gaps.get(i, set()))
-                for i, (r, w) in enumerate(zip(self.requests, self.workload))
-                if r is not None and (r.is_finished or not partial)]  # keep what finished
+        return [
+            _record(r, w, self.start, self.paused_steps.get(i, 0), self.paused_gaps.get(i, set()))
+            for i, (r, w) in enumerate(zip(self.requests, self.workload))
+            if r is not None and (r.is_finished or not partial)
+        ]  # keep what finished
 
 
-def _record(request: Request, w: WorkloadRequest, start: float, num_paused: int = 0,
-            paused_gaps: set[int] = frozenset()) -> RequestRecord:
+def _record(
+    request: Request, w: WorkloadRequest, start: float, num_paused: int = 0, paused_gaps: set[int] = frozenset()
+) -> RequestRecord:
     """Times relative to the run start."""
     return RequestRecord(
-        prompt_len=w.prompt_len, output_len=w.output_len, arrival_time=request.arrival_time - start,
+        prompt_len=w.prompt_len,
+        output_len=w.output_len,
+        arrival_time=request.arrival_time - start,
         token_times=[t - start for t in request.token_times] if start else list(request.token_times),  # t - 0.0 is t
         first_scheduled_time=None if request.first_scheduled_time is None else request.first_scheduled_time - start,
-        num_preemptions=request.num_preemptions, num_cached_tokens=request.num_cached_tokens,
-        num_paused_decodes=num_paused, paused_gaps=tuple(sorted(paused_gaps)), probe=w.probe,
-        error=request.error or {"abort": "aborted", None: "unfinished"}.get(request.finish_reason))
+        num_preemptions=request.num_preemptions,
+        num_cached_tokens=request.num_cached_tokens,
+        num_paused_decodes=num_paused,
+        paused_gaps=tuple(sorted(paused_gaps)),
+        probe=w.probe,
+        error=request.error or {"abort": "aborted", None: "unfinished"}.get(request.finish_reason),
+    )

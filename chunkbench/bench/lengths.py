@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chunkbench.errors import UserError, check_number
 from chunkbench.bench.user_files import MAX_TOKENS
+from chunkbench.errors import UserError, check_number
 
 
 def _parse_numbers(spec: str, flag: str) -> tuple[str, list[float]]:
@@ -27,8 +27,11 @@ LENGTH_KINDS = {  # kind -> (required parameter names, help)
     "lognormal": (["MEDIAN", "SIGMA"], "log-normal with this median and log-space sigma"),
     "zipf": (["A", "MAX"], "Zipf with exponent A > 1, clamped to MAX"),
 }
-LENGTH_HELP = ("Length distribution: " + "; ".join(f"{k}:{':'.join(p)} ({h})" for k, (p, h) in LENGTH_KINDS.items())
-               + "; normal, lognormal and zipf take an optional :MIN:MAX clamp (tokens).")
+LENGTH_HELP = (
+    "Length distribution: "
+    + "; ".join(f"{k}:{':'.join(p)} ({h})" for k, (p, h) in LENGTH_KINDS.items())
+    + "; normal, lognormal and zipf take an optional :MIN:MAX clamp (tokens)."
+)
 
 
 def sample_lengths(spec: str, n: int, rng: np.random.Generator, flag: str = "--prompt-len") -> np.ndarray:

@@ -13,12 +13,15 @@ from rich.table import Table
 
 from chunkbench.bench.load_sweep import PolicyLoad
 from chunkbench.bench.report import comparison_table, embedded_png, pyplot
-from chunkbench.files import write_figure
 from chunkbench.bench.runs import BenchRun
 from chunkbench.bench.slo import SLO
+from chunkbench.files import write_figure
 
-CURVES = (("p99_ttft_ms", "p99 TTFT (ms)", "ttft"), ("p99_itl_ms", "p99 ITL (ms)", "tbt"),
-          ("median_itl_ms", "median ITL (ms)", None))
+CURVES = (
+    ("p99_ttft_ms", "p99 TTFT (ms)", "ttft"),
+    ("p99_itl_ms", "p99 ITL (ms)", "tbt"),
+    ("median_itl_ms", "median ITL (ms)", None),
+)
 
 
 def probe_line(label: str, rate: float, summary: dict | None, slos: list[SLO]) -> str:
@@ -26,12 +29,15 @@ def probe_line(label: str, rate: float, summary: dict | None, slos: list[SLO]) -
     if summary is None:
         return f"  {label} at {what}: stopped early (an SLA certainly missed)"
     figures = ", ".join(f"{s.name.upper()} p{s.percentile:g} {summary[s.summary_key]:,.1f} ms" for s in slos)
-    return (f"  {label} at {what}: {summary['request_throughput']:.3g} req/s served, {figures}, median "
-            f"scheduling delay {summary['median_scheduling_delay_ms']:,.0f} ms")
+    return (
+        f"  {label} at {what}: {summary['request_throughput']:.3g} req/s served, {figures}, median "
+        f"scheduling delay {summary['median_scheduling_delay_ms']:,.0f} ms"
+    )
 
 
-def load_table(runs: list[BenchRun], loads: list[PolicyLoad], rate: float, title: str, slos: list[SLO],
-               max_sched_delay_ms: float) -> Table:
+def load_table(
+    runs: list[BenchRun], loads: list[PolicyLoad], rate: float, title: str, slos: list[SLO], max_sched_delay_ms: float
+) -> Table:
     """The comparison table at the common rate, with the capacity, what limits it and the rate rows on top."""
     table = comparison_table(runs, title=title)
     first = loads[0].capacity
@@ -51,7 +57,7 @@ def plot_load(loads: list[PolicyLoad], slos: list[SLO], path: Path) -> None:
     for ax, (key, name, slo_name) in zip(axes, CURVES):
         for load in loads:
             points = [(s["request_throughput"], s[key]) for _, s in load.points() if s and s.get(key) is not None]
-            line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=load.label)
+            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=load.label)
             at_capacity = load.runs.get(load.capacity)
             if at_capacity is not None and at_capacity.summary:  # where the capacity's run lies on this axis
                 ax.axvline(at_capacity.summary["request_throughput"], color=line.get_color(), ls=":", lw=1)
@@ -62,8 +68,9 @@ def plot_load(loads: list[PolicyLoad], slos: list[SLO], path: Path) -> None:
         ax.set_ylabel(name)
         ax.set_yscale("log")
         ax.legend(fontsize=8)
-    fig.suptitle("latency against load (rightmost points: all requests at once; dotted: the run at each policy's "
-                 "capacity)")
+    fig.suptitle(
+        "latency against load (rightmost points: all requests at once; dotted: the run at each policy's capacity)"
+    )
     fig.tight_layout()
     write_figure(fig, path)
     plt.close(fig)
@@ -71,25 +78,54 @@ def plot_load(loads: list[PolicyLoad], slos: list[SLO], path: Path) -> None:
 
 def load_payload(loads: list[PolicyLoad], slos: list[SLO], rate: float | None, sla_note: str, verdict: str) -> dict:
     """comparison.json's "load": the SLA, the common rate, each policy's capacity and probes."""
-    keys = ("request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms", "p99_itl_ms",
-            "median_itl_ms", "median_scheduling_delay_ms")
-    return {"slas": [str(s) for s in slos], "sla_note": sla_note, "common_rate": rate, "verdict": verdict,
-            "policies": {load.label: {
+    keys = (
+        "request_throughput",
+        "output_throughput",
+        "p99_ttft_ms",
+        "median_ttft_ms",
+        "p99_itl_ms",
+        "median_itl_ms",
+        "median_scheduling_delay_ms",
+    )
+    return {
+        "slas": [str(s) for s in slos],
+        "sla_note": sla_note,
+        "common_rate": rate,
+        "verdict": verdict,
+        "policies": {
+            load.label: {
                 "capacity_rps": load.capacity,
-                "probes": [{"rate": p.rate, "feasible": p.feasible, "stopped_early": p.summary is None}
-                           | {k: p.summary.get(k) for k in keys if p.summary} for p in load.found.probes + load.extra],
-                "saturation": {k: load.saturation.summary.get(k) for k in keys}} for load in loads}}
+                "probes": [
+                    {"rate": p.rate, "feasible": p.feasible, "stopped_early": p.summary is None}
+                    | {k: p.summary.get(k) for k in keys if p.summary}
+                    for p in load.found.probes + load.extra
+                ],
+                "saturation": {k: load.saturation.summary.get(k) for k in keys},
+            }
+            for load in loads
+        },
+    }
 
 
 def load_section(out: Path, sla_note: str, verdict: str) -> str:
-    return (f"<h2>Across load</h2><p>{html.escape(sla_note)}</p><p><b>{html.escape(verdict)}</b></p>"
-            + embedded_png(out / "load.png"))
+    return f"<h2>Across load</h2><p>{html.escape(sla_note)}</p><p><b>{html.escape(verdict)}</b></p>" + embedded_png(
+        out / "load.png"
+    )
 
 
-def announce_rates(console: Console, loads_planned: int, bisections: int, resolution: float, rates: list[float],
-                   count: int | None) -> None:
-    extra = (f"; and at {', '.join(f'{r:g}' for r in rates)} req/s" if rates else
-             f"; and {count} rates up to its saturation throughput" if count else "")
-    console.print(f"rates: for each of {loads_planned} policies, every request at once (its saturation "
-                  f"throughput), then its capacity search from there: powers of two to a bracket, {bisections} "
-                  f"bisections (resolution {resolution:.1f}%){extra}", soft_wrap=True)
+def announce_rates(
+    console: Console, loads_planned: int, bisections: int, resolution: float, rates: list[float], count: int | None
+) -> None:
+    extra = (
+        f"; and at {', '.join(f'{r:g}' for r in rates)} req/s"
+        if rates
+        else f"; and {count} rates up to its saturation throughput"
+        if count
+        else ""
+    )
+    console.print(
+        f"rates: for each of {loads_planned} policies, every request at once (its saturation "
+        f"throughput), then its capacity search from there: powers of two to a bracket, {bisections} "
+        f"bisections (resolution {resolution:.1f}%){extra}",
+        soft_wrap=True,
+    )

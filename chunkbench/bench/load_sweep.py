@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 from chunkbench.bench.backends import Backend
 from chunkbench.bench.capacity import Capacity, Probe, at_rate, meets, search_capacity
+from chunkbench.bench.runs import BenchRun, measure
+from chunkbench.bench.slo import SLO, violations
+from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.engine.shape import StepShape
-from chunkbench.bench.runs import BenchRun, measure
-from chunkbench.bench.slo import SLO, violations
 from chunkbench.tune.early_stop import certain_miss
-from chunkbench.bench.workload import WorkloadRequest
 
 STRICT_FACTOR = 5  # Sarathi-Serve's strict TBT SLO: 5x a decode iteration without prefill interference
 REFERENCE_BATCH, REFERENCE_CONTEXT = 32, 4096
@@ -53,8 +53,9 @@ class PolicyLoad:
 
     def limited_by(self, slos: list[SLO], max_sched_delay_ms: float) -> str:
         """What the lowest rate above the capacity missed (from its run, or 'stopped early' when cut short)."""
-        above = sorted((p for p in self.found.probes if not p.feasible and p.rate > self.capacity),
-                       key=lambda p: p.rate)
+        above = sorted(
+            (p for p in self.found.probes if not p.feasible and p.rate > self.capacity), key=lambda p: p.rate
+        )
         if not above:
             return "-"
         probe = above[0]
@@ -68,8 +69,7 @@ class PolicyLoad:
         return f"{' and '.join(missed)} at {probe.rate:.3g} req/s"
 
 
-def decode_iteration_s(backend: Backend, config: EngineConfig,
-                       workload: list[WorkloadRequest]) -> tuple[float, str]:
+def decode_iteration_s(backend: Backend, config: EngineConfig, workload: list[WorkloadRequest]) -> tuple[float, str]:
     """A decode-only step of the reference batch, by the backend's cost model; and what it was. The batch is
     Sarathi-Serve's 32 requests at 4k context, but no more requests than the workload has nor more context than
     its mean (prompt and half the output): a CPU run of a few requests never decodes 32 at 4k."""
@@ -85,25 +85,49 @@ def default_slo(backend: Backend, config: EngineConfig, workload: list[WorkloadR
     seconds, what = decode_iteration_s(backend, config, workload)
     limit = round(STRICT_FACTOR * seconds * 1000, 1)
     slo = SLO("tbt", 99.0, limit)
-    return [slo], (f"SLA: {slo} (Sarathi-Serve's strict SLO: {STRICT_FACTOR}x {what}, {seconds * 1000:.1f} ms on "
-                   f"{backend}); set --sla-tbt/--sla-ttft to choose")
+    return [slo], (
+        f"SLA: {slo} (Sarathi-Serve's strict SLO: {STRICT_FACTOR}x {what}, {seconds * 1000:.1f} ms on "
+        f"{backend}); set --sla-tbt/--sla-ttft to choose"
+    )
 
 
-def sweep_policy(label: str, config: EngineConfig, backend: Backend, workload: list[WorkloadRequest],
-                 slos: list[SLO], max_sched_delay_ms: float, rates: list[float], bisections: int,
-                 count: int | None = None, seed: int = 0, goodput_ms: dict | None = None, warmup_steps: int = 3,
-                 on_probe=None) -> PolicyLoad:
+def sweep_policy(
+    label: str,
+    config: EngineConfig,
+    backend: Backend,
+    workload: list[WorkloadRequest],
+    slos: list[SLO],
+    max_sched_delay_ms: float,
+    rates: list[float],
+    bisections: int,
+    count: int | None = None,
+    seed: int = 0,
+    goodput_ms: dict | None = None,
+    warmup_steps: int = 3,
+    on_probe=None,
+) -> PolicyLoad:
     """One policy's saturation run, capacity search and --rates (or `count` rates half an octave apart up
     to its saturation throughput), in one session."""
     early = backend.kind in ("sim", "engine")  # runs the harness can stop
     percentiles = [s.percentile for s in slos]
     runs: dict[float, BenchRun] = {}
     with backend.session(config) as serve:
+
         def run_at(requests: list[WorkloadRequest], rate: float, may_stop: bool) -> BenchRun:
             stop = certain_miss(slos, max_sched_delay_ms, len(requests)) if early and may_stop else None
-            done = measure(serve, config, requests, label=label, goodput_ms=goodput_ms, seed=seed,
-                           warmup_steps=warmup_steps, progress=False, percentiles=percentiles, backend=str(backend),
-                           stop=stop)
+            done = measure(
+                serve,
+                config,
+                requests,
+                label=label,
+                goodput_ms=goodput_ms,
+                seed=seed,
+                warmup_steps=warmup_steps,
+                progress=False,
+                percentiles=percentiles,
+                backend=str(backend),
+                stop=stop,
+            )
             if done.summary:
                 runs[rate] = done
             if on_probe:
@@ -132,21 +156,34 @@ def common_rate(loads: list[PolicyLoad]) -> float | None:
     return min(capacities) if capacities and min(capacities) > 0 else None
 
 
-def run_at_common_rate(load: PolicyLoad, rate: float, backend: Backend, workload: list[WorkloadRequest],
-                       **options) -> BenchRun:
+def run_at_common_rate(
+    load: PolicyLoad, rate: float, backend: Backend, workload: list[WorkloadRequest], **options
+) -> BenchRun:
     """The policy's full run at `rate`: its probe's when one ran there to the end, else a new run."""
     for probed, run in load.runs.items():
         if abs(probed - rate) <= 1e-9 * rate:
             return run
     with backend.session(load.config) as serve:
-        run = measure(serve, load.config, at_rate(workload, rate), label=load.label, backend=str(backend),
-                      progress=False, **options)
+        run = measure(
+            serve,
+            load.config,
+            at_rate(workload, rate),
+            label=load.label,
+            backend=str(backend),
+            progress=False,
+            **options,
+        )
     load.runs[rate] = run
     return run
 
 
-def verdict(loads: list[PolicyLoad], slos: list[SLO], max_sched_delay_ms: float, resolution_pct: float,
-            steps: dict[str, tuple[float, float]] | None = None) -> str:
+def verdict(
+    loads: list[PolicyLoad],
+    slos: list[SLO],
+    max_sched_delay_ms: float,
+    resolution_pct: float,
+    steps: dict[str, tuple[float, float]] | None = None,
+) -> str:
     """One line: each policy's capacity against the first's at the SLA; where chunked does not sustain the
     most, that it does not, what limited it, and what the runs at the common rate show (`steps`: per policy,
     mean tokens per step and tokens per second of step time)."""
@@ -165,16 +202,22 @@ def verdict(loads: list[PolicyLoad], slos: list[SLO], max_sched_delay_ms: float,
         return line
     load = max(chunked, key=lambda c: c.capacity)
     if load.capacity * (1 + resolution_pct / 100) >= best.capacity:
-        return line + (f". Chunked prefill ties with {best.label} here, within the capacity search's resolution "
-                       f"({resolution_pct:.1f}%)")
-    line += (f". Chunked prefill does not win here: {best.label} sustains the most; {load.label} is limited by "
-             f"{load.limited_by(slos, max_sched_delay_ms)}")
+        return line + (
+            f". Chunked prefill ties with {best.label} here, within the capacity search's resolution "
+            f"({resolution_pct:.1f}%)"
+        )
+    line += (
+        f". Chunked prefill does not win here: {best.label} sustains the most; {load.label} is limited by "
+        f"{load.limited_by(slos, max_sched_delay_ms)}"
+    )
     if steps and load.label in steps and best.label in steps:
         (size, speed), (best_size, best_speed) = steps[load.label], steps[best.label]
         if speed < 0.9 * best_speed:
-            line += (f"; at the common rate its steps averaged {size:,.0f} tokens at {speed:,.0f} tokens per second "
-                     f"of step time, {best.label}'s {best_size:,.0f} at {best_speed:,.0f}: smaller steps cost "
-                     "throughput on this backend")
+            line += (
+                f"; at the common rate its steps averaged {size:,.0f} tokens at {speed:,.0f} tokens per second "
+                f"of step time, {best.label}'s {best_size:,.0f} at {best_speed:,.0f}: smaller steps cost "
+                "throughput on this backend"
+            )
     return line
 
 

@@ -13,9 +13,13 @@ from typing import NamedTuple, get_type_hints
 import numpy as np
 
 from chunkbench.bench.gc_pause import gc_paused
-from chunkbench.bench.token_gaps import (endpoint_stall_stats, engine_stall_stats, peak_per_second, pooled_itls,
-                                   token_times)
-
+from chunkbench.bench.token_gaps import (
+    endpoint_stall_stats,
+    engine_stall_stats,
+    peak_per_second,
+    pooled_itls,
+    token_times,
+)
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -125,11 +129,15 @@ def _stats(prefix: str, values_s: list[float], percentiles=PERCENTILES) -> dict[
     ms = np.asarray(values_s, dtype=float) * 1000.0
     if ms.size == 0:
         ms = np.zeros(1)
-    out = {f"mean_{prefix}_ms": float(ms.mean()), f"median_{prefix}_ms": float(np.median(ms)),
-           f"std_{prefix}_ms": float(ms.std())}
+    out = {
+        f"mean_{prefix}_ms": float(ms.mean()),
+        f"median_{prefix}_ms": float(np.median(ms)),
+        f"std_{prefix}_ms": float(ms.std()),
+    }
     if percentiles:  # one call: one partition of the array for all of them (each value as if asked alone)
-        out.update({f"{pct_key(p)}_{prefix}_ms": float(v)
-                    for p, v in zip(percentiles, np.percentile(ms, list(percentiles)))})
+        out.update(
+            {f"{pct_key(p)}_{prefix}_ms": float(v) for p, v in zip(percentiles, np.percentile(ms, list(percentiles)))}
+        )
     return out
 
 
@@ -140,10 +148,18 @@ def is_good(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
 
 
 @gc_paused  # it builds a few lists per request of a trace
-def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s: float,
-              goodput_ms: dict[str, float] | None = None, num_kv_blocks: int | None = None,
-              stall_threshold_s: float | None = None, extra_percentiles=(), *,
-              endpoint: bool | None = None, slow_step_threshold_s: float | None = None) -> dict:
+def summarize(
+    records: list[RequestRecord],
+    steps: list[StepRecord],
+    duration_s: float,
+    goodput_ms: dict[str, float] | None = None,
+    num_kv_blocks: int | None = None,
+    stall_threshold_s: float | None = None,
+    extra_percentiles=(),
+    *,
+    endpoint: bool | None = None,
+    slow_step_threshold_s: float | None = None,
+) -> dict:
     """The summary dict: vLLM's keys plus goodput, SLA attainment, stalls, delays, preemptions, KV peak.
 
     `endpoint` (default: any record has a send time) selects the client-side keys (client queue time, token
@@ -168,10 +184,12 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord], duration_s:
     return summary
 
 
-def _throughputs(records: list[RequestRecord], done: list[RequestRecord], num_good: int, duration_s: float,
-                 times: np.ndarray) -> dict:
+def _throughputs(
+    records: list[RequestRecord], done: list[RequestRecord], num_good: int, duration_s: float, times: np.ndarray
+) -> dict:
     """The summary's first keys: counts, duration, token totals, throughputs (zero over a zero duration) and
     vLLM's per-second peaks."""
+
     def per_s(amount: float) -> float:
         return amount / duration_s if duration_s > 0 else 0.0
 
@@ -204,8 +222,11 @@ def _latency_stats(done: list[RequestRecord], times: np.ndarray, pcts: list, end
         stats |= _stats("scheduling_delay", [r.ttft for r in done], pcts)
         stats["scheduling_delay_source"] = "ttft-proxy"
     else:
-        stats |= _stats("scheduling_delay", [r.first_scheduled_time - r.arrival_time for r in done
-                                             if r.first_scheduled_time is not None], pcts)
+        stats |= _stats(
+            "scheduling_delay",
+            [r.first_scheduled_time - r.arrival_time for r in done if r.first_scheduled_time is not None],
+            pcts,
+        )
     return stats
 
 
@@ -230,8 +251,9 @@ def _client_stats(records: list[RequestRecord], done: list[RequestRecord], pcts:
     return stats
 
 
-def _step_and_cache_stats(done: list[RequestRecord], steps: list[StepRecord], table, num_kv_blocks: int | None,
-                          endpoint: bool, total_in: int) -> dict:
+def _step_and_cache_stats(
+    done: list[RequestRecord], steps: list[StepRecord], table, num_kv_blocks: int | None, endpoint: bool, total_in: int
+) -> dict:
     """The summary's last keys: preemptions, KV and prefix-cache use (of `total_in` prompt tokens), and the
     step count and times (what a --step-time-target is held to)."""
     out: dict = {"num_preemptions": int(table["num_preempted"].sum())}
@@ -243,15 +265,19 @@ def _step_and_cache_stats(done: list[RequestRecord], steps: list[StepRecord], ta
     out["cached_prompt_tokens"] = cached
     out["computed_prompt_tokens"] = total_in - cached
     out["prefix_cache_hit_rate_pct"] = 100.0 * cached / total_in if total_in else 0.0
-    out["prefix_cache_request_hit_rate_pct"] = (100.0 * sum(r.num_cached_tokens > 0 for r in done) / len(done)
-                                                if done else 0.0)
+    out["prefix_cache_request_hit_rate_pct"] = (
+        100.0 * sum(r.num_cached_tokens > 0 for r in done) / len(done) if done else 0.0
+    )
     out["num_steps"] = len(steps)
     if not endpoint:  # a server's activations are its own business
         out["peak_activation_bytes"] = int(table["peak_activation_bytes"].max()) if steps else 0
     if steps:  # what a --step-time-target is held to
         step_ms = table["seconds"] * 1000.0
-        out |= {"median_step_ms": float(np.median(step_ms)), "p99_step_ms": float(np.percentile(step_ms, 99)),
-                "max_step_ms": float(step_ms.max())}
+        out |= {
+            "median_step_ms": float(np.median(step_ms)),
+            "p99_step_ms": float(np.percentile(step_ms, 99)),
+            "max_step_ms": float(step_ms.max()),
+        }
     return out
 
 
@@ -262,6 +288,7 @@ def probe_figures(probes: list[tuple[float, str | None]], percentiles=()) -> dic
     figures = {"probe_completed": len(done), "probe_failed": len(probes) - len(done)}
     if done:
         figures |= {"probe_median_e2el_ms": float(np.median(done)) * 1000, "probe_max_e2el_ms": max(done) * 1000}
-        figures |= {f"probe_{pct_key(p)}_e2el_ms": float(np.percentile(done, p)) * 1000
-                    for p in sorted({99.0, *percentiles})}
+        figures |= {
+            f"probe_{pct_key(p)}_e2el_ms": float(np.percentile(done, p)) * 1000 for p in sorted({99.0, *percentiles})
+        }
     return figures

@@ -11,18 +11,22 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from chunkbench.files import write_figure, write_json, write_text
 from chunkbench.bench.runs import BenchRun
+from chunkbench.files import write_figure, write_json, write_text
 
-CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
-       "margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
-       "img{max-width:100%;margin:1em 0}pre{font-size:11px;background:#f6f6f6;padding:8px}")
+CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
+    "margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
+    "img{max-width:100%;margin:1em 0}pre{font-size:11px;background:#f6f6f6;padding:8px}"
+)
 
 
 def html_page(title: str, body: str) -> str:
     """A self-contained page: the reports of compare and tune share its look."""
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n"
+    )
 
 
 def embedded_png(path: Path) -> str:
@@ -38,6 +42,7 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
 
 # (summary key, label, lower is better?) rows of the tables.
 HEADLINE = [
@@ -86,8 +91,11 @@ def comparison_rows(runs: list[BenchRun]) -> list[list[str]]:
     """Rows of metric, one value per run, and each later run's ratio against the first."""
     rows = []
     if any(step_target_ms(r) for r in runs):  # what the step-time rows below are held to
-        rows.append(["step-time target (ms)"] + [_fmt(step_target_ms(r)) if step_target_ms(r) else "-"
-                                                 for r in runs] + [""] * (len(runs) - 1))
+        rows.append(
+            ["step-time target (ms)"]
+            + [_fmt(step_target_ms(r)) if step_target_ms(r) else "-" for r in runs]
+            + [""] * (len(runs) - 1)
+        )
     for key, label, _ in HEADLINE:
         if not all(key in r.summary for r in runs):
             continue
@@ -118,8 +126,10 @@ def failure_notes(runs: list[BenchRun]) -> list[str]:
         failed = [(i, q) for i, q in enumerate(r.result.requests) if not q.ok]
         if failed:
             i, first = failed[0]
-            notes.append(f"{r.label}: {len(failed)} of {len(r.result.requests)} requests failed, e.g. request {i}: "
-                         f"{first.error or 'no token'}; each one's error is in requests.parquet")
+            notes.append(
+                f"{r.label}: {len(failed)} of {len(r.result.requests)} requests failed, e.g. request {i}: "
+                f"{first.error or 'no token'}; each one's error is in requests.parquet"
+            )
     return notes
 
 
@@ -136,8 +146,10 @@ def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, values_of in [("ttft", lambda r: [q.ttft for q in r.result.requests if q.ok]),
-                            ("itl", lambda r: [g for q in r.result.requests if q.ok for g in q.itls])]:
+    for name, values_of in [
+        ("ttft", lambda r: [q.ttft for q in r.result.requests if q.ok]),
+        ("itl", lambda r: [g for q in r.result.requests if q.ok for g in q.itls]),
+    ]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in runs:
             values = np.sort(np.asarray(values_of(r)) * 1000.0)
@@ -181,10 +193,20 @@ def plot_step_times(runs: list[BenchRun], path: Path) -> Path:
         starts = [s.start for s in r.result.steps]
         ms = [s.seconds * 1000.0 for s in r.result.steps]
         prefill = [s.prefill_tokens > 0 for s in r.result.steps]
-        ax.scatter([t for t, p in zip(starts, prefill) if p], [m for m, p in zip(ms, prefill) if p], s=3,
-                   color="tab:orange", label="with prompt tokens")
-        ax.scatter([t for t, p in zip(starts, prefill) if not p], [m for m, p in zip(ms, prefill) if not p], s=3,
-                   color="tab:blue", label="decodes only")
+        ax.scatter(
+            [t for t, p in zip(starts, prefill) if p],
+            [m for m, p in zip(ms, prefill) if p],
+            s=3,
+            color="tab:orange",
+            label="with prompt tokens",
+        )
+        ax.scatter(
+            [t for t, p in zip(starts, prefill) if not p],
+            [m for m, p in zip(ms, prefill) if not p],
+            s=3,
+            color="tab:blue",
+            label="decodes only",
+        )
         target = step_target_ms(r)
         if target:
             ax.axhline(target, color="black", ls="--", lw=1, label=f"target {target:g} ms")
@@ -202,15 +224,25 @@ def plot_step_times(runs: list[BenchRun], path: Path) -> Path:
 
 def write_html(runs: list[BenchRun], images: list[Path], path: Path, title: str, command: str) -> None:
     """One file with the table, the plots (embedded) and each run's config."""
-    header = "".join(f"<th>{html.escape(c)}</th>" for c in
-                     ["metric"] + [r.label for r in runs] + [f"{r.label} / {runs[0].label}" for r in runs[1:]])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in comparison_rows(runs))
-    configs = "".join(f"<h3>{html.escape(r.label)}</h3><pre>{html.escape(json.dumps(r.summary, indent=1))}</pre>"
-                      for r in runs)
-    write_text(html_page(title, f"""<h1>{html.escape(title)}</h1><p><code>{html.escape(command)}</code></p>
+    header = "".join(
+        f"<th>{html.escape(c)}</th>"
+        for c in ["metric"] + [r.label for r in runs] + [f"{r.label} / {runs[0].label}" for r in runs[1:]]
+    )
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in comparison_rows(runs)
+    )
+    configs = "".join(
+        f"<h3>{html.escape(r.label)}</h3><pre>{html.escape(json.dumps(r.summary, indent=1))}</pre>" for r in runs
+    )
+    write_text(
+        html_page(
+            title,
+            f"""<h1>{html.escape(title)}</h1><p><code>{html.escape(command)}</code></p>
 <table><tr>{header}</tr>{body}</table>{"".join(embedded_png(p) for p in images)}
-<details><summary>full summaries</summary>{configs}</details>"""), path)
+<details><summary>full summaries</summary>{configs}</details>""",
+        ),
+        path,
+    )
 
 
 def folder_name(label: str) -> str:

@@ -14,15 +14,15 @@ from pathlib import Path
 import pandas as pd
 
 from chunkbench.bench.backends import Backend, EngineBackend, Serve
-from chunkbench.engine.config import EngineConfig, default_budget, parse_chunk_schedule
-from chunkbench.engine.policies import chunks_prompts
-from chunkbench.engine.knobs import KNOBS
-from chunkbench.errors import UserError
 from chunkbench.bench.gc_pause import gc_paused
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.metrics import probe_figures, step_table, summarize
-from chunkbench.files import write_json, write_parquet
 from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec
+from chunkbench.engine.config import EngineConfig, default_budget, parse_chunk_schedule
+from chunkbench.engine.knobs import KNOBS
+from chunkbench.engine.policies import chunks_prompts
+from chunkbench.errors import UserError
+from chunkbench.files import write_json, write_parquet
 
 
 @dataclass
@@ -34,17 +34,29 @@ class BenchRun:
     backend: str = "engine"
 
 
-def run_benchmark(config: EngineConfig, workload: list[WorkloadRequest], *, backend: Backend | None = None,
-                  **options) -> BenchRun:
+def run_benchmark(
+    config: EngineConfig, workload: list[WorkloadRequest], *, backend: Backend | None = None, **options
+) -> BenchRun:
     """One config over one workload on a backend (default: the real engine); see `measure` for options."""
     backend = backend or EngineBackend()
     with backend.session(config) as serve:
         return measure(serve, config, workload, backend=str(backend), **options)
 
 
-def measure(serve: Serve, config: EngineConfig, workload: list[WorkloadRequest], *, label: str = "run",
-            goodput_ms: dict[str, float] | None = None, seed: int = 0, warmup_steps: int = 3,
-            progress: bool = True, percentiles=(), backend: str = "engine", stop=None) -> BenchRun:
+def measure(
+    serve: Serve,
+    config: EngineConfig,
+    workload: list[WorkloadRequest],
+    *,
+    label: str = "run",
+    goodput_ms: dict[str, float] | None = None,
+    seed: int = 0,
+    warmup_steps: int = 3,
+    progress: bool = True,
+    percentiles=(),
+    backend: str = "engine",
+    stop=None,
+) -> BenchRun:
     """Serve the workload in an open backend session and summarize it (`percentiles`: extra ones to report,
     e.g. an SLA's p90). `stop` (engine and simulator sessions only; see harness.run_workload) may end the run
     early: then the summary is empty."""
@@ -53,11 +65,14 @@ def measure(serve: Serve, config: EngineConfig, workload: list[WorkloadRequest],
     if result.stopped:
         return BenchRun(label, config, {}, result, backend)
     load = [r for r in result.requests if not r.probe]
-    summary = summarize(load, result.steps, result.duration, goodput_ms, result.num_kv_blocks or None,
-                        extra_percentiles=percentiles)
+    summary = summarize(
+        load, result.steps, result.duration, goodput_ms, result.num_kv_blocks or None, extra_percentiles=percentiles
+    )
     if len(load) < len(result.requests):  # probes in the workload (--probe-request-rate): summarized apart
-        summary |= probe_figures([(r.e2el if r.ok else 0.0, None if r.ok else r.error or "no token")
-                                  for r in result.requests if r.probe], percentiles)
+        summary |= probe_figures(
+            [(r.e2el if r.ok else 0.0, None if r.ok else r.error or "no token") for r in result.requests if r.probe],
+            percentiles,
+        )
     summary |= result.server or {}  # what only the server can see (its queue time) replaces the client's proxy
     return BenchRun(label, config, summary, result, backend)
 
@@ -92,8 +107,9 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
         try:
             overrides[key] = kind(value)
         except ValueError:
-            raise UserError(f"policy '{spec}': {key} needs {'a number' if kind is float else 'a whole number'}, "
-                            f"got '{value}'") from None
+            raise UserError(
+                f"policy '{spec}': {key} needs {'a number' if kind is float else 'a whole number'}, got '{value}'"
+            ) from None
     return policy, overrides
 
 
@@ -104,8 +120,10 @@ def unsized_chunked(specs: list[str]) -> bool:
     """Whether a chunked policy among these specs sets neither a token budget nor a time target itself: only
     such a policy takes a CPU's default step-time target (config_for_policy), so only then is it chosen and
     said (the flags' own budget or target is fit_to_device's to see)."""
-    return any(chunks_prompts(policy) and not any(knobs.get(k) for k in STEP_SIZING)
-               for policy, knobs in map(parse_policy_spec, specs))
+    return any(
+        chunks_prompts(policy) and not any(knobs.get(k) for k in STEP_SIZING)
+        for policy, knobs in map(parse_policy_spec, specs)
+    )
 
 
 def config_for_policy(base: dict, spec: str, chunked_defaults: dict | None = None) -> EngineConfig:
@@ -124,8 +142,15 @@ def config_for_policy(base: dict, spec: str, chunked_defaults: dict | None = Non
     return EngineConfig.create(**kwargs)
 
 
-def compare(base: dict, specs: list[str], workload: list[WorkloadRequest], backend: Backend | None = None,
-            on_done=None, chunked_defaults: dict | None = None, **run_kwargs) -> list[BenchRun]:
+def compare(
+    base: dict,
+    specs: list[str],
+    workload: list[WorkloadRequest],
+    backend: Backend | None = None,
+    on_done=None,
+    chunked_defaults: dict | None = None,
+    **run_kwargs,
+) -> list[BenchRun]:
     """The same requests through each policy, one after the other, on one backend (the real engine shares
     one model). `on_done(run)` is called as each policy finishes."""
     if not specs:
@@ -134,7 +159,7 @@ def compare(base: dict, specs: list[str], workload: list[WorkloadRequest], backe
     backend = backend or EngineBackend()
     runs = []
     for i, (spec, config) in enumerate(configs):
-        label = spec if specs.index(spec) == i else f"{spec}#{specs[:i + 1].count(spec)}"  # a repeat keeps its own
+        label = spec if specs.index(spec) == i else f"{spec}#{specs[: i + 1].count(spec)}"  # a repeat keeps its own
         runs.append(run_benchmark(config, workload, label=label, backend=backend, **run_kwargs))
         if on_done:
             on_done(runs[-1])
@@ -142,6 +167,7 @@ def compare(base: dict, specs: list[str], workload: list[WorkloadRequest], backe
 
 
 # ---------- outputs ----------
+
 
 def describe(config: EngineConfig) -> dict:
     """The config as plain JSON-able values."""
@@ -159,13 +185,23 @@ def environment() -> dict:
             torch_version = version("torch")
         except PackageNotFoundError:
             torch_version = None
-        return {"python": platform.python_version(), "torch": torch_version, "device": platform.processor() or "cpu",
-                "machine": platform.machine(), "threads": os.cpu_count()}
+        return {
+            "python": platform.python_version(),
+            "torch": torch_version,
+            "device": platform.processor() or "cpu",
+            "machine": platform.machine(),
+            "threads": os.cpu_count(),
+        }
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-            "machine": platform.machine(), "threads": torch.get_num_threads()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": device,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 @gc_paused  # a frame row, a dict and a list per request of a trace
@@ -174,9 +210,16 @@ def save_run(run: BenchRun, out_dir: Path, workload_spec: WorkloadSpec | None = 
     each written atomically and the summary last: a complete summary.json means complete outputs."""
     write_parquet(requests_frame(run.result), out_dir / "requests.parquet")
     write_parquet(steps_frame(run.result), out_dir / "steps.parquet")
-    payload = {"label": run.label, **run.summary, "config": describe(run.config) if run.config else None,
-               "backend": run.backend, "workload": dataclasses.asdict(workload_spec) if workload_spec else None,
-               "environment": environment(), "interrupted": run.result.interrupted, **extra}
+    payload = {
+        "label": run.label,
+        **run.summary,
+        "config": describe(run.config) if run.config else None,
+        "backend": run.backend,
+        "workload": dataclasses.asdict(workload_spec) if workload_spec else None,
+        "environment": environment(),
+        "interrupted": run.result.interrupted,
+        **extra,
+    }
     write_json(payload, out_dir / "summary.json")
     return payload
 
@@ -196,10 +239,27 @@ def steps_frame(result: RunResult) -> pd.DataFrame:
 
 
 # In the order of requests_frame's row tuple.
-REQUEST_COLUMNS = ["prompt_len", "output_len", "arrival_time", "first_scheduled_time", "ttft", "tpot", "e2el",
-                   "num_output_tokens", "num_preemptions", "num_cached_tokens", "num_paused_decodes", "error",
-                   "token_times", "send_time", "client_queue_time", "first_token_time", "end_time",
-                   "output_token_source", "response_id"]
+REQUEST_COLUMNS = [
+    "prompt_len",
+    "output_len",
+    "arrival_time",
+    "first_scheduled_time",
+    "ttft",
+    "tpot",
+    "e2el",
+    "num_output_tokens",
+    "num_preemptions",
+    "num_cached_tokens",
+    "num_paused_decodes",
+    "error",
+    "token_times",
+    "send_time",
+    "client_queue_time",
+    "first_token_time",
+    "end_time",
+    "output_token_source",
+    "response_id",
+]
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
@@ -207,11 +267,30 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
     (first_scheduled_time, preemptions, cached tokens, paused decodes); endpoint runs the client's (send,
     client queue, end, where the token count came from, the server's response id). A failed request keeps
     the token times it got, without latencies."""
-    rows = [(r.prompt_len, r.output_len, r.arrival_time, r.first_scheduled_time, r.ttft if r.ok else None,
-             r.tpot if r.ok else None, r.e2el if r.ok else None, r.output_tokens, r.num_preemptions,
-             r.num_cached_tokens, r.num_paused_decodes, r.error, r.token_times, r.send_time, r.client_queue_time,
-             r.token_times[0] if r.token_times else None, r.end_time, r.output_token_source, r.response_id)
-            for r in result.requests]  # tuples, not a dict per row: a trace has tens of thousands of rows
+    rows = [
+        (
+            r.prompt_len,
+            r.output_len,
+            r.arrival_time,
+            r.first_scheduled_time,
+            r.ttft if r.ok else None,
+            r.tpot if r.ok else None,
+            r.e2el if r.ok else None,
+            r.output_tokens,
+            r.num_preemptions,
+            r.num_cached_tokens,
+            r.num_paused_decodes,
+            r.error,
+            r.token_times,
+            r.send_time,
+            r.client_queue_time,
+            r.token_times[0] if r.token_times else None,
+            r.end_time,
+            r.output_token_source,
+            r.response_id,
+        )
+        for r in result.requests
+    ]  # tuples, not a dict per row: a trace has tens of thousands of rows
     if not rows:
         return pd.DataFrame([])
     assert len(rows[0]) == len(REQUEST_COLUMNS), "requests_frame: a row and REQUEST_COLUMNS differ"

@@ -88,8 +88,9 @@ def percentile_from_buckets(q: float, buckets: dict[float, float], ceiling_s: fl
     if lower > 0 and upper <= RESOLVING_RATIO * lower:
         return histogram_quantile(q, buckets), f"server: bucket ({lower:g}, {upper:g}] s, interpolated"
     if ceiling_s is not None and ceiling_s < upper:
-        return ceiling_s, (f"upper bound: the client's TTFT (the server's bucket ({lower:g}, {upper:g}] s does "
-                           "not resolve it)")
+        return ceiling_s, (
+            f"upper bound: the client's TTFT (the server's bucket ({lower:g}, {upper:g}] s does not resolve it)"
+        )
     return upper, f"upper bound: the server's bucket ({lower:g}, {upper:g}] s does not resolve it"
 
 
@@ -100,8 +101,11 @@ def queue_time_figures(before: dict, after: dict, ttfts_s: list[float] | None = 
     buckets = _run_buckets(before, after, QUEUE_TIME)
     if count <= 0 or not buckets or buckets[max(buckets)] <= 0:
         return {}
-    figures = {"mean_scheduling_delay_ms": 1000.0 * _delta(before, after, QUEUE_TIME + "_sum") / count,
-               "std_scheduling_delay_ms": None, "scheduling_delay_source": "server"}
+    figures = {
+        "mean_scheduling_delay_ms": 1000.0 * _delta(before, after, QUEUE_TIME + "_sum") / count,
+        "std_scheduling_delay_ms": None,
+        "scheduling_delay_source": "server",
+    }
     sources = {"mean": "server: _sum/_count", "std": "unavailable: a histogram has no spread"}
     ttfts = np.asarray(ttfts_s or [], dtype=float)
     for name, p in [("median", 50)] + [(pct_key(p), p) for p in PERCENTILES]:
@@ -121,8 +125,13 @@ def server_figures(before: dict, after: dict, ttfts_s: list[float] | None = None
         figures["server_mean_step_tokens"] = _delta(before, after, "vllm:iteration_tokens_total_sum") / steps
     if "vllm:request_success_total" in after:
         reasons = sorted({labels.get("finished_reason", "") for labels, _ in after["vllm:request_success_total"]})
-        by_reason = {r: int(_total(after, "vllm:request_success_total", finished_reason=r)
-                            - _total(before, "vllm:request_success_total", finished_reason=r)) for r in reasons}
+        by_reason = {
+            r: int(
+                _total(after, "vllm:request_success_total", finished_reason=r)
+                - _total(before, "vllm:request_success_total", finished_reason=r)
+            )
+            for r in reasons
+        }
         figures["server_requests_by_finished_reason"] = by_reason
         figures["server_requests"] = sum(n for r, n in by_reason.items() if r in SUCCESS_REASONS or r == "")
     tokens = kv_cache_tokens(after)

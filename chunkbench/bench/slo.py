@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from chunkbench.errors import UserError
 from chunkbench.bench.metrics import pct_key
+from chunkbench.errors import UserError
 
 # flag name -> summary metric; probe: a --probe-request-rate probe's E2EL (its keys are vLLM's, probe_p99_e2el_ms)
 SLA_METRICS = {"ttft": "ttft", "tbt": "itl", "tpot": "tpot", "e2el": "e2el", "probe": "e2el"}
@@ -34,8 +34,9 @@ class SLO:
         return f"p{self.percentile:g} {self.name.upper()} <= {self.limit_ms:g} ms"
 
 
-def parse_slo(name: str, text: str, default_percentile: float, flag: str | None = None,
-              default_unit: str | None = None) -> SLO:
+def parse_slo(
+    name: str, text: str, default_percentile: float, flag: str | None = None, default_unit: str | None = None
+) -> SLO:
     """'300ms', '0.3s', 'p90:300ms' -> SLO; a bare number takes `default_unit` (--goodput: ms) or is an error.
     Errors name the flag. NaN, infinities and non-positive limits never parse."""
     flag = flag or f"--sla-{name}"

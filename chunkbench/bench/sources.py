@@ -6,20 +6,20 @@ counts and, where it has them, arrival times and shared prefix segments; workloa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from chunkbench.bench import vllm_datasets
 from chunkbench.bench.arrivals import sample_arrivals
-from chunkbench.errors import UserError
 from chunkbench.bench.lengths import sample_lengths
-from chunkbench.bench.vllm_datasets import Drawn
 from chunkbench.bench.user_files import read_sharegpt, read_token_file
+from chunkbench.bench.vllm_datasets import Drawn
+from chunkbench.errors import UserError
 
 FILE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json")
 MULTI_TURN_TURNS, MULTI_TURN_GAP_S = 4, 5.0  # turns per conversation; seconds between a conversation's turns
@@ -60,23 +60,34 @@ def _multi_turn(spec, n: int, rng: np.random.Generator) -> Drawn:
         history: tuple[tuple[int, int], ...] = ()
         for t in range(MULTI_TURN_TURNS):
             segments = history + ((c * 2 * MULTI_TURN_TURNS + 2 * t, int(users[t])),)
-            turns.append((float(start + t * MULTI_TURN_GAP_S), sum(length for _, length in segments),
-                          int(answers[t]), segments))
+            turns.append(
+                (float(start + t * MULTI_TURN_GAP_S), sum(length for _, length in segments), int(answers[t]), segments)
+            )
             history = segments + ((c * 2 * MULTI_TURN_TURNS + 2 * t + 1, int(answers[t])),)
     turns = sorted(turns, key=lambda turn: turn[0])[:n]
-    return Drawn(np.array([t[1] for t in turns]), np.array([t[2] for t in turns]),
-                 np.array([t[0] for t in turns]), [t[3] for t in turns])
+    return Drawn(
+        np.array([t[1] for t in turns]),
+        np.array([t[2] for t in turns]),
+        np.array([t[0] for t in turns]),
+        [t[3] for t in turns],
+    )
 
 
 def _synthetic(spec, n: int, rng: np.random.Generator) -> Drawn:
-    return Drawn(sample_lengths(spec.prompt_len, n, rng, "--prompt-len"),
-                 sample_lengths(spec.output_len, n, rng, "--output-len"))
+    return Drawn(
+        sample_lengths(spec.prompt_len, n, rng, "--prompt-len"), sample_lengths(spec.output_len, n, rng, "--output-len")
+    )
 
 
 def read_trace(file: str) -> pd.DataFrame:
     with resources.files("chunkbench.data").joinpath(file).open() as f:
-        return pd.read_csv(f).rename(columns={"num_prefill_tokens": "prompt_len", "num_decode_tokens": "output_len",
-                                              "arrived_at": "arrival_time"})
+        return pd.read_csv(f).rename(
+            columns={
+                "num_prefill_tokens": "prompt_len",
+                "num_decode_tokens": "output_len",
+                "arrived_at": "arrival_time",
+            }
+        )
 
 
 def _frame(spec, frame: pd.DataFrame) -> Drawn:
@@ -91,8 +102,10 @@ def _frame(spec, frame: pd.DataFrame) -> Drawn:
     shared = None
     if "prefix_group" in frame:  # a group's requests share their first prefix_len tokens
         lens = frame["prefix_len"] if "prefix_len" in frame else pd.Series(np.zeros(len(frame)))
-        shared = [((PREFIX_GROUP_KEYS + int(g), min(int(length), int(p))),) if length > 0 else ()
-                  for g, length, p in zip(frame["prefix_group"], lens, prompts)]
+        shared = [
+            ((PREFIX_GROUP_KEYS + int(g), min(int(length), int(p))),) if length > 0 else ()
+            for g, length, p in zip(frame["prefix_group"], lens, prompts)
+        ]
     arrivals = frame["arrival_time"].to_numpy(float) * spec.time_scale if "arrival_time" in frame else None
     return Drawn(prompts, outputs, arrivals, shared)
 
@@ -109,19 +122,29 @@ def _user_file(spec, n: int, rng) -> Drawn:
 
 
 SOURCES = {
-    "chat": Source("short chat prompts (lognormal, median 256 tokens) and answers (median 128)",
-                   _lengths("lognormal:256:0.8:4:4096", "lognormal:128:0.6:4:1024")),
-    "long-doc": Source("long documents, 8k-32k-token prompts, 256-token answers",
-                       _lengths("uniform:8192:32768", "fixed:256")),
+    "chat": Source(
+        "short chat prompts (lognormal, median 256 tokens) and answers (median 128)",
+        _lengths("lognormal:256:0.8:4:4096", "lognormal:128:0.6:4:1024"),
+    ),
+    "long-doc": Source(
+        "long documents, 8k-32k-token prompts, 256-token answers", _lengths("uniform:8192:32768", "fixed:256")
+    ),
     "rag-mix": Source("9 chats in 10 (median 200 tokens) with a 2k-6k-token document prompt among them", _rag_mix),
-    "azure-conv": Source("Azure LLM conversation trace (Splitwise, 2023), real arrivals",
-                         _trace("splitwise_conv.csv"), timestamps=True),
-    "azure-code": Source("Azure LLM coding trace (Splitwise, 2023), real arrivals", _trace("splitwise_code.csv"),
-                         timestamps=True),
-    "arxiv-summarization": Source("arXiv summarization token counts (long prompts), Poisson arrivals at --rate",
-                                  _trace("arxiv_summarization.csv")),
-    "multi-turn": Source("4-turn chats: each turn's prompt is the whole conversation so far plus a new message",
-                         _multi_turn, timestamps=True, own_arrivals=True),
+    "azure-conv": Source(
+        "Azure LLM conversation trace (Splitwise, 2023), real arrivals", _trace("splitwise_conv.csv"), timestamps=True
+    ),
+    "azure-code": Source(
+        "Azure LLM coding trace (Splitwise, 2023), real arrivals", _trace("splitwise_code.csv"), timestamps=True
+    ),
+    "arxiv-summarization": Source(
+        "arXiv summarization token counts (long prompts), Poisson arrivals at --rate", _trace("arxiv_summarization.csv")
+    ),
+    "multi-turn": Source(
+        "4-turn chats: each turn's prompt is the whole conversation so far plus a new message",
+        _multi_turn,
+        timestamps=True,
+        own_arrivals=True,
+    ),
     "synthetic": Source("lengths from --prompt-len and --output-len", _synthetic),
 }
 NAMED = {name: source.help for name, source in SOURCES.items() if name != "synthetic"}
@@ -132,15 +155,20 @@ def find(name: str) -> Source:
     dataset = vllm_datasets.parse(name)
     if dataset is not None:
         kind, path = dataset
-        draw = (lambda spec, n, rng: vllm_datasets.draw(spec, kind, path, spec.num_requests if path else n, rng))
+
+        def draw(spec, n, rng):
+            return vllm_datasets.draw(spec, kind, path, spec.num_requests if path else n, rng)
+
         return Source(vllm_datasets.DATASETS[kind].help, draw, timestamps=kind == "timed_trace")
     if name in SOURCES:
         return SOURCES[name]
     if Path(name).suffix in FILE_SUFFIXES:
         return Source("a user's file", _user_file, timestamps=True)
-    raise UserError(f"--workload: unknown workload '{name}'; use one of "
-                    f"{', '.join([*SOURCES, *vllm_datasets.DATASETS])} (KIND:PATH for a file dataset) or a "
-                    ".csv/.jsonl/.json file")
+    raise UserError(
+        f"--workload: unknown workload '{name}'; use one of "
+        f"{', '.join([*SOURCES, *vllm_datasets.DATASETS])} (KIND:PATH for a file dataset) or a "
+        ".csv/.jsonl/.json file"
+    )
 
 
 def has_timestamps(name: str) -> bool:

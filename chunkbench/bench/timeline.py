@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from chunkbench.errors import UserError
 from chunkbench.bench.metrics import RequestRecord
+from chunkbench.errors import UserError
 from chunkbench.files import write_text
 
 ROW, LEFT, WIDTH, TOP = 14, 60, 1100, 40  # px: a request's row, the axis labels, the plot, the legend
@@ -49,41 +49,57 @@ def _tooltip(index: int, record: RequestRecord) -> str:
     ttft = (record.token_times[0] - record.latency_origin) * 1e3
     e2el = (record.token_times[-1] - record.latency_origin) * 1e3
     kind = "probe" if record.probe else "request"
-    return (f"{kind} {index}: {record.prompt_len} prompt tokens, {record.num_output_tokens or len(record.token_times)}"
-            f" output tokens; TTFT {ttft:,.1f} ms, E2EL {e2el:,.1f} ms")
+    return (
+        f"{kind} {index}: {record.prompt_len} prompt tokens, {record.num_output_tokens or len(record.token_times)}"
+        f" output tokens; TTFT {ttft:,.1f} ms, E2EL {e2el:,.1f} ms"
+    )
 
 
 def timeline_html(records: list[RequestRecord], itl_thresholds_ms: tuple[float, float], title: str) -> str:
     low_s, high_s = (t / 1e3 for t in itl_thresholds_ms)
     order = sorted(range(len(records)), key=lambda i: records[i].latency_origin)
     start = min((records[i].latency_origin for i in order), default=0.0)
-    end = max([start + 1e-3] + [max(r.token_times[-1] if r.token_times else 0.0, r.end_time or 0.0)
-                                for r in records])
+    end = max([start + 1e-3] + [max(r.token_times[-1] if r.token_times else 0.0, r.end_time or 0.0) for r in records])
     scale = WIDTH / (end - start)
     height = TOP + ROW * len(order) + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + WIDTH + 20}" height="{height}" '
-             'font-family="sans-serif" font-size="11">']
-    for x, (name, label) in enumerate([("wait", "to first token"), ("low", f"ITL < {itl_thresholds_ms[0]:g} ms"),
-                                       ("mid", f"ITL <= {itl_thresholds_ms[1]:g} ms"),
-                                       ("high", f"ITL > {itl_thresholds_ms[1]:g} ms"), ("failed", "failed")]):
-        parts.append(f'<rect x="{LEFT + 170 * x}" y="8" width="12" height="12" fill="{COLOURS[name]}"/>'
-                     f'<text x="{LEFT + 170 * x + 16}" y="18">{html.escape(label)}</text>')
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + WIDTH + 20}" height="{height}" '
+        'font-family="sans-serif" font-size="11">'
+    ]
+    for x, (name, label) in enumerate(
+        [
+            ("wait", "to first token"),
+            ("low", f"ITL < {itl_thresholds_ms[0]:g} ms"),
+            ("mid", f"ITL <= {itl_thresholds_ms[1]:g} ms"),
+            ("high", f"ITL > {itl_thresholds_ms[1]:g} ms"),
+            ("failed", "failed"),
+        ]
+    ):
+        parts.append(
+            f'<rect x="{LEFT + 170 * x}" y="8" width="12" height="12" fill="{COLOURS[name]}"/>'
+            f'<text x="{LEFT + 170 * x + 16}" y="18">{html.escape(label)}</text>'
+        )
     for row, i in enumerate(order):
         y = TOP + row * ROW
         parts.append(f"<g><title>{html.escape(_tooltip(i, records[i]))}</title>")
         for a, b, kind in _segments(records[i], low_s, high_s):
-            parts.append(f'<rect x="{LEFT + (a - start) * scale:.2f}" y="{y}" width="{max((b - a) * scale, 0.5):.2f}"'
-                         f' height="{ROW - 3}" fill="{COLOURS[kind]}"/>')
+            parts.append(
+                f'<rect x="{LEFT + (a - start) * scale:.2f}" y="{y}" width="{max((b - a) * scale, 0.5):.2f}"'
+                f' height="{ROW - 3}" fill="{COLOURS[kind]}"/>'
+            )
         parts.append("</g>")
     for k in range(6):  # the time axis, seconds from the first send
         x = LEFT + WIDTH * k / 5
         parts.append(f'<text x="{x:.1f}" y="{height - 10}" text-anchor="middle">{(end - start) * k / 5:.2f} s</text>')
     parts.append("</svg>")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title></head>"
-            f"<body><h3>{html.escape(title)}</h3>\n" + "\n".join(parts) + "\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title></head>'
+        f"<body><h3>{html.escape(title)}</h3>\n" + "\n".join(parts) + "\n</body></html>\n"
+    )
 
 
-def write_timeline(records: list[RequestRecord], path: Path, itl_thresholds_ms: tuple[float, float],
-                   title: str) -> Path:
+def write_timeline(
+    records: list[RequestRecord], path: Path, itl_thresholds_ms: tuple[float, float], title: str
+) -> Path:
     write_text(timeline_html(records, itl_thresholds_ms, title), path)
     return path

@@ -15,16 +15,19 @@ SLOW_STEP_FACTOR = 5.0  # a slow step: longer than 5x the run's median decode-on
 ENDPOINT_STALL_FACTOR = 5.0  # over HTTP, a stall: an ITL gap longer than 5x the run's median ITL
 
 
-def engine_stall_stats(done: list[RequestRecord], steps: np.ndarray,
-                       slow_step_threshold_s: float | None = None) -> dict[str, float]:
+def engine_stall_stats(
+    done: list[RequestRecord], steps: np.ndarray, slow_step_threshold_s: float | None = None
+) -> dict[str, float]:
     """Generation stalls as the scheduler decided them: a paused decode is a running request in decode that a
     step left out; a stall is a token gap of a completed request during which it was paused at least once.
     Slow steps (a long step delays every request in it, paused or not) are counted on their own.
     `steps`: step_table()."""
-    stalled = [r.token_times[i] - r.token_times[i - 1] for r in done for i in r.paused_gaps
-               if i < len(r.token_times)]
-    out = {"num_paused_decodes": int(steps["num_paused_decodes"].sum()), "num_stalls": len(stalled),
-           "longest_stall_ms": max(stalled, default=0.0) * 1000.0}
+    stalled = [r.token_times[i] - r.token_times[i - 1] for r in done for i in r.paused_gaps if i < len(r.token_times)]
+    out = {
+        "num_paused_decodes": int(steps["num_paused_decodes"].sum()),
+        "num_stalls": len(stalled),
+        "longest_stall_ms": max(stalled, default=0.0) * 1000.0,
+    }
     if slow_step_threshold_s is None:
         decode_only = steps["seconds"][(steps["prefill_tokens"] == 0) & (steps["decode_tokens"] > 0)]
         slow_step_threshold_s = SLOW_STEP_FACTOR * float(np.median(decode_only)) if decode_only.size else None

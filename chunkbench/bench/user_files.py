@@ -14,10 +14,13 @@ from chunkbench.errors import UserError
 CHARS_PER_TOKEN = 4.0  # the usual English estimate for BPE tokenizers when no tokenizer is given
 MAX_TOKENS = 10**8  # no request is longer: bigger numbers in a spec or file are mistakes, not workloads
 
-COLUMN_ALIASES = {"prompt_len": ("prompt_len", "input_len", "prompt_tokens", "num_prefill_tokens"),
-                  "output_len": ("output_len", "output_tokens", "num_decode_tokens", "max_tokens"),
-                  "arrival_time": ("arrival_time", "arrived_at", "timestamp"),
-                  "prefix_group": ("prefix_group",), "prefix_len": ("prefix_len",)}
+COLUMN_ALIASES = {
+    "prompt_len": ("prompt_len", "input_len", "prompt_tokens", "num_prefill_tokens"),
+    "output_len": ("output_len", "output_tokens", "num_decode_tokens", "max_tokens"),
+    "arrival_time": ("arrival_time", "arrived_at", "timestamp"),
+    "prefix_group": ("prefix_group",),
+    "prefix_len": ("prefix_len",),
+}
 OPTIONAL_COLUMNS = ("arrival_time", "prefix_group", "prefix_len")
 
 
@@ -48,10 +51,16 @@ def check_counts(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     if frame.empty:
         raise UserError(f"--workload: {path} has no rows")
     counts = frame[["prompt_len", "output_len"]]
-    if frame.isna().any().any() or (counts < 1).any().any() or (counts > MAX_TOKENS).any().any() \
-            or (counts != counts.round()).any().any():
-        raise UserError(f"--workload: {path} has missing, non-numeric, fractional, non-positive or absurd "
-                        f"(> {MAX_TOKENS:,}) token counts")
+    if (
+        frame.isna().any().any()
+        or (counts < 1).any().any()
+        or (counts > MAX_TOKENS).any().any()
+        or (counts != counts.round()).any().any()
+    ):
+        raise UserError(
+            f"--workload: {path} has missing, non-numeric, fractional, non-positive or absurd "
+            f"(> {MAX_TOKENS:,}) token counts"
+        )
     return frame
 
 
@@ -71,8 +80,9 @@ def read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
     prompts, outputs = [], []
     for conversation in rows["conversations"]:
         if not isinstance(conversation, list) or not all(isinstance(t, dict) for t in conversation):
-            raise UserError(f"--workload: {path}: each 'conversations' must be a list of turns "
-                            "({'from': ..., 'value': ...})")
+            raise UserError(
+                f"--workload: {path}: each 'conversations' must be a list of turns ({{'from': ..., 'value': ...}})"
+            )
         turns = [t.get("value") or "" for t in conversation]
         turns = [t if isinstance(t, str) else "" for t in turns]
         if len(turns) >= 2 and turns[0] and turns[1]:
@@ -93,5 +103,3 @@ def token_counter(tokenizer_dir: str | None):
     except (OSError, ValueError) as exc:
         raise UserError(f"--tokenizer: cannot load a tokenizer from {tokenizer_dir}: {exc}") from None
     return lambda text: max(1, len(tokenizer(text)["input_ids"]))
-
-

@@ -11,15 +11,15 @@ import json
 import math
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from chunkbench.errors import UserError, check_number
 from chunkbench.bench.user_files import MAX_TOKENS, check_counts, read_sharegpt, token_counter
+from chunkbench.errors import UserError, check_number
 
 # Shared-segment keys of each source, apart so that no two sources' prefixes collide in one run.
 PREFIX_REPETITION_KEYS, TIMED_TRACE_KEYS = 4_000_000, 5_000_000
@@ -63,8 +63,10 @@ def _random(spec, path, n: int, rng: np.random.Generator) -> Drawn:
     out_low = max(math.floor(spec.random_output_len * (1 - ratio)), 1)
     out_high = max(math.ceil(spec.random_output_len * (1 + ratio)), 1)
     if spec.prefix_len + in_low < 1:
-        raise UserError("--random-input-len is too small: with --random-range-ratio and the tokenizer's special "
-                        "tokens, a prompt could have no token; raise it or --random-prefix-len")
+        raise UserError(
+            "--random-input-len is too small: with --random-range-ratio and the tokenizer's special "
+            "tokens, a prompt could have no token; raise it or --random-prefix-len"
+        )
     prompts = rng.integers(in_low, in_high + 1, size=n)
     return Drawn(prompts, rng.integers(out_low, out_high + 1, size=n))
 
@@ -74,15 +76,18 @@ def _prefix_repetition(spec, path, n: int, rng) -> Drawn:
     gives (Python's random, seeded, shuffles the requests built prefix by prefix)."""
     per_prefix = n // spec.prefix_repetition_num_prefixes
     if per_prefix == 0:
-        raise UserError(f"--num-requests ({n}) must be at least --prefix-repetition-num-prefixes "
-                        f"({spec.prefix_repetition_num_prefixes})")
+        raise UserError(
+            f"--num-requests ({n}) must be at least --prefix-repetition-num-prefixes "
+            f"({spec.prefix_repetition_num_prefixes})"
+        )
     groups = [g for g in range(spec.prefix_repetition_num_prefixes) for _ in range(per_prefix)]
     random.Random(spec.seed).shuffle(groups)
     length = spec.prefix_repetition_prefix_len + spec.prefix_repetition_suffix_len
-    shared = [((PREFIX_REPETITION_KEYS + g, spec.prefix_repetition_prefix_len),)
-              if spec.prefix_repetition_prefix_len else () for g in groups]
-    return Drawn(np.full(len(groups), length), np.full(len(groups), spec.prefix_repetition_output_len), None,
-                 shared)
+    shared = [
+        ((PREFIX_REPETITION_KEYS + g, spec.prefix_repetition_prefix_len),) if spec.prefix_repetition_prefix_len else ()
+        for g in groups
+    ]
+    return Drawn(np.full(len(groups), length), np.full(len(groups), spec.prefix_repetition_output_len), None, shared)
 
 
 def _read_frame(path: Path, reader: Callable, what: str) -> pd.DataFrame:
@@ -101,10 +106,13 @@ def _burstgpt(spec, path: Path, n: int | None, rng) -> Drawn:
     frame = _read_frame(path, pd.read_csv, "BurstGPT CSV")
     missing = [c for c in BURSTGPT_COLUMNS if c not in frame.columns]
     if missing:
-        raise UserError(f"--workload burstgpt: {path} has no {', '.join(missing)} column (BurstGPT's columns: "
-                        f"{', '.join(BURSTGPT_COLUMNS)}, ...)")
-    rows = frame[(frame["Model"] == "GPT-4")
-                 & (pd.to_numeric(frame["Response tokens"], errors="coerce") > 0)].reset_index(drop=True)
+        raise UserError(
+            f"--workload burstgpt: {path} has no {', '.join(missing)} column (BurstGPT's columns: "
+            f"{', '.join(BURSTGPT_COLUMNS)}, ...)"
+        )
+    rows = frame[
+        (frame["Model"] == "GPT-4") & (pd.to_numeric(frame["Response tokens"], errors="coerce") > 0)
+    ].reset_index(drop=True)
     if rows.empty:
         raise UserError(f"--workload burstgpt: {path} has no GPT-4 row with a response")
     n = n or len(rows)
@@ -112,9 +120,15 @@ def _burstgpt(spec, path: Path, n: int | None, rng) -> Drawn:
         rows = rows.head(n)
     else:
         rows = rows.sample(n=n, random_state=spec.seed, replace=n > len(rows))
-    counts = check_counts(pd.DataFrame({"prompt_len": pd.to_numeric(rows["Request tokens"], errors="coerce"),
-                                        "output_len": pd.to_numeric(rows["Response tokens"], errors="coerce")}),
-                          path)
+    counts = check_counts(
+        pd.DataFrame(
+            {
+                "prompt_len": pd.to_numeric(rows["Request tokens"], errors="coerce"),
+                "output_len": pd.to_numeric(rows["Response tokens"], errors="coerce"),
+            }
+        ),
+        path,
+    )
     arrivals = None
     if spec.arrival == "trace":
         times = pd.to_numeric(rows["Timestamp"], errors="coerce").to_numpy(float)
@@ -138,8 +152,11 @@ def _custom(spec, path: Path, n: int | None, rng) -> Drawn:
     frame = frame.iloc[order[:n] if n else order]
     count = token_counter(spec.tokenizer)
     prompts = [count(p) if isinstance(p, str) and p else 0 for p in frame["prompt"]]
-    outputs = (pd.to_numeric(frame["output_tokens"], errors="coerce") if spec.custom_output_len == -1
-               else [spec.custom_output_len] * len(frame))
+    outputs = (
+        pd.to_numeric(frame["output_tokens"], errors="coerce")
+        if spec.custom_output_len == -1
+        else [spec.custom_output_len] * len(frame)
+    )
     counts = check_counts(pd.DataFrame({"prompt_len": prompts, "output_len": list(outputs)}), path)
     return Drawn(counts["prompt_len"].to_numpy(np.int64), counts["output_len"].to_numpy(np.int64))
 
@@ -163,8 +180,9 @@ def _hf(spec, path: Path, n: int | None, rng) -> Drawn:
             rows = datasets.load_dataset(str(path), name=spec.hf_subset, split=spec.hf_split)
     except Exception as exc:  # datasets raises many types for a missing or bad dataset
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"--workload hf: cannot load {path} here (local folder or the datasets cache, no "
-                        f"download): {first}") from None
+        raise UserError(
+            f"--workload hf: cannot load {path} here (local folder or the datasets cache, no download): {first}"
+        ) from None
     if spec.shuffle:
         rows = rows.shuffle(seed=spec.seed)
     if n:
@@ -174,12 +192,16 @@ def _hf(spec, path: Path, n: int | None, rng) -> Drawn:
     if prompt is None:
         raise UserError(f"--workload hf: {path} has none of the prompt columns {', '.join(HF_PROMPT_COLUMNS)}")
     if spec.hf_output_len is None and answer is None:
-        raise UserError(f"--workload hf: {path} has no answer column ({', '.join(HF_ANSWER_COLUMNS)}): "
-                        "give --hf-output-len")
+        raise UserError(
+            f"--workload hf: {path} has no answer column ({', '.join(HF_ANSWER_COLUMNS)}): give --hf-output-len"
+        )
     count = token_counter(spec.tokenizer)
     prompts = [count(t) if isinstance(t, str) and t else 0 for t in rows[prompt]]
-    outputs = ([spec.hf_output_len] * len(prompts) if spec.hf_output_len is not None
-               else [count(t) if isinstance(t, str) and t else 0 for t in rows[answer]])
+    outputs = (
+        [spec.hf_output_len] * len(prompts)
+        if spec.hf_output_len is not None
+        else [count(t) if isinstance(t, str) and t else 0 for t in rows[answer]]
+    )
     counts = check_counts(pd.DataFrame({"prompt_len": prompts, "output_len": outputs}), path)
     return Drawn(counts["prompt_len"].to_numpy(np.int64), counts["output_len"].to_numpy(np.int64))
 
@@ -197,8 +219,11 @@ def _timed_trace(spec, path: Path, n: int | None, rng) -> Drawn:
     --timed-trace-chunk-hash-size tokens (the last one cut to what is left of the input length); the prompt is
     the blocks, so equal ids at the start of two prompts are a shared prefix. Timestamps are seconds times
     --time-scale (--timed-trace-sec-multiplier), as given."""
-    labels = (spec.timed_trace_label_timestamp, spec.timed_trace_label_input_length,
-              spec.timed_trace_label_output_length)
+    labels = (
+        spec.timed_trace_label_timestamp,
+        spec.timed_trace_label_input_length,
+        spec.timed_trace_label_output_length,
+    )
     keys: dict[tuple[int, int], int] = {}  # (hash id, block size) -> shared-segment key
     prompts, outputs, arrivals, shared = [], [], [], []
     try:
@@ -237,24 +262,38 @@ def _timed_trace(spec, path: Path, n: int | None, rng) -> Drawn:
 
 
 def _whole(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
-            or not 1 <= value <= MAX_TOKENS:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value != int(value)
+        or not 1 <= value <= MAX_TOKENS
+    ):
         raise UserError(f"{where}: token counts must be whole numbers in [1, {MAX_TOKENS:,}], got {value!r}")
     return int(value)
 
 
 DATASETS = {
-    "random": Dataset(_random, False, "vLLM's random: --random-input-len/--random-output-len tokens, "
-                      "--random-range-ratio around them, --random-prefix-len shared"),
-    "prefix_repetition": Dataset(_prefix_repetition, False, "--prefix-repetition-num-prefixes shared prefixes "
-                                 "of --prefix-repetition-prefix-len tokens, a suffix, an output"),
-    "burstgpt": Dataset(_burstgpt, True, "BurstGPT's CSV (GPT-4 rows, sampled by --seed; --arrival trace: its "
-                        "timestamps)"),
-    "custom": Dataset(_custom, True, "JSONL of {\"prompt\": ..., \"output_tokens\": ...}"),
+    "random": Dataset(
+        _random,
+        False,
+        "vLLM's random: --random-input-len/--random-output-len tokens, "
+        "--random-range-ratio around them, --random-prefix-len shared",
+    ),
+    "prefix_repetition": Dataset(
+        _prefix_repetition,
+        False,
+        "--prefix-repetition-num-prefixes shared prefixes "
+        "of --prefix-repetition-prefix-len tokens, a suffix, an output",
+    ),
+    "burstgpt": Dataset(
+        _burstgpt, True, "BurstGPT's CSV (GPT-4 rows, sampled by --seed; --arrival trace: its timestamps)"
+    ),
+    "custom": Dataset(_custom, True, 'JSONL of {"prompt": ..., "output_tokens": ...}'),
     "hf": Dataset(_hf, True, "a local or cached Hugging Face dataset with a prompt column"),
     "sharegpt": Dataset(_sharegpt, True, "ShareGPT JSON"),
-    "timed_trace": Dataset(_timed_trace, True, "JSONL with timestamp, input/output lengths and hash_ids "
-                           "(Mooncake's, Qwen's traces)"),
+    "timed_trace": Dataset(
+        _timed_trace, True, "JSONL with timestamp, input/output lengths and hash_ids (Mooncake's, Qwen's traces)"
+    ),
 }
 HELP = "; ".join(f"{kind}{':PATH' if d.takes_path else ''} ({d.help})" for kind, d in DATASETS.items())
 
@@ -274,13 +313,18 @@ def parse(name: str) -> tuple[str, Path | None] | None:
 
 def validate(spec) -> None:
     """The dataset options of a WorkloadSpec, each in vLLM's range."""
-    for name in ("random_input_len", "random_output_len", "prefix_repetition_num_prefixes",
-                 "timed_trace_chunk_hash_size"):
+    for name in (
+        "random_input_len",
+        "random_output_len",
+        "prefix_repetition_num_prefixes",
+        "timed_trace_chunk_hash_size",
+    ):
         check_number("--" + name.replace("_", "-"), getattr(spec, name), low=1, high=MAX_TOKENS, integer=True)
     for name in ("prefix_repetition_prefix_len", "prefix_repetition_suffix_len"):
         check_number("--" + name.replace("_", "-"), getattr(spec, name), low=0, high=MAX_TOKENS, integer=True)
-    check_number("--prefix-repetition-output-len", spec.prefix_repetition_output_len, low=1, high=MAX_TOKENS,
-                 integer=True)
+    check_number(
+        "--prefix-repetition-output-len", spec.prefix_repetition_output_len, low=1, high=MAX_TOKENS, integer=True
+    )
     check_number("--random-range-ratio", spec.random_range_ratio, low=0)
     if spec.random_range_ratio >= 1:
         raise UserError(f"--random-range-ratio must be in [0, 1), got {spec.random_range_ratio}")

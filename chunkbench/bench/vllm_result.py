@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkbench.errors import UserError
 from chunkbench.bench.metrics import RequestRecord
+from chunkbench.errors import UserError
 from chunkbench.files import write_json
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -28,8 +28,9 @@ def parse_percentiles(metrics: str, percentiles: str) -> tuple[list[str], list[f
     names = [m.strip() for m in metrics.split(",") if m.strip()]
     unknown = [m for m in names if m not in PERCENTILE_METRICS]
     if unknown or not names:
-        raise UserError(f"--percentile-metrics takes a comma-separated list of {', '.join(PERCENTILE_METRICS)}, "
-                        f"got '{metrics}'")
+        raise UserError(
+            f"--percentile-metrics takes a comma-separated list of {', '.join(PERCENTILE_METRICS)}, got '{metrics}'"
+        )
     try:
         values = [float(p) for p in percentiles.split(",") if p.strip()]
     except ValueError:
@@ -42,41 +43,82 @@ def parse_percentiles(metrics: str, percentiles: str) -> tuple[list[str], list[f
 def _stats(name: str, values_s: list[float], percentiles: list[float]) -> dict:
     """vLLM's process_one_metric: mean/median/std and p<P> in ms; an empty list counts as [0]."""
     ms = np.asarray(values_s or [0.0], dtype=float) * 1000.0
-    out = {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
-           f"std_{name}_ms": float(ms.std())}
+    out = {
+        f"mean_{name}_ms": float(ms.mean()),
+        f"median_{name}_ms": float(np.median(ms)),
+        f"std_{name}_ms": float(ms.std()),
+    }
     for p in percentiles:
         out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = float(np.percentile(ms, p))
     return out
 
 
-def vllm_result(summary: dict, records: list[RequestRecord], *, api: str, model_id: str | None,
-                tokenizer_id: str | None, label: str | None, request_rate: float | str, burstiness: float,
-                max_concurrency: int | None, goodput: bool, metrics: list[str], percentiles: list[float],
-                detailed: bool = False, metadata: dict[str, str] | None = None) -> dict:
+def vllm_result(
+    summary: dict,
+    records: list[RequestRecord],
+    *,
+    api: str,
+    model_id: str | None,
+    tokenizer_id: str | None,
+    label: str | None,
+    request_rate: float | str,
+    burstiness: float,
+    max_concurrency: int | None,
+    goodput: bool,
+    metrics: list[str],
+    percentiles: list[float],
+    detailed: bool = False,
+    metadata: dict[str, str] | None = None,
+) -> dict:
     """The result dict; `summary` is chunkbench's (the same totals), `records` the run's requests."""
     backend = "openai-chat" if api == "chat" else "openai"
-    result: dict = {"date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": backend,
-                    "backend": backend, "label": label, "model_id": model_id, "tokenizer_id": tokenizer_id,
-                    "num_prompts": len(records), **(metadata or {}),
-                    "request_rate": request_rate, "burstiness": burstiness, "max_concurrency": max_concurrency}
+    result: dict = {
+        "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": backend,
+        "backend": backend,
+        "label": label,
+        "model_id": model_id,
+        "tokenizer_id": tokenizer_id,
+        "num_prompts": len(records),
+        **(metadata or {}),
+        "request_rate": request_rate,
+        "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+    }
     done = [r for r in records if r.ok]
-    result |= {key: summary[key] for key in ("duration", "completed", "failed", "total_input_tokens",
-                                             "total_output_tokens", "request_throughput")}
+    result |= {
+        key: summary[key]
+        for key in (
+            "duration",
+            "completed",
+            "failed",
+            "total_input_tokens",
+            "total_output_tokens",
+            "request_throughput",
+        )
+    }
     result["request_goodput"] = summary["request_goodput"] if goodput else None
     result |= {key: summary[key] for key in ("output_throughput", "total_token_throughput")}
-    result |= {"input_lens": [r.prompt_len for r in records],
-               "output_lens": [r.output_tokens if r.ok else 0 for r in records],
-               "ttfts": [r.ttft if r.ok else 0.0 for r in records],
-               "itls": [r.itls if r.ok else [] for r in records],
-               "latencies": [r.e2el if r.ok else 0.0 for r in records],
-               "start_times": [r.send_time for r in records],
-               "queue_times": [r.client_queue_time for r in records],
-               "generated_texts": ["" for _ in records],  # chunkbench keeps token times, not text
-               "errors": [r.error or "" for r in records],
-               "max_output_tokens_per_s": float(summary["max_output_tokens_per_s"]),
-               "max_concurrent_requests": summary["max_concurrent_requests"], "rtfx": 0.0}
-    values = {"ttft": [r.ttft for r in done], "tpot": [r.tpot for r in done if r.tpot is not None],
-              "itl": [g for r in done for g in r.itls], "e2el": [r.e2el for r in done]}
+    result |= {
+        "input_lens": [r.prompt_len for r in records],
+        "output_lens": [r.output_tokens if r.ok else 0 for r in records],
+        "ttfts": [r.ttft if r.ok else 0.0 for r in records],
+        "itls": [r.itls if r.ok else [] for r in records],
+        "latencies": [r.e2el if r.ok else 0.0 for r in records],
+        "start_times": [r.send_time for r in records],
+        "queue_times": [r.client_queue_time for r in records],
+        "generated_texts": ["" for _ in records],  # chunkbench keeps token times, not text
+        "errors": [r.error or "" for r in records],
+        "max_output_tokens_per_s": float(summary["max_output_tokens_per_s"]),
+        "max_concurrent_requests": summary["max_concurrent_requests"],
+        "rtfx": 0.0,
+    }
+    values = {
+        "ttft": [r.ttft for r in done],
+        "tpot": [r.tpot for r in done if r.tpot is not None],
+        "itl": [g for r in done for g in r.itls],
+        "e2el": [r.e2el for r in done],
+    }
     for name in metrics:
         result |= _stats(name, values[name], percentiles)
     if max_concurrency is not None:
@@ -94,8 +136,9 @@ def result_path(result_dir: Path | None, result_filename: str | None, result: di
     """vLLM's file name: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json unless --result-filename."""
     concurrency = f"-concurrency{result['max_concurrency']}" if result["max_concurrency"] is not None else ""
     model = str(result["model_id"] or "model").split("/")[-1]
-    name = result_filename or (f"{result['label'] or result['backend']}-{result['request_rate']}qps{concurrency}-"
-                               f"{model}-{result['date']}.json")
+    name = result_filename or (
+        f"{result['label'] or result['backend']}-{result['request_rate']}qps{concurrency}-{model}-{result['date']}.json"
+    )
     return (result_dir or Path(".")) / name
 
 

@@ -37,8 +37,9 @@ def detokenize_vocab_size(endpoint: str, model: str | None, timeout_s: float = 1
 
     def decodes(token_id: int) -> bool:
         try:
-            response = httpx.post(url, json={"tokens": [token_id]} | ({"model": model} if model else {}),
-                                  timeout=timeout_s)
+            response = httpx.post(
+                url, json={"tokens": [token_id]} | ({"model": model} if model else {}), timeout=timeout_s
+            )
             return response.status_code == 200 and bool(response.json().get("prompt"))
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
@@ -54,8 +55,9 @@ def detokenize_vocab_size(endpoint: str, model: str | None, timeout_s: float = 1
     return high
 
 
-def resolve_vocab_size(endpoint: str, model: str | None, card: dict, vocab_size: int | None,
-                       tokenizer: str | None) -> int:
+def resolve_vocab_size(
+    endpoint: str, model: str | None, card: dict, vocab_size: int | None, tokenizer: str | None
+) -> int:
     """The vocabulary size to draw prompt ids below (module docstring's order); a UserError when unknown."""
     if vocab_size is not None:
         return vocab_size
@@ -66,5 +68,7 @@ def resolve_vocab_size(endpoint: str, model: str | None, card: dict, vocab_size:
     probed = detokenize_vocab_size(endpoint, model)
     if probed:
         return probed
-    raise UserError(f"--endpoint: {endpoint} does not say its vocabulary size; pass --vocab-size N (or "
-                    "--tokenizer DIR) so that no prompt carries an out-of-vocabulary token id")
+    raise UserError(
+        f"--endpoint: {endpoint} does not say its vocabulary size; pass --vocab-size N (or "
+        "--tokenizer DIR) so that no prompt carries an out-of-vocabulary token id"
+    )

@@ -13,11 +13,11 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from chunkbench.bench import vllm_datasets as datasets
-from chunkbench.bench.sources import NAMED, find  # noqa: F401  (NAMED: the named workloads, for --help)
 from chunkbench.bench.arrivals import MAX_SPAN_S, RAMP_UPS, arrival_span, sample_arrivals
+from chunkbench.bench.sources import NAMED, find  # noqa: F401  (NAMED: the named workloads, for --help)
+from chunkbench.bench.user_files import MAX_TOKENS
 from chunkbench.engine.limits import longest_prompt, prompt_fits
 from chunkbench.errors import UserError, check_number
-from chunkbench.bench.user_files import MAX_TOKENS
 
 MAX_REQUESTS = 10**7  # requests in a workload: beyond is a mistake (1.2e12 asked numpy for 8.8 TiB of lengths)
 
@@ -33,8 +33,8 @@ class WorkloadRequest:
     probe: bool = False  # a one-token probe beside the load (--probe-request-rate), reported apart
 
 
-
 # ---------- the one entry point ----------
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:
@@ -101,8 +101,9 @@ class WorkloadSpec:
         check_number("--seed", self.seed, low=0, high=2**32 - 1, integer=True)
         if self.ramp_up_strategy is not None:
             if self.ramp_up_strategy not in RAMP_UPS:
-                raise UserError(f"--ramp-up-strategy must be one of {', '.join(RAMP_UPS)}, got "
-                                f"'{self.ramp_up_strategy}'")
+                raise UserError(
+                    f"--ramp-up-strategy must be one of {', '.join(RAMP_UPS)}, got '{self.ramp_up_strategy}'"
+                )
             if self.ramp_up_start_rps is None or self.ramp_up_end_rps is None:
                 raise UserError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
             check_number("--ramp-up-start-rps", self.ramp_up_start_rps, low=0, low_open=True)
@@ -115,8 +116,10 @@ class WorkloadSpec:
         for name in ("prompt_len", "output_len"):
             if self.name != "synthetic" and getattr(self, name) != defaults[name]:
                 flag = "--" + name.replace("_", "-")
-                raise UserError(f"{flag} shapes synthetic workloads; workload '{self.name}' has its own lengths: "
-                                f"add --workload synthetic, or leave {flag} out")
+                raise UserError(
+                    f"{flag} shapes synthetic workloads; workload '{self.name}' has its own lengths: "
+                    f"add --workload synthetic, or leave {flag} out"
+                )
 
 
 def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list[WorkloadRequest]:
@@ -131,22 +134,30 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> list
     if arrivals is None:
         if spec.arrival == "trace":
             raise UserError(f"--arrival trace: workload '{spec.name}' has no timestamps")
-        arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng, spec.seed,
-                                   spec.ramp)
+        arrivals = sample_arrivals(spec.arrival or "poisson", n, spec.rate, spec.burstiness, rng, spec.seed, spec.ramp)
     shared = shared or [()] * len(prompts)
-    requests = [WorkloadRequest(int(p), int(o), float(a), sh)
-                for p, o, a, sh in zip(prompts, outputs, arrivals, shared)]
+    requests = [
+        WorkloadRequest(int(p), int(o), float(a), sh) for p, o, a, sh in zip(prompts, outputs, arrivals, shared)
+    ]
     if spec.prefix_len:  # a shared prefix before each prompt, round-robin over the prefixes
-        requests = [WorkloadRequest(r.prompt_len + spec.prefix_len, r.output_len, r.arrival_time,
-                                    ((2_000_000 + i % spec.num_prefixes, spec.prefix_len),) + r.shared)
-                    for i, r in enumerate(requests)]
+        requests = [
+            WorkloadRequest(
+                r.prompt_len + spec.prefix_len,
+                r.output_len,
+                r.arrival_time,
+                ((2_000_000 + i % spec.num_prefixes, spec.prefix_len),) + r.shared,
+            )
+            for i, r in enumerate(requests)
+        ]
     if spec.duration is not None:
         requests = [r for r in requests if r.arrival_time <= spec.duration]
     span = arrival_span(requests)
     if span > MAX_SPAN_S:
-        raise UserError(f"the workload's arrivals span {span:.3g} s; at most {MAX_SPAN_S:.0e} s (times are seconds in "
-                        "floating point: far beyond, latencies are lost in rounding): raise --rate or lower "
-                        "--time-scale")
+        raise UserError(
+            f"the workload's arrivals span {span:.3g} s; at most {MAX_SPAN_S:.0e} s (times are seconds in "
+            "floating point: far beyond, latencies are lost in rounding): raise --rate or lower "
+            "--time-scale"
+        )
     if max_model_len is not None:
         requests = clip_to_model(requests, max_model_len)
     return add_probes(requests, spec.probe_request_rate)
@@ -177,12 +188,16 @@ def clip_to_model(requests: list[WorkloadRequest], max_model_len: int) -> list[W
             for key, length in r.shared:
                 shared.append((key, min(length, room)))
                 room -= shared[-1][1]
-            r = WorkloadRequest(prompt, min(r.output_len, max_model_len - prompt), r.arrival_time,
-                                tuple(seg for seg in shared if seg[1] > 0))
+            r = WorkloadRequest(
+                prompt,
+                min(r.output_len, max_model_len - prompt),
+                r.arrival_time,
+                tuple(seg for seg in shared if seg[1] > 0),
+            )
         clipped.append(r)
     count = sum(a != b for a, b in zip(requests, clipped))
     if count:
-        warnings.warn(f"{count} of {len(requests)} requests were clipped to max_model_len ({max_model_len})",
-                      stacklevel=2)
+        warnings.warn(
+            f"{count} of {len(requests)} requests were clipped to max_model_len ({max_model_len})", stacklevel=2
+        )
     return clipped
-

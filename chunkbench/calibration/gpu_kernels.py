@@ -26,7 +26,7 @@ import numpy as np
 from chunkbench.engine.config import ModelConfig
 from chunkbench.files import write_text
 from chunkbench.sim.gpus import GPUS, GPUSpec
-from chunkbench.sim.kernel_times import (KernelConstants, gemm_seconds, layer_elementwise_seconds, layer_gemms)
+from chunkbench.sim.kernel_times import KernelConstants, gemm_seconds, layer_elementwise_seconds, layer_gemms
 
 # File name -> (GPU key in sim/gpus.py, model). ORIGIN.md names the GPUs: A100-80GB SXM and H100 SXM.
 PROFILES = {
@@ -51,9 +51,17 @@ class Row:
 
 def profile_model(row: dict, name: str) -> ModelConfig:
     heads, hidden = int(row["n_head"]), int(row["n_embd"])
-    return ModelConfig(name, vocab_size=int(row["vocab_size"]), hidden_size=hidden,
-                       intermediate_size=int(row["n_expanded_embd"]), num_layers=1, num_heads=heads,
-                       num_kv_heads=int(row["n_kv_head"]), head_dim=hidden // heads, max_model_len=4096)
+    return ModelConfig(
+        name,
+        vocab_size=int(row["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(row["n_expanded_embd"]),
+        num_layers=1,
+        num_heads=heads,
+        num_kv_heads=int(row["n_kv_head"]),
+        head_dim=hidden // heads,
+        max_model_len=4096,
+    )
 
 
 def load_rows(path: Path) -> list[Row]:
@@ -63,20 +71,34 @@ def load_rows(path: Path) -> list[Row]:
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             med = lambda op: float(r[f"time_stats.{op}.median"])  # noqa: E731
-            rows.append(Row(int(r["num_tokens"]), int(r["num_tensor_parallel_workers"]),
-                            tuple(med(op) for op in GEMM_OPS),
-                            sum(n * med(op) for op, n in ELEMENTWISE_OPS.items()), profile_model(r, name)))
+            rows.append(
+                Row(
+                    int(r["num_tokens"]),
+                    int(r["num_tensor_parallel_workers"]),
+                    tuple(med(op) for op in GEMM_OPS),
+                    sum(n * med(op) for op, n in ELEMENTWISE_OPS.items()),
+                    profile_model(r, name),
+                )
+            )
     return rows
 
 
 def constants_from(x, tile: int, elementwise=(0.5, 2e-6)) -> KernelConstants:
-    return KernelConstants(float(x[0]), float(x[1]), float(x[2]), int(tile), float(x[3]), float(elementwise[0]),
-                           float(elementwise[1]))
+    return KernelConstants(
+        float(x[0]), float(x[1]), float(x[2]), int(tile), float(x[3]), float(elementwise[0]), float(elementwise[1])
+    )
 
 
 def predict_gemms_ms(rows: list[Row], c: KernelConstants, gpu: GPUSpec) -> np.ndarray:
-    return np.array([[1e3 * gemm_seconds(r.tokens, k, n, c, gpu.bf16_flops, gpu.mem_bandwidth)
-                      for k, n in layer_gemms(r.model, r.tp)] for r in rows])
+    return np.array(
+        [
+            [
+                1e3 * gemm_seconds(r.tokens, k, n, c, gpu.bf16_flops, gpu.mem_bandwidth)
+                for k, n in layer_gemms(r.model, r.tp)
+            ]
+            for r in rows
+        ]
+    )
 
 
 def predict_elementwise_ms(rows: list[Row], c: KernelConstants, gpu: GPUSpec) -> np.ndarray:
@@ -95,11 +117,18 @@ def fit(rows: list[Row], gpu: GPUSpec) -> tuple[KernelConstants, dict]:
     measured = np.array([r.gemm_ms for r in rows])
     best: tuple[Any, int] | None = None  # (scipy's solution, its tile)
     for tile in TILE_CHOICES:
+
         def residuals(x, tile=tile):
             return (predict_gemms_ms(rows, constants_from(x, tile), gpu) / measured - 1.0).ravel()
 
-        sol = least_squares(residuals, START, bounds=([0.05, 0.05, 1.0, 0.0], [1.0, 1.0, 12.0, 50e-6]),
-                            loss="soft_l1", f_scale=0.05, x_scale=[0.1, 0.1, 1.0, 1e-5])
+        sol = least_squares(
+            residuals,
+            START,
+            bounds=([0.05, 0.05, 1.0, 0.0], [1.0, 1.0, 12.0, 50e-6]),
+            loss="soft_l1",
+            f_scale=0.05,
+            x_scale=[0.1, 0.1, 1.0, 1e-5],
+        )
         if best is None or sol.cost < best[0].cost:
             best = (sol, tile)
     assert best is not None  # TILE_CHOICES is not empty
@@ -109,8 +138,9 @@ def fit(rows: list[Row], gpu: GPUSpec) -> tuple[KernelConstants, dict]:
     def residuals_e(x):
         return predict_elementwise_ms(rows, constants_from(sol.x, tile, x), gpu) / elementwise - 1.0
 
-    sol_e = least_squares(residuals_e, (0.5, 2e-6), bounds=([0.02, 0.0], [1.0, 50e-6]), loss="soft_l1",
-                          f_scale=0.05, x_scale=[0.1, 1e-6])
+    sol_e = least_squares(
+        residuals_e, (0.5, 2e-6), bounds=([0.02, 0.0], [1.0, 50e-6]), loss="soft_l1", f_scale=0.05, x_scale=[0.1, 1e-6]
+    )
     constants = constants_from(sol.x, tile, sol_e.x)
     return constants, {"rows": len(rows), "tokens": [FIT_MIN, FIT_MAX], "tp": sorted({r.tp for r in rows})}
 
@@ -129,27 +159,34 @@ class Errors:
         return asdict(self)
 
 
-def linear_errors(rows: list[Row], c: KernelConstants, gpu: GPUSpec, lo: int, hi: int,
-                  tp: tuple[int, ...] = (1,)) -> Errors:
+def linear_errors(
+    rows: list[Row], c: KernelConstants, gpu: GPUSpec, lo: int, hi: int, tp: tuple[int, ...] = (1,)
+) -> Errors:
     rows = [r for r in _in_range(rows, lo, hi) if r.tp in tp]
     predicted = predict_gemms_ms(rows, c, gpu).sum(axis=1)
     measured = np.array([sum(r.gemm_ms) for r in rows])
     err = 100 * (predicted / measured - 1.0)
     worst = int(np.argmax(np.abs(err)))
-    return Errors(len(rows), float(np.abs(err).mean()), float(np.abs(err).max()), rows[worst].tokens,
-                  float(err.mean()))
+    return Errors(len(rows), float(np.abs(err).mean()), float(np.abs(err).max()), rows[worst].tokens, float(err.mean()))
 
 
 def elementwise_errors(rows: list[Row], c: KernelConstants, gpu: GPUSpec, lo: int, hi: int) -> Errors:
     rows = [r for r in _in_range(rows, lo, hi) if r.tp == 1]
     err = 100 * (predict_elementwise_ms(rows, c, gpu) / np.array([r.elementwise_ms for r in rows]) - 1.0)
     worst = int(np.argmax(np.abs(err)))
-    return Errors(len(rows), float(np.abs(err).mean()), float(np.abs(err).max()), rows[worst].tokens,
-                  float(err.mean()))
+    return Errors(len(rows), float(np.abs(err).mean()), float(np.abs(err).max()), rows[worst].tokens, float(err.mean()))
 
 
-SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
-                 "num_tensor_parallel_workers")
+SHAPE_COLUMNS = (
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "n_expanded_embd",
+    "vocab_size",
+    "use_gated_mlp",
+    "num_tokens",
+    "num_tensor_parallel_workers",
+)
 
 
 def write_subset(src: Path, dst: Path) -> None:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunkbench.bench.backends import SimBackend
+from chunkbench.calibration.server_runs import simulate_run
 from chunkbench.sim.linear_cost import LinearFamily
 from chunkbench.sim.server_calibration import ServerCalibration, jitter_draws
-from chunkbench.calibration.server_runs import simulate_run
 from chunkbench.tune.spec import TuneSpec
 
 
@@ -75,7 +75,7 @@ class Trace:
 
     def ends(self, c: np.ndarray) -> np.ndarray:
         """Each step's end under coefficients `c` (the family's terms: the step terms, then the client's)."""
-        seconds = self.features @ c[:self.features.shape[1]]
+        seconds = self.features @ c[: self.features.shape[1]]
         total = np.cumsum(seconds)
         before = np.concatenate(([0.0], total[:-1]))
         return total + np.maximum.accumulate(self.release - before)
@@ -88,9 +88,11 @@ class Trace:
             lift = self._request * (float(np.ptp(times)) + jitter * float(self._draws.max()) + 1.0)
             times = np.maximum.accumulate(times + jitter * self._draws + lift) - lift
         gaps = np.diff(times)[self._gap[1:]]  # tokens of one time are one chunk: no gap (server_calibration.streamed)
-        return {"ttft_ms": (1e3 * (times[self._first] - self.arrivals)).tolist(),
-                "itl_ms": (1e3 * gaps[gaps > 0]).tolist(),
-                "e2el_ms": (1e3 * (times[self._last] - self.arrivals)).tolist()}
+        return {
+            "ttft_ms": (1e3 * (times[self._first] - self.arrivals)).tolist(),
+            "itl_ms": (1e3 * gaps[gaps > 0]).tolist(),
+            "e2el_ms": (1e3 * (times[self._last] - self.arrivals)).tolist(),
+        }
 
 
 def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
@@ -100,11 +102,12 @@ def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
     if not isinstance(family, LinearFamily):
         raise TypeError(f"a trace prices a linear family's terms, not {family.name}'s")
     if family.jitter_index is not None:
-        calibration = dataclasses.replace(calibration, coefficients=(calibration.coefficients or {})
-                                          | {family.terms[family.jitter_index]: 0.0})
+        calibration = dataclasses.replace(
+            calibration, coefficients=(calibration.coefficients or {}) | {family.terms[family.jitter_index]: 0.0}
+        )
     backend = RecordingBackend(server_calibration=calibration, fast_forward=False)
     result, workload, _ = simulate_run(calibration, spec, run, backend)
-    rows = backend.recorder.rows[-len(result.steps):] if result.steps else []  # the run's (after its warm-up)
+    rows = backend.recorder.rows[-len(result.steps) :] if result.steps else []  # the run's (after its warm-up)
     if not len(rows) == len(result.steps) == len(result.step_requests):
         raise RuntimeError(f"recorded {len(rows)} steps' features for {len(result.steps)} steps")
     starts = np.array([s.start for s in result.steps])
@@ -128,4 +131,4 @@ def trace(spec: TuneSpec, calibration: ServerCalibration, run: dict) -> Trace:
         order = sorted(order, key=lambda i: sends[i])
     session = family.session_features(backend.recorder.rows, calibration.coefficients or {})
     draws = [jitter_draws(len(steps), seed) for seed, steps in enumerate(token_steps)]  # as delayed() draws them
-    return Trace(session[len(session) - len(rows):], release, idle, token_steps, arrivals, order, draws, family)
+    return Trace(session[len(session) - len(rows) :], release, idle, token_steps, arrivals, order, draws, family)

@@ -24,15 +24,28 @@ from pathlib import Path
 import numpy as np
 
 from chunkbench.bench.backends import Backend
+from chunkbench.bench.workload import WorkloadSpec
+
+# Re-exported: presearch.py, presearch_report.py and the tests take the runs' names from here.
+from chunkbench.calibration.server_runs import (  # noqa: F401
+    PRIMER_LEAD_S,
+    WORKLOAD_REQUESTS,
+    Design,
+    design_requests,
+    designs,
+    from_burst_end,
+    primer_outran_burst,
+    residuals,
+    run_figures,
+    simulate_design,
+    stats,
+    warm_up,
+    warmup_requests,
+)
 from chunkbench.sim import families
 from chunkbench.sim.cost_family import CostFamily, Scored
 from chunkbench.sim.server_calibration import ServerCalibration
-# Re-exported: presearch.py, presearch_report.py and the tests take the runs' names from here.
-from chunkbench.calibration.server_runs import (PRIMER_LEAD_S, WORKLOAD_REQUESTS, Design, design_requests,  # noqa: F401
-                                              designs, from_burst_end, primer_outran_burst, residuals, run_figures,
-                                              simulate_design, stats, warm_up, warmup_requests)
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.bench.workload import WorkloadSpec
 
 BOX = 6.0  # the fit stays within e^6 (x400) of its first guess: beyond, no real server
 SERVER_WEIGHT = 0.5  # the server's own figures back the client's up; they are coarser (histogram buckets)
@@ -64,22 +77,39 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
     # share orders paused attempts only, else it would outrank steadiness among unpaused ones
     attempts = []
     for attempt in range(1 + PAUSE_REMEASURES):  # another seed: other prompt ids, no prefix-cache hits
-        figures = run_figures(serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False,
-                                    label=design.name))
+        figures = run_figures(
+            serve(workload, seed=spec.seed + 2 * attempt, warmup_steps=0, progress=False, label=design.name)
+        )
         spread, paused = copies_spread(figures, copy), server_paused(figures)
-        attempts.append((paused, late_share(figures["itl_ms"]) if paused else 0.0, max(spread, STEADY_RATIO),
-                         max(figures["itl_ms"], default=0.0),
-                         (from_burst_end(figures) if design.primer else figures) | {"copies_spread": spread}))
+        attempts.append(
+            (
+                paused,
+                late_share(figures["itl_ms"]) if paused else 0.0,
+                max(spread, STEADY_RATIO),
+                max(figures["itl_ms"], default=0.0),
+                (from_burst_end(figures) if design.primer else figures) | {"copies_spread": spread},
+            )
+        )
         if not paused and spread <= STEADY_RATIO:
             break
     # unpaused first, else the least bunched; of those, steady, else the least unsteady; then the shortest longest gap
     kept = min(range(len(attempts)), key=lambda k: attempts[k][:4])
     paused, *_, figures = attempts[kept]
-    return {"name": design.name, "knobs": design.knobs, "workload": asdict(design.workload), "take": design.take,
-            "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted),
-            "tails": list(design.tails), "warmed_up": warmed_up, "attempt": kept,
-            "paused_runs": sum(a[0] for a in attempts), "unsteady_runs": sum(a[2] > STEADY_RATIO for a in attempts),
-            "paused": paused} | figures
+    return {
+        "name": design.name,
+        "knobs": design.knobs,
+        "workload": asdict(design.workload),
+        "take": design.take,
+        "primer": design.primer,
+        "repeat": design.repeat,
+        "fitted": list(design.fitted),
+        "tails": list(design.tails),
+        "warmed_up": warmed_up,
+        "attempt": kept,
+        "paused_runs": sum(a[0] for a in attempts),
+        "unsteady_runs": sum(a[2] > STEADY_RATIO for a in attempts),
+        "paused": paused,
+    } | figures
 
 
 def copy_sums(figures: dict, copy: int) -> list[float]:
@@ -91,7 +121,7 @@ def copy_sums(figures: dict, copy: int) -> list[float]:
         return []
     in_order = np.asarray(e2el)[np.argsort(sends, kind="stable")]
     shared = len(sends) % copy or copy
-    return [float(in_order[k:k + shared].sum()) for k in range(0, len(sends) - shared + 1, copy)]
+    return [float(in_order[k : k + shared].sum()) for k in range(0, len(sends) - shared + 1, copy)]
 
 
 def copies_spread(figures: dict, copy: int) -> float:
@@ -116,9 +146,10 @@ def server_paused(figures: dict) -> bool:
     if len(gaps) < 20:
         return False
     mean = float(np.mean(gaps))  # not the median: after a long pause most gaps may be near zero
-    return ((float(gaps.max()) >= max(PAUSE_MIN_MS, PAUSE_RATIO * mean)
-             and float(np.mean(gaps < 0.2 * mean)) >= BUNCHED_SHARE)
-            or (len(gaps) >= LATE_MIN_GAPS and late_share(gaps) >= LATE_SHARE))
+    return (
+        float(gaps.max()) >= max(PAUSE_MIN_MS, PAUSE_RATIO * mean)
+        and float(np.mean(gaps < 0.2 * mean)) >= BUNCHED_SHARE
+    ) or (len(gaps) >= LATE_MIN_GAPS and late_share(gaps) >= LATE_SHARE)
 
 
 def late_share(gaps) -> float:
@@ -133,8 +164,14 @@ def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | No
     median ITL now over then is the server's change of speed (a
     host or GPU that slowed down, a neighbour), measured, with no model in between. None when a run has no
     ITLs, or a median ITL of 0 (a stream read in bunches: server_paused)."""
-    design = Design("decode", calibrated["knobs"], WorkloadSpec(**calibrated["workload"]),
-                    tuple(calibrated.get("fitted", ())), calibrated.get("take"), calibrated.get("primer", 0))
+    design = Design(
+        "decode",
+        calibrated["knobs"],
+        WorkloadSpec(**calibrated["workload"]),
+        tuple(calibrated.get("fitted", ())),
+        calibrated.get("take"),
+        calibrated.get("primer", 0),
+    )
     now = measure_design(backend, spec, design)
     if not now["itl_ms"] or not calibrated.get("itl_ms"):
         return None
@@ -144,9 +181,17 @@ def drift_check(backend: Backend, spec: TuneSpec, calibrated: dict) -> dict | No
     return {"median_itl_ms_calibrated": then_ms, "median_itl_ms_now": now_ms, "ratio": now_ms / then_ms}
 
 
-def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
-        num_blocks: int | None = None, grid: int = 3, max_evaluations: int = 500, restarts: int = 4,
-        family: str = families.AUTO) -> ServerCalibration:
+def fit(
+    runs: list[dict],
+    spec: TuneSpec,
+    device: str = "cpu",
+    server: str = "",
+    num_blocks: int | None = None,
+    grid: int = 3,
+    max_evaluations: int = 500,
+    restarts: int = 4,
+    family: str = families.AUTO,
+) -> ServerCalibration:
     """The constants of a cost-model family (sim/families.py; AUTO: the device's, families.fit_name) that best
     reproduce the runs, fitted by the family's fitter and scored by simulating every run again (module
     docstring). The fit's speed and error per family: docs/guides/simulator.md ("Server calibration
@@ -158,7 +203,7 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
         return np.expm1(np.asarray([e for run in only for e in residuals(run, simulated[run["name"]])[0]]))
 
     def rms_pct(errors) -> float:
-        return float(100 * math.sqrt(np.mean(errors ** 2))) if len(errors) else float("inf")
+        return float(100 * math.sqrt(np.mean(errors**2))) if len(errors) else float("inf")
 
     def scored(calibration: ServerCalibration) -> tuple[ServerCalibration, dict]:
         simulated = {run["name"]: simulate_design(calibration, spec, run) for run in runs}
@@ -170,8 +215,9 @@ def fit(runs: list[dict], spec: TuneSpec, device: str = "cpu", server: str = "",
             calibration.workload_error_pct = rms_pct(errors(own, simulated))
         return calibration, simulated
 
-    best, simulated = families.resolve(name, device).fit(runs, spec, device, meta, scored, grid=grid,
-                                                         max_evaluations=max_evaluations, restarts=restarts)
+    best, simulated = families.resolve(name, device).fit(
+        runs, spec, device, meta, scored, grid=grid, max_evaluations=max_evaluations, restarts=restarts
+    )
     for run in runs:  # what the report plots: measured against fitted, per run
         run["simulated"] = {k: simulated[run["name"]][k] for k in ("ttft_ms", "itl_ms", "e2el_ms", "server")}
     best.runs = runs
@@ -187,15 +233,24 @@ def served_kv_blocks(runs: list[dict], spec: TuneSpec) -> int | None:
     return tokens // spec.base_config().cache.block_size or None
 
 
-def fit_roofline(family: CostFamily, runs: list[dict], spec: TuneSpec, device: str, meta: dict,
-                 score: Callable[[ServerCalibration], Scored], grid: int = 3, max_evaluations: int = 500,
-                 restarts: int = 4) -> Scored:
+def fit_roofline(
+    family: CostFamily,
+    runs: list[dict],
+    spec: TuneSpec,
+    device: str,
+    meta: dict,
+    score: Callable[[ServerCalibration], Scored],
+    grid: int = 3,
+    max_evaluations: int = 500,
+    restarts: int = 4,
+) -> Scored:
     """The `roofline` family's fitter (CostFamily.fitter), scored: _fit_roofline."""
     return score(_fit_roofline(runs, spec, device, meta, grid, max_evaluations, restarts))
 
 
-def _fit_roofline(runs: list[dict], spec: TuneSpec, device: str, meta: dict, grid: int, max_evaluations: int,
-                  restarts: int) -> ServerCalibration:
+def _fit_roofline(
+    runs: list[dict], spec: TuneSpec, device: str, meta: dict, grid: int, max_evaluations: int, restarts: int
+) -> ServerCalibration:
     """The roofline's four constants: a coarse log grid, then Nelder-Mead on the simulated runs."""
     from scipy.optimize import minimize
 
@@ -217,9 +272,17 @@ def _fit_roofline(runs: list[dict], spec: TuneSpec, device: str, meta: dict, gri
         shrinks its simplex before it reaches the bottom, so it restarts from where it stopped while that helps."""
         value = float("inf")
         for _ in range(restarts):
-            solution = minimize(lambda x: float(np.sum(vector(x, only=only) ** 2)), x, method="Nelder-Mead",
-                                options={"xatol": 1e-3, "fatol": 1e-9, "maxfev": max_evaluations,
-                                         "initial_simplex": x + 0.3 * np.vstack([np.zeros(len(x)), np.eye(len(x))])})
+            solution = minimize(
+                lambda x: float(np.sum(vector(x, only=only) ** 2)),
+                x,
+                method="Nelder-Mead",
+                options={
+                    "xatol": 1e-3,
+                    "fatol": 1e-9,
+                    "maxfev": max_evaluations,
+                    "initial_simplex": x + 0.3 * np.vstack([np.zeros(len(x)), np.eye(len(x))]),
+                },
+            )
             improved = solution.fun < 0.99 * value
             x, value = solution.x, min(value, solution.fun)
             if not improved:

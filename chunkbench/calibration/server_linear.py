@@ -28,12 +28,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from chunkbench.calibration.linear_trace import Trace, trace
+from chunkbench.calibration.server_runs import residuals, run_figures, simulate_run, targets
 from chunkbench.sim.cost_family import Scored
 from chunkbench.sim.cpu_linear_cost import NEW_STEP
 from chunkbench.sim.linear_cost import SEQUENCES, LinearFamily
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
-from chunkbench.calibration.server_runs import residuals, run_figures, simulate_run, targets
-from chunkbench.calibration.linear_trace import Trace, trace
 from chunkbench.tune.spec import TuneSpec
 
 ROUNDS = 10  # re-simulate and refit at most this often
@@ -94,8 +94,10 @@ def request_gaps(t: Trace, run: dict) -> list[np.ndarray | None]:
     if len(counts) != len(lengths) or sum(counts) != len(run["itl_ms"]):
         return [None] * len(lengths)  # a request failed, or a run without counts merged somewhere
     gaps, offsets = np.asarray(run["itl_ms"]), np.concatenate(([0], np.cumsum(counts)))
-    return [gaps[offsets[i]:offsets[i + 1]] if counts[i] == lengths[i] - 1 else None
-            for i in (t.measured_order[j] for j in range(len(t.token_steps)))]
+    return [
+        gaps[offsets[i] : offsets[i + 1]] if counts[i] == lengths[i] - 1 else None
+        for i in (t.measured_order[j] for j in range(len(t.token_steps)))
+    ]
 
 
 def decode_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
@@ -115,9 +117,14 @@ def decode_rows(t: Trace, run: dict) -> tuple[list[np.ndarray], list[float]]:
         if measured is None:
             continue
         own = 1e-3 * measured
-        keep = [k for k in range(1, len(steps)) if steps[k] == steps[k - 1] + 1 and bunched < own[k - 1] < slow
-                and not t.features[steps[k], 1]  # a prefill step
-                and not any(t.features[steps[k], u] for u in unusual)]
+        keep = [
+            k
+            for k in range(1, len(steps))
+            if steps[k] == steps[k - 1] + 1
+            and bunched < own[k - 1] < slow
+            and not t.features[steps[k], 1]  # a prefill step
+            and not any(t.features[steps[k], u] for u in unusual)
+        ]
         if len(keep) >= MIN_DECODE_GAPS:
             rows.append(np.append(t.features[[steps[k] for k in keep]].mean(axis=0), span_row))
             targets.append(float(np.mean([own[k - 1] for k in keep])))
@@ -162,8 +169,11 @@ def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> 
     if run is None:
         return 0
     t = trace(spec, first, run)
-    known = [(len(steps), j, gaps) for j, (steps, gaps) in enumerate(zip(t.token_steps, request_gaps(t, run)))
-             if gaps is not None and len(gaps) >= MIN_STALL_GAPS]
+    known = [
+        (len(steps), j, gaps)
+        for j, (steps, gaps) in enumerate(zip(t.token_steps, request_gaps(t, run)))
+        if gaps is not None and len(gaps) >= MIN_STALL_GAPS
+    ]
     if not known:  # every long stream merged, or a request failed
         return 0
     _, j, gaps = max(known, key=lambda k: k[:2])  # the longest whose stream did not merge
@@ -173,11 +183,17 @@ def stall_period(runs: list[dict], spec: TuneSpec, first: ServerCalibration) -> 
     stalled = int(np.sum(slow))
     if stalled < len(gaps) / MAX_STALL_PERIOD or not stalled:
         return 0
-    return max(1, int(round(t.features[steps[0] + 1:steps[-1] + 1, SEQUENCES].sum() / stalled)))
+    return max(1, int(round(t.features[steps[0] + 1 : steps[-1] + 1, SEQUENCES].sum() / stalled)))
 
 
-def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_evaluations: int = 4000,
-               without: tuple[str, ...] = (), start: ServerCalibration | None = None) -> ServerCalibration:
+def fit_linear(
+    runs: list[dict],
+    spec: TuneSpec,
+    first: ServerCalibration,
+    max_evaluations: int = 4000,
+    without: tuple[str, ...] = (),
+    start: ServerCalibration | None = None,
+) -> ServerCalibration:
     """The linear calibration that best reproduces `runs` (module docstring). `first`: the linear calibration
     the first schedules are simulated under. `without`: step coefficients held at 0 (their features too).
     `start`: a calibration the first descent may start from too (a smaller model's fit: fit_cpu_linear)."""
@@ -187,8 +203,9 @@ def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_e
     held = [family.step_terms.index(k) for k in without]
 
     def calibration(c: np.ndarray) -> ServerCalibration:
-        return dataclasses.replace(first, coefficients=dict(zip(family.terms, c.tolist()))
-                                   | dict.fromkeys(without, 0.0) | every)
+        return dataclasses.replace(
+            first, coefficients=dict(zip(family.terms, c.tolist())) | dict.fromkeys(without, 0.0) | every
+        )
 
     def traced(calibration: ServerCalibration, run: dict) -> Trace:
         recorded = trace(spec, calibration, run)
@@ -203,8 +220,7 @@ def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_e
     begin = None if begun is None else np.array([begun.get(k, 0.0) for k in family.terms])
     for _ in range(ROUNDS):  # every run priced on its recorded schedule, in a trust region
         traces = [traced(current, run) for run in runs]
-        c, unit = _descend(family, traces, runs, best if best is not None else begin, TRUST, max_evaluations,
-                           held=held)
+        c, unit = _descend(family, traces, runs, best if best is not None else begin, TRUST, max_evaluations, held=held)
         value = sum(simulated(c, run) for run in runs)
         if value >= best_value * (1 - 1e-2):
             break
@@ -216,14 +232,30 @@ def fit_linear(runs: list[dict], spec: TuneSpec, first: ServerCalibration, max_e
     # recorded schedules that the real objective does not have.
     bursts = [run["workload"].get("arrival") == "all-at-once" for run in runs]
     traces = [traced(current, run) if burst else None for run, burst in zip(runs, bursts)]
-    c, _ = _descend(family, traces, runs, best, WIDE_TRUST, FRESH_EVALUATIONS,
-                    lambda c, t, run: simulated(c, run) if t is None else None, held)
+    c, _ = _descend(
+        family,
+        traces,
+        runs,
+        best,
+        WIDE_TRUST,
+        FRESH_EVALUATIONS,
+        lambda c, t, run: simulated(c, run) if t is None else None,
+        held,
+    )
     value = sum(simulated(c, run) for run in runs)
     return calibration(c if value < best_value else best)
 
 
-def _descend(family: LinearFamily, traces: list, runs: list[dict], best: np.ndarray | None, trust: float,
-             evaluations: int, fresh=None, held: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+def _descend(
+    family: LinearFamily,
+    traces: list,
+    runs: list[dict],
+    best: np.ndarray | None,
+    trust: float,
+    evaluations: int,
+    fresh=None,
+    held: list[int] = (),
+) -> tuple[np.ndarray, np.ndarray]:
     """Nelder-Mead over the log coefficients (in units of their typical share of a step: a step's median seconds
     over the feature's mean), within `trust` of the start: the best of NNLS on the runs, `best`, and `best` with
     NNLS's value for each coefficient it has at 0 (a term a smaller model left out). A run
@@ -234,8 +266,13 @@ def _descend(family: LinearFamily, traces: list, runs: list[dict], best: np.ndar
     compared = [targets(run) for run in runs]
 
     def value(c: np.ndarray) -> float:
-        return float(sum(np.sum(np.square(residual(run, t.figures(c), own))) if t is not None else fresh(c, t, run)
-                         for t, run, own in zip(traces, runs, compared)))
+        return float(
+            sum(
+                np.sum(np.square(residual(run, t.figures(c), own))) if t is not None else fresh(c, t, run)
+                for t, run, own in zip(traces, runs, compared)
+            )
+        )
+
     recorded = [t for t in traces if t is not None]
     direct = direct_estimate(traces, runs) if all(t is not None for t in traces) else None
     hybrid = None if direct is None or best is None else np.where(best > 0, best, direct)
@@ -246,7 +283,7 @@ def _descend(family: LinearFamily, traces: list, runs: list[dict], best: np.ndar
     c = min(candidates, key=value) if len(candidates) > 1 else candidates[0]
     # the client terms (latency, jitter): once per token
     means = np.append(np.vstack([t.features for t in recorded]).mean(axis=0), (1.0,) * len(family.client_terms))
-    typical = np.median(np.concatenate([t.features @ c[:len(family.step_terms)] for t in recorded])) or 1e-3
+    typical = np.median(np.concatenate([t.features @ c[: len(family.step_terms)] for t in recorded])) or 1e-3
     unit = typical / np.where(means > 0, means, 1.0)
     start = np.log(np.maximum(c / unit, FLOOR))
 
@@ -260,8 +297,12 @@ def _descend(family: LinearFamily, traces: list, runs: list[dict], best: np.ndar
 
     n = int(free.sum())
     simplex = start[free] + 0.5 * min(trust, 1.0) * np.vstack([np.zeros(n), np.eye(n)])
-    solution = minimize(objective, start[free], method="Nelder-Mead", options={
-        "xatol": 1e-4, "fatol": 1e-10, "maxfev": evaluations, "adaptive": True, "initial_simplex": simplex})
+    solution = minimize(
+        objective,
+        start[free],
+        method="Nelder-Mead",
+        options={"xatol": 1e-4, "fatol": 1e-10, "maxfev": evaluations, "adaptive": True, "initial_simplex": simplex},
+    )
     return coefficients(solution.x), unit
 
 
@@ -270,19 +311,39 @@ def linear_guess(family: LinearFamily, runs: list[dict], device: str, meta: dict
     burst's schedule does not depend on it; the fit re-simulates the others from its answer)."""
     itls = [g for run in runs for g in run["itl_ms"]]
     step = 1e-3 * (float(np.median(itls)) if itls else 30.0)
-    guess = {"step_s": 0.6 * step, "prefill_step_s": 0.2 * step, "token_s": 0.005 * step, "pair_s": 1e-5 * step,
-             "seq_s": 0.02 * step, "key_s": 1e-5 * step}
+    guess = {
+        "step_s": 0.6 * step,
+        "prefill_step_s": 0.2 * step,
+        "token_s": 0.005 * step,
+        "pair_s": 1e-5 * step,
+        "seq_s": 0.02 * step,
+        "key_s": 1e-5 * step,
+    }
     return ServerCalibration(device, **({"family": family.name} | meta), coefficients=guess)
 
 
-def fit_linear_family(family: LinearFamily, runs: list[dict], spec: TuneSpec, device: str, meta: dict,
-                      score: Callable[[ServerCalibration], Scored], **_) -> Scored:
+def fit_linear_family(
+    family: LinearFamily,
+    runs: list[dict],
+    spec: TuneSpec,
+    device: str,
+    meta: dict,
+    score: Callable[[ServerCalibration], Scored],
+    **_,
+) -> Scored:
     """The `linear` family's fitter (CostFamily.fitter): fit_linear from linear_guess, scored."""
     return score(fit_linear(runs, spec, linear_guess(family, runs, device, meta)))
 
 
-def fit_cpu_linear(family: LinearFamily, runs: list[dict], spec: TuneSpec, device: str, meta: dict,
-                   score: Callable[[ServerCalibration], Scored], **_) -> Scored:
+def fit_cpu_linear(
+    family: LinearFamily,
+    runs: list[dict],
+    spec: TuneSpec,
+    device: str,
+    meta: dict,
+    score: Callable[[ServerCalibration], Scored],
+    **_,
+) -> Scored:
     """The `linear-cpu` family's fitter: without the first-touch memory terms (LINEAR_WITHOUT), then with them,
     starting also from where the smaller model ended (the descent that starts those terms where their few steps
     weigh most can end in a valley the smaller model does not have). Kept: one a presearch would trust
@@ -295,5 +356,11 @@ def fit_cpu_linear(family: LinearFamily, runs: list[dict], spec: TuneSpec, devic
     guess = linear_guess(family, runs, device, meta)
     smaller = score(fit_linear(runs, spec, guess, without=LINEAR_WITHOUT))
     fuller = score(fit_linear(runs, spec, guess, start=smaller[0]))
-    return min((fuller, smaller), key=lambda c: (  # min keeps the first of equals: the fuller
-        not c[0].fits, (c[0].fit_error_pct or 0.0) > FIT_TOLERANCE_PCT, 0.0 if c[0].fits else c[0].judged_error_pct))
+    return min(
+        (fuller, smaller),
+        key=lambda c: (  # min keeps the first of equals: the fuller
+            not c[0].fits,
+            (c[0].fit_error_pct or 0.0) > FIT_TOLERANCE_PCT,
+            0.0 if c[0].fits else c[0].judged_error_pct,
+        ),
+    )

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunkbench.bench.backends import SimBackend
+from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, build_workload
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, build_workload
 
 STAT_PCTS = (50, 90, 99)
 TAIL_STATS = ("p90", "p99")  # Design.tails
@@ -63,8 +63,9 @@ class Design:
     tails: tuple[str, ...] = ()
 
 
-def design_requests(workload: dict, take: int | None, primer: int, max_model_len: int,
-                    repeat: bool = False) -> list[WorkloadRequest]:
+def design_requests(
+    workload: dict, take: int | None, primer: int, max_model_len: int, repeat: bool = False
+) -> list[WorkloadRequest]:
     """A design's requests (its fields as recorded in a run): the workload, cut, behind its primer. `repeat`: a
     workload of fewer than `take` requests runs again after itself until it has `take` (each copy one mean
     gap after the last arrival of the one before): the same load, with tails of more than a dozen requests (a
@@ -73,13 +74,17 @@ def design_requests(workload: dict, take: int | None, primer: int, max_model_len
     if repeat and take and requests and len(requests) < take:
         last = max(w.arrival_time for w in requests)
         period = last + (last / (len(requests) - 1) if len(requests) > 1 else 1.0)
-        requests = [dataclasses.replace(w, arrival_time=w.arrival_time + k * period)
-                    for k in range(-(-take // len(requests))) for w in requests]
+        requests = [
+            dataclasses.replace(w, arrival_time=w.arrival_time + k * period)
+            for k in range(-(-take // len(requests)))
+            for w in requests
+        ]
     requests = requests[:take]
     if not primer:
         return requests
-    return [WorkloadRequest(primer, 1, 0.0)] + [dataclasses.replace(w, arrival_time=w.arrival_time + PRIMER_LEAD_S)
-                                                 for w in requests]
+    return [WorkloadRequest(primer, 1, 0.0)] + [
+        dataclasses.replace(w, arrival_time=w.arrival_time + PRIMER_LEAD_S) for w in requests
+    ]
 
 
 def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
@@ -95,22 +100,49 @@ def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
     primer = max(long_prompt, min(big, max_len - 1))  # one step of the largest budget, one token out
 
     def burst(n: int, prompt: str, output: str) -> WorkloadSpec:
-        return WorkloadSpec(name="synthetic", num_requests=n, arrival="all-at-once", seed=spec.seed,
-                            prompt_len=prompt, output_len=output)
+        return WorkloadSpec(
+            name="synthetic",
+            num_requests=n,
+            arrival="all-at-once",
+            seed=spec.seed,
+            prompt_len=prompt,
+            output_len=output,
+        )
+
     # The tune's own workload, its first requests at its own arrivals, at the space's middle budget: the load
     # the trials will see (bursts alone fit a per-step overhead that is too high at light load).
     # Built whole, then cut: a synthetic workload of fewer requests would draw other lengths and arrivals.
     # Mixed: prompts of up to three of the smallest budget's chunks, sharing steps with the decodes of the prompts
     # before them; one output length, so the order of the burst cannot matter.
     mixed_prompt = max(16, min(long_prompt, 3 * budgets[0]))
-    return [Design("prefill", {"max_num_batched_tokens": big}, burst(num_requests, f"fixed:{long_prompt}", "fixed:4"),
-                   tails=("itl_ms",), primer=primer),
-            Design("decode", {"max_num_batched_tokens": big}, burst(num_requests + 4, "fixed:32", "uniform:16:96"),
-                   primer=primer),
-            Design("mixed", {"max_num_batched_tokens": budgets[0]}, burst(num_requests + 2, f"fixed:{mixed_prompt}",
-                                                                          "fixed:32"), primer=primer),
-            Design("workload", {"max_num_batched_tokens": budgets[len(budgets) // 2]}, spec.workload,
-                   take=WORKLOAD_REQUESTS, repeat=True)]
+    return [
+        Design(
+            "prefill",
+            {"max_num_batched_tokens": big},
+            burst(num_requests, f"fixed:{long_prompt}", "fixed:4"),
+            tails=("itl_ms",),
+            primer=primer,
+        ),
+        Design(
+            "decode",
+            {"max_num_batched_tokens": big},
+            burst(num_requests + 4, "fixed:32", "uniform:16:96"),
+            primer=primer,
+        ),
+        Design(
+            "mixed",
+            {"max_num_batched_tokens": budgets[0]},
+            burst(num_requests + 2, f"fixed:{mixed_prompt}", "fixed:32"),
+            primer=primer,
+        ),
+        Design(
+            "workload",
+            {"max_num_batched_tokens": budgets[len(budgets) // 2]},
+            spec.workload,
+            take=WORKLOAD_REQUESTS,
+            repeat=True,
+        ),
+    ]
 
 
 def primer_outran_burst(run: dict) -> bool:
@@ -124,11 +156,14 @@ def run_figures(result) -> dict:
     """Per-request TTFTs and E2ELs and pooled ITLs (ms; `itl_counts`: each request's share of them, in order) of
     one run, and the server's figures when it had any."""
     done = [r for r in result.requests if r.error is None and r.token_times]
-    return {"ttft_ms": [1e3 * r.ttft for r in done], "itl_ms": [1e3 * g for r in done for g in r.itls],
-            "itl_counts": [len(r.itls) for r in done],
-            "e2el_ms": [1e3 * r.e2el for r in done],
-            "server": dict(result.server or {}),
-            "send_s": [r.arrival_time if r.send_time is None else r.send_time for r in result.requests]}
+    return {
+        "ttft_ms": [1e3 * r.ttft for r in done],
+        "itl_ms": [1e3 * g for r in done for g in r.itls],
+        "itl_counts": [len(r.itls) for r in done],
+        "e2el_ms": [1e3 * r.e2el for r in done],
+        "server": dict(result.server or {}),
+        "send_s": [r.arrival_time if r.send_time is None else r.send_time for r in result.requests],
+    }
 
 
 def from_burst_end(figures: dict) -> dict:
@@ -154,8 +189,13 @@ def warm_up(serve, config, seed: int, label: str = "warm-up") -> bool:
     """Run warmup_requests for `config`'s budget on a session's server (or simulator), untimed; whether the
     server served every one of them."""
     s = config.scheduler
-    result = serve(warmup_requests(s.max_num_batched_tokens, s.max_model_len), seed=seed, warmup_steps=0,
-                   progress=False, label=label)
+    result = serve(
+        warmup_requests(s.max_num_batched_tokens, s.max_model_len),
+        seed=seed,
+        warmup_steps=0,
+        progress=False,
+        label=label,
+    )
     return all(r.ok for r in result.requests)
 
 
@@ -169,15 +209,18 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
     """(the simulated RunResult, its requests, its engine config) of the same run under `calibration`, on
     `backend` (a SimBackend of that calibration unless given: calibration/linear_trace.py records its steps)."""
     config = spec.base_config(**run["knobs"])
-    workload = design_requests(run["workload"], run.get("take"), run.get("primer", 0), config.scheduler.max_model_len,
-                               run.get("repeat", False))
+    workload = design_requests(
+        run["workload"], run.get("take"), run.get("primer", 0), config.scheduler.max_model_len, run.get("repeat", False)
+    )
     if len(run.get("send_s", ())) == len(workload) and run["workload"].get("arrival") != "all-at-once":
         # Simulate the arrivals the server saw (the client's send times), not the ones the workload planned.
         # Not for a burst: its sends spread over a few milliseconds, and which of them the server's steps
         # caught the client cannot see; a burst is simulated as designed (its primer, then the burst at once).
         first = min(run["send_s"])
-        workload = sorted((dataclasses.replace(w, arrival_time=t - first) for w, t in zip(workload, run["send_s"])),
-                          key=lambda w: w.arrival_time)
+        workload = sorted(
+            (dataclasses.replace(w, arrival_time=t - first) for w, t in zip(workload, run["send_s"])),
+            key=lambda w: w.arrival_time,
+        )
     with (backend or SimBackend(server_calibration=calibration)).session(config) as serve:
         # what the server ran before it on its launch (calibrate.run_design): a session's cost can depend on
         # it (sim/cpu_linear_cost.py, new token counts)
@@ -191,16 +234,19 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
 def simulated_figures(result, workload: list[WorkloadRequest], config) -> dict:
     """run_figures of a simulated run, and the server's figures as the simulator can give them."""
     figures = run_figures(result)
-    delays = [1e3 * (r.first_scheduled_time - r.arrival_time) for r in result.requests
-              if r.first_scheduled_time is not None]
+    delays = [
+        1e3 * (r.first_scheduled_time - r.arrival_time) for r in result.requests if r.first_scheduled_time is not None
+    ]
     tokens = [s.prefill_tokens + s.decode_tokens for s in result.steps]
     # The client's untimed warm-up (request 0's lengths, alone) is inside the server's counters: count its
     # steps (whole-budget prefill chunks, then one token a step) and tokens here too.
     first = workload[0] if workload else None
     warm_steps = -(-first.prompt_len // config.scheduler.max_num_batched_tokens) + first.output_len - 1 if first else 0
     warm_tokens = first.prompt_len + first.output_len - 1 if first else 0
-    figures["server"] = {"median_scheduling_delay_ms": float(np.median(delays)) if delays else 0.0,
-                         "server_mean_step_tokens": (sum(tokens) + warm_tokens) / max(1, len(tokens) + warm_steps)}
+    figures["server"] = {
+        "median_scheduling_delay_ms": float(np.median(delays)) if delays else 0.0,
+        "server_mean_step_tokens": (sum(tokens) + warm_tokens) / max(1, len(tokens) + warm_steps),
+    }
     return figures
 
 
@@ -224,9 +270,12 @@ def targets(measured: dict) -> list[tuple[str, str, float]]:
     gives its medians only: a pause of a few hundred ms moves the means and tails of a few dozen requests, which
     no step cost should be fitted to."""
     tails = measured.get("tails", ())
-    return [(key, k, v) for key in measured.get("fitted", ("ttft_ms", "itl_ms"))
-            for k, v in stats(measured[key]).items() if v > 0 and (k == "p50" or not measured.get("paused"))
-            and (key not in tails or k in TAIL_STATS)]
+    return [
+        (key, k, v)
+        for key in measured.get("fitted", ("ttft_ms", "itl_ms"))
+        for k, v in stats(measured[key]).items()
+        if v > 0 and (k == "p50" or not measured.get("paused")) and (key not in tails or k in TAIL_STATS)
+    ]
 
 
 def residuals(measured: dict, simulated: dict, compared: list | None = None) -> tuple[list[float], list[float]]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+from chunkbench.bench.timeline import parse_thresholds, write_timeline
 from chunkbench.commands.common import console, default_out, load_workload, save_json
 from chunkbench.commands.options import WORKLOAD_OPTIONS, pick
 from chunkbench.commands.vllm_flags import dataset_workload, server_url
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
-from chunkbench.bench.timeline import parse_thresholds, write_timeline
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
@@ -80,8 +80,9 @@ def resolve_vllm_flags(args: SimpleNamespace) -> tuple[str, str, str | None, dic
     """vllm bench serve's names for the server, API, model and dataset read into chunkbench's: (the /v1 base URL,
     the API, the model to send, the workload options). Synthetic arrivals default to vLLM's own schedule."""
     options = args.options
-    endpoint, api = server_url(args.endpoint, options["base_url"], options["host"], options["port"],
-                               options["vllm_backend"], args.api)
+    endpoint, api = server_url(
+        args.endpoint, options["base_url"], options["host"], options["port"], options["vllm_backend"], args.api
+    )
     served_model = options["served_model_name"] or args.served_model
     if options["dataset_name"] is not None:
         options["workload"] = dataset_workload(options["dataset_name"], options["dataset_path"])
@@ -99,15 +100,26 @@ def has_timestamps(workload: str) -> bool:
     return brings_them(workload)
 
 
-def connect(args: SimpleNamespace, endpoint: str, api: str, served_model: str | None, sampling: dict,
-            headers: dict[str, str]):
+def connect(
+    args: SimpleNamespace, endpoint: str, api: str, served_model: str | None, sampling: dict, headers: dict[str, str]
+):
     """The server as a backend (its model, vocabulary and context length read from it where not given)."""
     from chunkbench.bench.backends import EndpointBackend
 
-    return EndpointBackend.connect(endpoint, served_model, args.vocab_size, args.options["tokenizer"],
-                                   max_concurrency=args.max_concurrency, api=api, api_key=args.api_key,
-                                   headers=headers, timeout_s=args.request_timeout, num_warmups=args.num_warmups,
-                                   sampling=sampling, probe_rate=args.probe_request_rate)
+    return EndpointBackend.connect(
+        endpoint,
+        served_model,
+        args.vocab_size,
+        args.options["tokenizer"],
+        max_concurrency=args.max_concurrency,
+        api=api,
+        api_key=args.api_key,
+        headers=headers,
+        timeout_s=args.request_timeout,
+        num_warmups=args.num_warmups,
+        sampling=sampling,
+        probe_rate=args.probe_request_rate,
+    )
 
 
 def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
@@ -117,8 +129,9 @@ def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
 
     limit = args.max_model_len or backend.max_model_len or 8192
     spec, requests = load_workload(limit, seed=args.seed, **options)
-    run = run_benchmark(None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=args.seed,
-                        progress=False, warmup_steps=0)
+    run = run_benchmark(
+        None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=args.seed, progress=False, warmup_steps=0
+    )
     return spec, requests, run
 
 
@@ -144,24 +157,41 @@ def print_result(run, title: str, failures: list[dict], probe_request_rate: floa
         console.print(f"[red]request {failure['request']} failed:[/] {failure['error']}")
     if probe_request_rate:
         s = run.summary
-        console.print(f"probes: {s['probe_completed']} completed, {s['probe_failed']} failed"
-                      + (f"; E2EL median {s['probe_median_e2el_ms']:,.1f} ms, p99 {s['probe_p99_e2el_ms']:,.1f} ms, "
-                         f"max {s['probe_max_e2el_ms']:,.1f} ms" if s["probe_completed"] else ""))
+        console.print(
+            f"probes: {s['probe_completed']} completed, {s['probe_failed']} failed"
+            + (
+                f"; E2EL median {s['probe_median_e2el_ms']:,.1f} ms, p99 {s['probe_p99_e2el_ms']:,.1f} ms, "
+                f"max {s['probe_max_e2el_ms']:,.1f} ms"
+                if s["probe_completed"]
+                else ""
+            )
+        )
     console.print(f"wrote {out}/summary.json, requests.parquet")
 
 
-def write_vllm_result(args: SimpleNamespace, run, spec, api: str, model: str, goodput: bool, metrics,
-                      percentiles) -> Path:
+def write_vllm_result(
+    args: SimpleNamespace, run, spec, api: str, model: str, goodput: bool, metrics, percentiles
+) -> Path:
     """--save-result: the result in vllm bench serve's keys and layout; return its path. Timed workloads (a
     trace, all at once, multi-turn) report vLLM's request rate of inf."""
     from chunkbench.bench.vllm_result import result_path, save_vllm_result, vllm_result
 
     timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn"
-    result = vllm_result(run.summary, run.result.requests, api=api, model_id=model,
-                         tokenizer_id=spec.tokenizer or model, label=args.label,
-                         request_rate="inf" if timed else spec.rate, burstiness=spec.burstiness,
-                         max_concurrency=args.max_concurrency, goodput=goodput, metrics=metrics,
-                         percentiles=percentiles, detailed=args.save_detailed)
+    result = vllm_result(
+        run.summary,
+        run.result.requests,
+        api=api,
+        model_id=model,
+        tokenizer_id=spec.tokenizer or model,
+        label=args.label,
+        request_rate="inf" if timed else spec.rate,
+        burstiness=spec.burstiness,
+        max_concurrency=args.max_concurrency,
+        goodput=goodput,
+        metrics=metrics,
+        percentiles=percentiles,
+        detailed=args.save_detailed,
+    )
     path = result_path(args.result_dir, args.result_filename, result)
     save_vllm_result(result, path)
     console.print(f"wrote {path} (vllm bench serve --save-result's layout)")

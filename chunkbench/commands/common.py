@@ -10,9 +10,9 @@ from pathlib import Path
 from rich.console import Console
 
 from chunkbench.bench.backend_choice import Resolved
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.errors import UserError
 from chunkbench.files import write_json
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 
 console = Console()
 

@@ -8,26 +8,49 @@ from pathlib import Path
 
 from chunkbench.bench.backends import Backend
 from chunkbench.bench.capacity import resolution_pct
-from chunkbench.commands.common import console, save_json
-from chunkbench.errors import StudyFailed
-from chunkbench.bench.load_report import (announce_rates, load_payload, load_section, load_table, plot_load,
-                                    probe_line)
-from chunkbench.bench.load_sweep import (common_rate, default_slo, run_at_common_rate, step_figures, sweep_policy,
-                                   verdict)
-from chunkbench.files import write_json, write_text
+from chunkbench.bench.load_report import announce_rates, load_payload, load_section, load_table, plot_load, probe_line
+from chunkbench.bench.load_sweep import (
+    common_rate,
+    default_slo,
+    run_at_common_rate,
+    step_figures,
+    sweep_policy,
+    verdict,
+)
 from chunkbench.bench.runs import config_for_policy
 from chunkbench.bench.slo import SLO
+from chunkbench.commands.common import console, save_json
+from chunkbench.errors import StudyFailed
+from chunkbench.files import write_json, write_text
 
 
-def compare_across_load(base: dict, policies: list[str], requests, spec, backend: Backend, slos: list[SLO],
-                        max_sched_delay_ms: float, rates: list[float], count: int | None, bisections: int,
-                        chunked_defaults: dict, *, seed: int, goodput_ms: dict, warmup_steps: int, out: Path,
-                        json_out: Path | None, title: str) -> None:
+def compare_across_load(
+    base: dict,
+    policies: list[str],
+    requests,
+    spec,
+    backend: Backend,
+    slos: list[SLO],
+    max_sched_delay_ms: float,
+    rates: list[float],
+    count: int | None,
+    bisections: int,
+    chunked_defaults: dict,
+    *,
+    seed: int,
+    goodput_ms: dict,
+    warmup_steps: int,
+    out: Path,
+    json_out: Path | None,
+    title: str,
+) -> None:
     from chunkbench.bench.report import failure_notes, write_comparison
 
     configs = [(label, config_for_policy(base, label, chunked_defaults)) for label in policies]  # validated first
-    labels = [label if policies.index(label) == i else f"{label}#{policies[:i + 1].count(label)}"
-              for i, label in enumerate(policies)]
+    labels = [
+        label if policies.index(label) == i else f"{label}#{policies[: i + 1].count(label)}"
+        for i, label in enumerate(policies)
+    ]
     if slos:
         sla_note = "SLA: " + " and ".join(map(str, slos))
     else:
@@ -38,19 +61,33 @@ def compare_across_load(base: dict, policies: list[str], requests, spec, backend
     loads = []
     for label, (_, config) in zip(labels, configs):
         console.print(f"{label}:")
-        load = sweep_policy(label, config, backend, requests, slos, max_sched_delay_ms, rates, bisections, count,
-                            on_probe=lambda lb, rate, summary: console.print(probe_line(lb, rate, summary, slos),
-                                                                             soft_wrap=True), **options)
+        load = sweep_policy(
+            label,
+            config,
+            backend,
+            requests,
+            slos,
+            max_sched_delay_ms,
+            rates,
+            bisections,
+            count,
+            on_probe=lambda lb, rate, summary: console.print(probe_line(lb, rate, summary, slos), soft_wrap=True),
+            **options,
+        )
         console.print(f"{label}: capacity {load.capacity:.3g} req/s at the SLA", soft_wrap=True)
         loads.append(load)
     rate = common_rate(loads)
     if rate is None:
         missed = [load.label for load in loads if load.capacity <= 0]
-        raise StudyFailed(f"no common rate: {', '.join(missed)} met the SLA at no rate probed (down to "
-                          f"{min(p.rate for load in loads for p in load.found.probes):.3g} req/s); relax the "
-                          "SLA (--sla-*) or compare at one rate with --rate")
-    runs = [run_at_common_rate(load, rate, backend, requests, percentiles=[s.percentile for s in slos], **options)
-            for load in loads]
+        raise StudyFailed(
+            f"no common rate: {', '.join(missed)} met the SLA at no rate probed (down to "
+            f"{min(p.rate for load in loads for p in load.found.probes):.3g} req/s); relax the "
+            "SLA (--sla-*) or compare at one rate with --rate"
+        )
+    runs = [
+        run_at_common_rate(load, rate, backend, requests, percentiles=[s.percentile for s in slos], **options)
+        for load in loads
+    ]
     steps = {run.label: figures for run in runs if (figures := step_figures(run))}
     said = verdict(loads, slos, max_sched_delay_ms, resolution_pct(bisections), steps)
     write_comparison(runs, out, spec, title + f" at {rate:.3g} req/s", "chunkbench " + " ".join(sys.argv[1:]))
@@ -62,8 +99,10 @@ def compare_across_load(base: dict, policies: list[str], requests, spec, backend
         console.print(f"[bold yellow]{note}[/]", soft_wrap=True)
     console.print(said, soft_wrap=True)
     save_json(json_out, payload)
-    console.print(f"wrote {out}/load.png, comparison.json, comparison.md, report.html, the CDF and step plots, and "
-                  "one folder per policy (at the common rate)")
+    console.print(
+        f"wrote {out}/load.png, comparison.json, comparison.md, report.html, the CDF and step plots, and "
+        "one folder per policy (at the common rate)"
+    )
 
 
 def _add_to_outputs(out: Path, payload: dict, section: str) -> None:

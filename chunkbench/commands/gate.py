@@ -14,16 +14,28 @@ from chunkbench.files import check_writable, write_text
 
 
 def gate(
-    suite: Annotated[str, typer.Option(help="Suite file: named cases, each a workload, policy, knobs, backend "
-                                       "and the metrics it guards; or a built-in suite by name (ci).")] = "ci",
+    suite: Annotated[
+        str,
+        typer.Option(
+            help="Suite file: named cases, each a workload, policy, knobs, backend "
+            "and the metrics it guards; or a built-in suite by name (ci)."
+        ),
+    ] = "ci",
     baseline: Annotated[Path, typer.Option(help="Baseline JSON recorded with --update.")] = Path(
-        "results/baselines/ci.json"),
-    update: Annotated[bool, typer.Option("--update", help="Run the suite and rewrite the baseline (with this "
-                                         "machine's description and the date).")] = False,
-    junit: Annotated[Optional[Path], typer.Option(help="Write a JUnit XML report: one testcase per guarded "
-                                                  "metric.")] = None,
-    markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Write a Markdown table (e.g. to "
-                                                         "$GITHUB_STEP_SUMMARY).")] = None,
+        "results/baselines/ci.json"
+    ),
+    update: Annotated[
+        bool,
+        typer.Option(
+            "--update", help="Run the suite and rewrite the baseline (with this machine's description and the date)."
+        ),
+    ] = False,
+    junit: Annotated[
+        Optional[Path], typer.Option(help="Write a JUnit XML report: one testcase per guarded metric.")
+    ] = None,
+    markdown_out: Annotated[
+        Optional[Path], typer.Option("--markdown", help="Write a Markdown table (e.g. to $GITHUB_STEP_SUMMARY).")
+    ] = None,
 ) -> None:
     """Run the benchmark suite and compare with the baseline: exit 1 on a regression, 0 when clean, 2 on a
     usage error."""
@@ -38,8 +50,15 @@ def gate(
         table.add_column(column, overflow="fold")
     style = {"REGRESSED": "bold red", "improved": "green", "ok": "default"}
     for v in verdicts:
-        table.add_row(v.case, v.metric, f"{v.baseline:.4g}", f"{v.now:.4g}", f"{v.change:+.1%}",
-                      f"{v.interval[0]:.4g}..{v.interval[1]:.4g}", f"[{style[v.verdict]}]{v.verdict}[/]")
+        table.add_row(
+            v.case,
+            v.metric,
+            f"{v.baseline:.4g}",
+            f"{v.now:.4g}",
+            f"{v.change:+.1%}",
+            f"{v.interval[0]:.4g}..{v.interval[1]:.4g}",
+            f"[{style[v.verdict]}]{v.verdict}[/]",
+        )
     console.print(table)
     for path, text in ((junit, gating.junit_xml(verdicts)), (markdown_out, gating.markdown(verdicts))):
         if path:

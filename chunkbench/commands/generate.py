@@ -19,8 +19,12 @@ from chunkbench.llm import LLM
 @with_options(ENGINE_OPTIONS)
 def generate(
     model: Model = "tiny",
-    prompt_lens: Annotated[str, typer.Option(help="Prompt lengths, comma-separated (tokens); the prompts "
-                                             "are random token ids drawn from --seed.")] = "37,300",
+    prompt_lens: Annotated[
+        str,
+        typer.Option(
+            help="Prompt lengths, comma-separated (tokens); the prompts are random token ids drawn from --seed."
+        ),
+    ] = "37,300",
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate per prompt (tokens).")] = 16,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (0-1].")] = 1.0,
@@ -37,11 +41,26 @@ def generate(
     requests = LLM.from_config(config).generate_requests(prompts, sampling)
     table = Table("request", "prompt tokens", "output tokens", "finish", "first output ids")
     for r in requests:
-        table.add_row(r.request_id, str(r.num_prompt_tokens), str(r.num_output_tokens), r.finish_reason or "",
-                      r.error or " ".join(map(str, r.output_token_ids[:12])))
+        table.add_row(
+            r.request_id,
+            str(r.num_prompt_tokens),
+            str(r.num_output_tokens),
+            r.finish_reason or "",
+            r.error or " ".join(map(str, r.output_token_ids[:12])),
+        )
     console.print(table)
-    save_json(json_out, [{"prompt_token_ids": r.prompt_token_ids, "output_token_ids": r.output_token_ids,
-                          "finish_reason": r.finish_reason, "error": r.error} for r in requests])
+    save_json(
+        json_out,
+        [
+            {
+                "prompt_token_ids": r.prompt_token_ids,
+                "output_token_ids": r.output_token_ids,
+                "finish_reason": r.finish_reason,
+                "error": r.error,
+            }
+            for r in requests
+        ],
+    )
     rejected = [r for r in requests if r.error]
     for r in rejected:
         print(f"chunkbench: error: request {r.request_id} rejected: {r.error}", file=sys.stderr)

@@ -58,13 +58,30 @@ def kernels_bench(json_out: JsonOut = None) -> None:
     from chunkbench.kernels.bench import run_kernel_bench
 
     rows = run_kernel_bench()
-    table = Table("kind", "shape", "ours ms", "SDPA ms", "flash-attn ms", "ours / SDPA", "TFLOP/s", "GB/s",
-                  "% of peak", title=f"paged_attention on {torch.cuda.get_device_name()}, bf16, llama-3-8b heads")
+    table = Table(
+        "kind",
+        "shape",
+        "ours ms",
+        "SDPA ms",
+        "flash-attn ms",
+        "ours / SDPA",
+        "TFLOP/s",
+        "GB/s",
+        "% of peak",
+        title=f"paged_attention on {torch.cuda.get_device_name()}, bf16, llama-3-8b heads",
+    )
     for r in rows:
-        table.add_row(r.kind, r.shape, f"{r.ours_ms:.3f}", f"{r.sdpa_ms:.3f}" if r.sdpa_ms else "-",
-                      f"{r.flash_ms:.3f}" if r.flash_ms else "-",
-                      f"{r.sdpa_ms / r.ours_ms:.2f}x" if r.sdpa_ms else "-", f"{r.tflops:.1f}", f"{r.gbps:.0f}",
-                      f"{r.pct_of_peak:.0f}%" if r.pct_of_peak is not None else "-")
+        table.add_row(
+            r.kind,
+            r.shape,
+            f"{r.ours_ms:.3f}",
+            f"{r.sdpa_ms:.3f}" if r.sdpa_ms else "-",
+            f"{r.flash_ms:.3f}" if r.flash_ms else "-",
+            f"{r.sdpa_ms / r.ours_ms:.2f}x" if r.sdpa_ms else "-",
+            f"{r.tflops:.1f}",
+            f"{r.gbps:.0f}",
+            f"{r.pct_of_peak:.0f}%" if r.pct_of_peak is not None else "-",
+        )
     console.print(table)
     if json_out:
         save_json(json_out, {"device": torch.cuda.get_device_name(), "rows": [dataclasses.asdict(r) for r in rows]})

@@ -9,14 +9,21 @@ from typing import Annotated, Optional
 import typer
 
 from chunkbench.bench.backend_choice import resolve
+from chunkbench.bench.slo import parse_goodput, parse_slas
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
-from chunkbench.commands.options import (ENGINE_OPTIONS, RUN_OPTIONS, SLA_OPTIONS, WORKLOAD_OPTIONS, Model, pick,
-                                         with_options)
+from chunkbench.commands.options import (
+    ENGINE_OPTIONS,
+    RUN_OPTIONS,
+    SLA_OPTIONS,
+    WORKLOAD_OPTIONS,
+    Model,
+    pick,
+    with_options,
+)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
-from chunkbench.bench.slo import parse_goodput, parse_slas
 
 
 @with_options(RUN_OPTIONS)
@@ -33,18 +40,35 @@ def run(model: Model = "small", **options) -> None:
     o = run_options(options)
     slos = parse_goodput(o["goodput"])
     config = EngineConfig.create(model, **pick(options, ENGINE_OPTIONS))
-    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"], config=config,
-                               engine_overhead=o["engine_overhead"])).backend
+    backend = announce(
+        resolve(
+            o["backend"],
+            model,
+            gpu=o["gpu"],
+            cost_model=o["cost_model"],
+            config=config,
+            engine_overhead=o["engine_overhead"],
+        )
+    ).backend
     seed, workload = options["seed"], options["workload"]
     spec, requests = load_workload(config.scheduler.max_model_len, seed=seed, **workload_options(options))
-    requests, knobs, notes = fit_to_device(backend, config, options, 1, chunks_prompts(config.scheduler.policy),
-                                             requests)
+    requests, knobs, notes = fit_to_device(
+        backend, config, options, 1, chunks_prompts(config.scheduler.policy), requests
+    )
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
     config = EngineConfig.create(model, **{**pick(options, ENGINE_OPTIONS), **knobs}) if knobs else config
     spec = dataclasses.replace(spec, num_requests=len(requests))
-    result = run_benchmark(config, requests, label=config.scheduler.policy, goodput_ms=slos, seed=seed,
-                           warmup_steps=o["warmup_steps"], progress=not o["no_progress"], backend=backend)
+    result = run_benchmark(
+        config,
+        requests,
+        label=config.scheduler.policy,
+        goodput_ms=slos,
+        seed=seed,
+        warmup_steps=o["warmup_steps"],
+        progress=not o["no_progress"],
+        backend=backend,
+    )
     out = o["out"] or default_out("run")
     payload = save_run(result, out, spec)
     console.print(comparison_table([result], title=f"{model}, {workload}, {len(requests)} requests"))
@@ -52,8 +76,10 @@ def run(model: Model = "small", **options) -> None:
         console.print(f"[bold yellow]{note}[/]", soft_wrap=True)
     if backend.kind == "sim":
         steps, wall = result.summary["num_steps"], result.result.wall_seconds
-        console.print(f"simulated {steps:,} steps ({result.summary['duration']:,.0f} s of virtual time) in "
-                      f"{wall:.1f} s of wall time: {steps / max(wall, 1e-9):,.0f} steps/s")
+        console.print(
+            f"simulated {steps:,} steps ({result.summary['duration']:,.0f} s of virtual time) in "
+            f"{wall:.1f} s of wall time: {steps / max(wall, 1e-9):,.0f} steps/s"
+        )
     save_json(o["json_out"], payload)
     console.print(f"wrote {out}/summary.json, requests.parquet, steps.parquet")
     if result.result.interrupted:
@@ -65,14 +91,23 @@ def run(model: Model = "small", **options) -> None:
 @with_options(ENGINE_OPTIONS)
 @with_options(WORKLOAD_OPTIONS, workload="rag-mix", num_requests=None, rate=None)
 def compare(
-    policies: Annotated[list[str], typer.Argument(
-        help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
-        "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios.")],
+    policies: Annotated[
+        list[str],
+        typer.Argument(
+            help="Policies to compare, each optionally with knobs: chunked:budget=512,schedule=2048,1024,512 "
+            "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios."
+        ),
+    ],
     model: Model = "small",
-    rates: Annotated[Optional[str], typer.Option(help="Across load (the default, without --rate): arrival rates "
-                                                 "to run each policy at besides its capacity search, e.g. "
-                                                 "0.5,1,2,4 (requests/s), or a count of rates spread up to each "
-                                                 "policy's saturation throughput, e.g. 4.")] = None,
+    rates: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Across load (the default, without --rate): arrival rates "
+            "to run each policy at besides its capacity search, e.g. "
+            "0.5,1,2,4 (requests/s), or a count of rates spread up to each "
+            "policy's saturation throughput, e.g. 4."
+        ),
+    ] = None,
     **options,
 ) -> None:
     """Run the same requests through several policies; print one table (a column per policy, ratios against
@@ -91,15 +126,43 @@ def compare(
     base, base_config = compare_base(model, options)
     across_load = options["rate"] is None
     max_sched_delay = options["max_sched_delay"]
-    slas, sweep_rates, count = check_load_options(across_load, rates, options["sla_percentile"], max_sched_delay,
-                                                  {k: options["sla_" + k] for k in ("ttft", "tbt", "tpot", "e2el")})
-    backend = announce(resolve(o["backend"], model, gpu=o["gpu"], cost_model=o["cost_model"],
-                               config=base_config, engine_overhead=o["engine_overhead"])).backend
+    slas, sweep_rates, count = check_load_options(
+        across_load,
+        rates,
+        options["sla_percentile"],
+        max_sched_delay,
+        {k: options["sla_" + k] for k in ("ttft", "tbt", "tpot", "e2el")},
+    )
+    backend = announce(
+        resolve(
+            o["backend"],
+            model,
+            gpu=o["gpu"],
+            cost_model=o["cost_model"],
+            config=base_config,
+            engine_overhead=o["engine_overhead"],
+        )
+    ).backend
     spec, requests, knobs = compare_workload(backend, base_config, options, policies, across_load)
     title = f"{model}, {options['workload']}, {len(requests)} requests"
     if across_load:
-        compare_load_curves(base, policies, requests, spec, backend, base_config, knobs, slas, max_sched_delay,
-                            sweep_rates, count, slos, o, options["seed"], title)
+        compare_load_curves(
+            base,
+            policies,
+            requests,
+            spec,
+            backend,
+            base_config,
+            knobs,
+            slas,
+            max_sched_delay,
+            sweep_rates,
+            count,
+            slos,
+            o,
+            options["seed"],
+            title,
+        )
         return
     runs = compare_at_rate(base, policies, requests, backend, knobs, slos, o, options["seed"])
     report_comparison(runs, spec, title, o["out"] or default_out("compare"), o["json_out"])
@@ -113,8 +176,9 @@ def compare_base(model: str, options: dict) -> tuple[dict, EngineConfig]:
     return base, EngineConfig.create(**base)
 
 
-def check_load_options(across_load: bool, rates: str | None, sla_percentile: float, max_sched_delay: float,
-                       slas_ms: dict) -> tuple[dict, list[float], int | None]:
+def check_load_options(
+    across_load: bool, rates: str | None, sla_percentile: float, max_sched_delay: float, slas_ms: dict
+) -> tuple[dict, list[float], int | None]:
     """compare's across-load options, checked before any work: the SLAs, and --rates as rates or a count
     (both only without --rate)."""
     slas = parse_slas(slas_ms, sla_percentile)
@@ -131,39 +195,81 @@ def compare_workload(backend, base_config: EngineConfig, options: dict, policies
     from chunkbench.bench.device_defaults import MIN_REQUESTS, fit_to_device
     from chunkbench.bench.runs import unsized_chunked
 
-    spec, requests = load_workload(base_config.scheduler.max_model_len, seed=options["seed"],
-                                   **workload_options(options))
+    spec, requests = load_workload(
+        base_config.scheduler.max_model_len, seed=options["seed"], **workload_options(options)
+    )
     runs_each, fewest = (RUNS_PER_POLICY, CPU_FEWEST) if across_load else (1, MIN_REQUESTS)
-    requests, knobs, notes = fit_to_device(backend, base_config, options, len(policies) * runs_each,
-                                           unsized_chunked(policies), requests, fewest)
+    requests, knobs, notes = fit_to_device(
+        backend, base_config, options, len(policies) * runs_each, unsized_chunked(policies), requests, fewest
+    )
     for note in notes:
         console.print(f"[bold yellow]{note}[/]")
     return dataclasses.replace(spec, num_requests=len(requests)), requests, knobs
 
 
-def compare_load_curves(base: dict, policies: list[str], requests, spec, backend, base_config: EngineConfig,
-                        knobs: dict, slas: dict, max_sched_delay: float, sweep_rates: list[float], count: int | None,
-                        slos, o: dict, seed: int, title: str) -> None:
+def compare_load_curves(
+    base: dict,
+    policies: list[str],
+    requests,
+    spec,
+    backend,
+    base_config: EngineConfig,
+    knobs: dict,
+    slas: dict,
+    max_sched_delay: float,
+    sweep_rates: list[float],
+    count: int | None,
+    slos,
+    o: dict,
+    seed: int,
+    title: str,
+) -> None:
     """compare across load: each policy's capacity at the SLA and its latency-load curves (one bisection on
     the CPU, where runs near capacity are long)."""
     from chunkbench.bench.capacity import BISECTIONS
-    from chunkbench.commands.compare_load import compare_across_load
     from chunkbench.bench.device_defaults import on_cpu
+    from chunkbench.commands.compare_load import compare_across_load
 
     bisections = CPU_BISECTIONS if on_cpu(backend, base_config) else BISECTIONS
-    compare_across_load(base, policies, requests, spec, backend, slas, max_sched_delay, sweep_rates, count,
-                        bisections, knobs, seed=seed, goodput_ms=slos, warmup_steps=o["warmup_steps"],
-                        out=o["out"] or default_out("compare"), json_out=o["json_out"], title=title)
+    compare_across_load(
+        base,
+        policies,
+        requests,
+        spec,
+        backend,
+        slas,
+        max_sched_delay,
+        sweep_rates,
+        count,
+        bisections,
+        knobs,
+        seed=seed,
+        goodput_ms=slos,
+        warmup_steps=o["warmup_steps"],
+        out=o["out"] or default_out("compare"),
+        json_out=o["json_out"],
+        title=title,
+    )
 
 
 def compare_at_rate(base: dict, policies: list[str], requests, backend, knobs: dict, slos, o: dict, seed: int) -> list:
     """compare at one --rate: one run per policy over the same requests, each said when done."""
     from chunkbench.bench.runs import compare as compare_policies
 
-    return compare_policies(base, policies, requests, backend=backend, goodput_ms=slos, seed=seed,
-                            chunked_defaults=knobs, warmup_steps=o["warmup_steps"], progress=not o["no_progress"],
-                            on_done=lambda r: console.print(f"{r.label}: {r.summary['completed']} requests in "
-                                                            f"{r.result.wall_seconds:.1f} s of wall time"))
+    return compare_policies(
+        base,
+        policies,
+        requests,
+        backend=backend,
+        goodput_ms=slos,
+        seed=seed,
+        chunked_defaults=knobs,
+        warmup_steps=o["warmup_steps"],
+        progress=not o["no_progress"],
+        on_done=lambda r: console.print(
+            f"{r.label}: {r.summary['completed']} requests in {r.result.wall_seconds:.1f} s of wall time"
+        ),
+    )
 
 
 def report_comparison(runs: list, spec, title: str, out, json_out) -> None:
@@ -178,11 +284,15 @@ def report_comparison(runs: list, spec, title: str, out, json_out) -> None:
     for r in runs:
         target = r.config.scheduler.step_time_target_ms if r.config else None
         if target and "p99_step_ms" in r.summary:
-            console.print(f"{r.label}: p99 step {r.summary['p99_step_ms']:,.0f} ms against a {target:g} ms target "
-                          f"({r.summary['p99_step_ms'] / target:.2f}x), longest {r.summary['max_step_ms']:,.0f} ms")
+            console.print(
+                f"{r.label}: p99 step {r.summary['p99_step_ms']:,.0f} ms against a {target:g} ms target "
+                f"({r.summary['p99_step_ms'] / target:.2f}x), longest {r.summary['max_step_ms']:,.0f} ms"
+            )
     save_json(json_out, summaries)
-    console.print(f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
-                  "timeline.png, step_times.png and one folder per policy")
+    console.print(
+        f"wrote {out}/comparison.json, comparison.md, report.html, ttft_cdf.png, itl_cdf.png, "
+        "timeline.png, step_times.png and one folder per policy"
+    )
 
 
 # Across load on the CPU engine, a run near capacity lasts its requests over the rate: each policy's sweep is

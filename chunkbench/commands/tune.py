@@ -12,16 +12,34 @@ import typer
 
 from chunkbench.bench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
-from chunkbench.commands.options import (DATASET_OPTIONS, SLA_OPTIONS, BackendOpt, CostModelPath, EngineOverhead,
-                                         Gpu, KvCacheDtype, MaxModelLen, Model, NoProgress, NumBlocks, ProbeRate,
-                                         Seed, SlaProbe, TensorParallelSize, TimeScale, pick, with_options)
+from chunkbench.commands.options import (
+    DATASET_OPTIONS,
+    SLA_OPTIONS,
+    BackendOpt,
+    CostModelPath,
+    EngineOverhead,
+    Gpu,
+    KvCacheDtype,
+    MaxModelLen,
+    Model,
+    NoProgress,
+    NumBlocks,
+    ProbeRate,
+    Seed,
+    SlaProbe,
+    TensorParallelSize,
+    TimeScale,
+    pick,
+    with_options,
+)
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
+from chunkbench.files import check_writable
 from chunkbench.launch.backend import launch_command, launches_vllm
 from chunkbench.launch.node import plan_slots, varies_by_slot
-from chunkbench.files import check_writable
-from chunkbench.tune.objectives import AUTO, help_text as objective_help, resolve as resolve_objective
-
+from chunkbench.tune.objectives import AUTO
+from chunkbench.tune.objectives import help_text as objective_help
+from chunkbench.tune.objectives import resolve as resolve_objective
 
 TUNE_WORKLOAD_OPTIONS = DATASET_OPTIONS | {"time_scale": (TimeScale, 1.0)}
 
@@ -33,69 +51,130 @@ def tune(
     sla_probe: SlaProbe = None,
     probe_request_rate: ProbeRate = 0.0,
     objective: Annotated[str, typer.Option(help=objective_help())] = AUTO,
-    space: Annotated[str, typer.Option(help="Search space: a TOML file, or a built-in one: default, latency, "
-                                       "throughput, prefix.")] = "default",
+    space: Annotated[
+        str, typer.Option(help="Search space: a TOML file, or a built-in one: default, latency, throughput, prefix.")
+    ] = "default",
     workload: Annotated[Optional[str], typer.Option(help="Workload (overrides the space file's); see `run`.")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space "
-                                                  "file's).")] = None,
-    num_requests: Annotated[Optional[int], typer.Option(help="Requests per trial (overrides the space "
-                                                        "file's).")] = None,
+    rate: Annotated[
+        Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space file's).")
+    ] = None,
+    num_requests: Annotated[
+        Optional[int], typer.Option(help="Requests per trial (overrides the space file's).")
+    ] = None,
     n_trials: Annotated[int, typer.Option(help="Complete trials the study should hold, over all processes.")] = 60,
-    jobs: Annotated[int, typer.Option(help="Trials in this many processes at once on this machine, one shared "
-                                      "study (the trial count stays exact).")] = 1,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            help="Trials in this many processes at once on this machine, one shared "
+            "study (the trial count stays exact)."
+        ),
+    ] = 1,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds (s).")] = None,
     backend: BackendOpt = "auto",
     gpu: Gpu = None,
     cost_model: CostModelPath = None,
     engine_overhead: EngineOverhead = None,
-    verify_top: Annotated[int, typer.Option(help="auto: re-measure the best N feasible trials on the real engine "
-                                            "when the model runs on this device. --backend launch: launch the "
-                                            "best N distinct configurations again (--presearch sim: for the first "
-                                            "time; at least 1), run each --verify-repeats times, and pick the "
-                                            "winner on those medians: the best of many single runs is partly the "
-                                            "luckiest (0: the best single run wins; pareto: not re-measured).")] = 3,
-    presearch: Annotated[str, typer.Option(help="--backend launch: 'sim' calibrates the simulator on a few "
-                                           "launches of the server, searches in simulation and launches only "
-                                           "the --verify-top best; 'none' launches every trial.")] = "none",
-    verify_repeats: Annotated[Optional[int], typer.Option(
-        help="--backend launch: run the workload this many times on each re-measured (--verify-top) "
-             "configuration's launched server and judge it by the medians (a p99 of a short run moves between runs "
-             "of one server; one launch per configuration all the same; with --objective capacity each run is a "
-             "whole bisection). Default 3.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="--presearch sim: a server calibration (JSON) to "
-                                                        "reuse for the same deployment; written there after "
-                                                        "calibrating when the file does not exist.")] = None,
-    launch: Annotated[Optional[str], typer.Option(help="--backend launch: server command per trial, with "
-                                                  "{model} and knob placeholders (unset: 0), e.g. \"vllm serve "
-                                                  "{model} --max-num-batched-tokens {max_num_batched_tokens}\"; "
-                                                  "{vllm_flags} and {chunkbench_flags} are the trial's whole flag "
-                                                  "list, unset knobs left out: \"vllm serve {model} "
-                                                  "{vllm_flags}\".")] = None,
-    endpoint: Annotated[Optional[str], typer.Option(help="--backend launch: the launched server's OpenAI base "
-                                                    "URL, e.g. http://127.0.0.1:8000/v1, or with the slot's port: "
-                                                    "http://127.0.0.1:{port}/v1 (the default when --launch has "
-                                                    "{port}).")] = None,
+    verify_top: Annotated[
+        int,
+        typer.Option(
+            help="auto: re-measure the best N feasible trials on the real engine "
+            "when the model runs on this device. --backend launch: launch the "
+            "best N distinct configurations again (--presearch sim: for the first "
+            "time; at least 1), run each --verify-repeats times, and pick the "
+            "winner on those medians: the best of many single runs is partly the "
+            "luckiest (0: the best single run wins; pareto: not re-measured)."
+        ),
+    ] = 3,
+    presearch: Annotated[
+        str,
+        typer.Option(
+            help="--backend launch: 'sim' calibrates the simulator on a few "
+            "launches of the server, searches in simulation and launches only "
+            "the --verify-top best; 'none' launches every trial."
+        ),
+    ] = "none",
+    verify_repeats: Annotated[
+        Optional[int],
+        typer.Option(
+            help="--backend launch: run the workload this many times on each re-measured (--verify-top) "
+            "configuration's launched server and judge it by the medians (a p99 of a short run moves between runs "
+            "of one server; one launch per configuration all the same; with --objective capacity each run is a "
+            "whole bisection). Default 3."
+        ),
+    ] = None,
+    calibration: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="--presearch sim: a server calibration (JSON) to "
+            "reuse for the same deployment; written there after "
+            "calibrating when the file does not exist."
+        ),
+    ] = None,
+    launch: Annotated[
+        Optional[str],
+        typer.Option(
+            help="--backend launch: server command per trial, with "
+            '{model} and knob placeholders (unset: 0), e.g. "vllm serve '
+            '{model} --max-num-batched-tokens {max_num_batched_tokens}"; '
+            "{vllm_flags} and {chunkbench_flags} are the trial's whole flag "
+            'list, unset knobs left out: "vllm serve {model} '
+            '{vllm_flags}".'
+        ),
+    ] = None,
+    endpoint: Annotated[
+        Optional[str],
+        typer.Option(
+            help="--backend launch: the launched server's OpenAI base "
+            "URL, e.g. http://127.0.0.1:8000/v1, or with the slot's port: "
+            "http://127.0.0.1:{port}/v1 (the default when --launch has "
+            "{port})."
+        ),
+    ] = None,
     launch_timeout: Annotated[float, typer.Option(help="--backend launch: seconds to wait for /health (s).")] = 300.0,
-    slots: Annotated[Optional[int], typer.Option(help="--backend launch: run up to this many trials at once, one "
-                                                 "launched server per slot (default: as many as --gpus or --cpus "
-                                                 "make, else 1). Slot i listens on --port-base + i: give --launch "
-                                                 "and --endpoint a {port} (or {slot}) placeholder.")] = None,
-    port_base: Annotated[int, typer.Option(help="--backend launch: the port of slot 0 ({port}); slot i gets "
-                                           "port-base + i.")] = 8000,
-    gpus: Annotated[Optional[str], typer.Option(help="--backend launch: the GPUs to tune on, e.g. 0,1,2,3 or 0-7; "
-                                                "each slot gets --gpus-per-trial of them as CUDA_VISIBLE_DEVICES "
-                                                "(and {gpus}).")] = None,
-    gpus_per_trial: Annotated[int, typer.Option(help="--backend launch: GPUs per launched server (e.g. its "
-                                                "tensor-parallel size).")] = 1,
-    cpus: Annotated[Optional[str], typer.Option(help="--backend launch on a CPU machine: the cores to tune on, "
-                                                "e.g. 0-7; each slot gets --cpus-per-trial of them as {cpus} (e.g. "
-                                                "VLLM_CPU_OMP_THREADS_BIND={cpus} vllm serve ...).")] = None,
+    slots: Annotated[
+        Optional[int],
+        typer.Option(
+            help="--backend launch: run up to this many trials at once, one "
+            "launched server per slot (default: as many as --gpus or --cpus "
+            "make, else 1). Slot i listens on --port-base + i: give --launch "
+            "and --endpoint a {port} (or {slot}) placeholder."
+        ),
+    ] = None,
+    port_base: Annotated[
+        int, typer.Option(help="--backend launch: the port of slot 0 ({port}); slot i gets port-base + i.")
+    ] = 8000,
+    gpus: Annotated[
+        Optional[str],
+        typer.Option(
+            help="--backend launch: the GPUs to tune on, e.g. 0,1,2,3 or 0-7; "
+            "each slot gets --gpus-per-trial of them as CUDA_VISIBLE_DEVICES "
+            "(and {gpus})."
+        ),
+    ] = None,
+    gpus_per_trial: Annotated[
+        int, typer.Option(help="--backend launch: GPUs per launched server (e.g. its tensor-parallel size).")
+    ] = 1,
+    cpus: Annotated[
+        Optional[str],
+        typer.Option(
+            help="--backend launch on a CPU machine: the cores to tune on, "
+            "e.g. 0-7; each slot gets --cpus-per-trial of them as {cpus} (e.g. "
+            "VLLM_CPU_OMP_THREADS_BIND={cpus} vllm serve ...)."
+        ),
+    ] = None,
     cpus_per_trial: Annotated[int, typer.Option(help="--backend launch: cores per launched server.")] = 1,
-    study: Annotated[Optional[str], typer.Option(help="Study name; an existing study resumes. Default: "
-                                                 "<model>-<workload>-<objective>.")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Optuna RDB URL (postgresql://user:pw@host/db) to share "
-                                                   "a study between machines. Default: SQLite in the output "
-                                                   "folder.")] = None,
+    study: Annotated[
+        Optional[str],
+        typer.Option(help="Study name; an existing study resumes. Default: <model>-<workload>-<objective>."),
+    ] = None,
+    storage: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Optuna RDB URL (postgresql://user:pw@host/db) to share "
+            "a study between machines. Default: SQLite in the output "
+            "folder."
+        ),
+    ] = None,
     out: Annotated[Optional[Path], typer.Option(help="Output folder. Default: results/tune/<study>.")] = None,
     max_model_len: MaxModelLen = None,
     num_blocks: NumBlocks = None,
@@ -120,14 +199,32 @@ def run_tune(args: SimpleNamespace) -> None:
 
     slos = check_options(args)
     search_space, spec_workload, given = workload_spec(args)
-    overrides = {k: v for k, v in dict(max_model_len=args.max_model_len, num_blocks=args.num_blocks, seed=args.seed,
-                                       tensor_parallel_size=args.tensor_parallel_size,
-                                       kv_cache_dtype=args.kv_cache_dtype).items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in dict(
+            max_model_len=args.max_model_len,
+            num_blocks=args.num_blocks,
+            seed=args.seed,
+            tensor_parallel_size=args.tensor_parallel_size,
+            kv_cache_dtype=args.kv_cache_dtype,
+        ).items()
+        if v is not None
+    }
     config = EngineConfig.create(args.model, **overrides)  # the fixed flags, validated
     resolved, search_space = tune_backend(args, config, search_space)
-    spec = TuneSpec(model=args.model, slos=slos, space=search_space, workload=spec_workload, backend=resolved.backend,
-                    objective=args.objective, n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed,
-                    max_sched_delay_ms=args.max_sched_delay, engine_overrides=overrides)
+    spec = TuneSpec(
+        model=args.model,
+        slos=slos,
+        space=search_space,
+        workload=spec_workload,
+        backend=resolved.backend,
+        objective=args.objective,
+        n_trials=args.n_trials,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        max_sched_delay_ms=args.max_sched_delay,
+        engine_overrides=overrides,
+    )
     check_workload(spec_workload, search_space, given)
     name = args.study or default_study_name(spec)
     out, progress, repeats = args.out or study_folder(name), not args.no_progress, args.verify_repeats or VERIFY_REPEATS
@@ -136,12 +233,33 @@ def run_tune(args: SimpleNamespace) -> None:
         from chunkbench.tune.presearch import presearch_tune
 
         check_number("--verify-top", args.verify_top, low=1)
-        presearch_tune(spec, name, args.storage, out, args.verify_top, resolved.backend, args.calibration,
-                       device=args.gpu or "cpu", progress=progress, command=command, repeats=repeats)
+        presearch_tune(
+            spec,
+            name,
+            args.storage,
+            out,
+            args.verify_top,
+            resolved.backend,
+            args.calibration,
+            device=args.gpu or "cpu",
+            progress=progress,
+            command=command,
+            repeats=repeats,
+        )
         return
     relaunch = resolved.backend.kind == "launch"
-    tune_and_report(spec, name, args.storage, out, args.verify_top if resolved.verify or relaunch else 0,
-                    progress=progress, command=command, jobs=args.jobs, backend_note=resolved.note, repeats=repeats)
+    tune_and_report(
+        spec,
+        name,
+        args.storage,
+        out,
+        args.verify_top if resolved.verify or relaunch else 0,
+        progress=progress,
+        command=command,
+        jobs=args.jobs,
+        backend_note=resolved.note,
+        repeats=repeats,
+    )
 
 
 def check_options(args: SimpleNamespace) -> list:
@@ -149,8 +267,16 @@ def check_options(args: SimpleNamespace) -> list:
     (auto resolved: tune/objectives/registry.py) and --probe-request-rate's default with --sla-probe."""
     from chunkbench.bench.slo import parse_slas
 
-    slos = parse_slas({"ttft": args.sla_ttft, "tbt": args.sla_tbt, "tpot": args.sla_tpot, "e2el": args.sla_e2el,
-                       "probe": args.sla_probe}, args.sla_percentile)
+    slos = parse_slas(
+        {
+            "ttft": args.sla_ttft,
+            "tbt": args.sla_tbt,
+            "tpot": args.sla_tpot,
+            "e2el": args.sla_e2el,
+            "probe": args.sla_probe,
+        },
+        args.sla_percentile,
+    )
     check_number("--probe-request-rate", args.probe_request_rate, low=0)
     if args.sla_probe and not args.probe_request_rate:
         args.probe_request_rate = DEFAULT_PROBE_RATE
@@ -179,14 +305,18 @@ def check_options(args: SimpleNamespace) -> list:
 def workload_spec(args: SimpleNamespace):
     """The search space and the workload: the space file's [workload], overridden by the flags given (a flag
     left at its default keeps the file's value); also the flags given, for check_workload."""
-    from chunkbench.tune.space import SearchSpace
     from chunkbench.bench.workload import WorkloadSpec
+    from chunkbench.tune.space import SearchSpace
 
     search_space = SearchSpace.load(args.space)
-    given = dict(name=args.workload, rate=args.rate, num_requests=args.num_requests, seed=args.seed,
-                 probe_request_rate=args.probe_request_rate or None)
-    given |= {k: v for k, v in pick(args.options, TUNE_WORKLOAD_OPTIONS).items()
-              if v != TUNE_WORKLOAD_OPTIONS[k][1]}
+    given = dict(
+        name=args.workload,
+        rate=args.rate,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        probe_request_rate=args.probe_request_rate or None,
+    )
+    given |= {k: v for k, v in pick(args.options, TUNE_WORKLOAD_OPTIONS).items() if v != TUNE_WORKLOAD_OPTIONS[k][1]}
     spec_workload = WorkloadSpec(**{**search_space.workload, **{k: v for k, v in given.items() if v is not None}})
     return search_space, spec_workload, given
 
@@ -200,9 +330,20 @@ def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
         endpoint = launch_slots(args.launch, endpoint, args.jobs, node)
     elif any(v is not None for v in (args.slots, args.gpus, args.cpus)):
         raise UserError("--slots, --gpus and --cpus place launched servers: they need --backend launch")
-    resolved = announce(resolve(args.backend, args.model, gpu=args.gpu, cost_model=args.cost_model, search=True,
-                                launch=args.launch, endpoint=endpoint, launch_timeout_s=args.launch_timeout,
-                                config=config, engine_overhead=args.engine_overhead))
+    resolved = announce(
+        resolve(
+            args.backend,
+            args.model,
+            gpu=args.gpu,
+            cost_model=args.cost_model,
+            search=True,
+            launch=args.launch,
+            endpoint=endpoint,
+            launch_timeout_s=args.launch_timeout,
+            config=config,
+            engine_overhead=args.engine_overhead,
+        )
+    )
     if resolved.backend.kind == "launch":
         resolved = replace(resolved, backend=replace(resolved.backend, slot=node[0], node=tuple(node)))
         launch_command(args.launch, config)  # placeholders checked before anything starts
@@ -223,10 +364,14 @@ def check_workload(spec_workload, search_space, given: dict) -> None:
     try:
         build_workload(spec_workload)
     except UserError as exc:
-        from_file = [k for k in search_space.workload
-                     if given.get(k) is None and f"--{k.replace('_', '-')}" in str(exc)]
-        raise (UserError(f"{exc} (set by [workload] {', '.join(from_file)} in --space {search_space.source})")
-               if from_file else exc) from None
+        from_file = [
+            k for k in search_space.workload if given.get(k) is None and f"--{k.replace('_', '-')}" in str(exc)
+        ]
+        raise (
+            UserError(f"{exc} (set by [workload] {', '.join(from_file)} in --space {search_space.source})")
+            if from_file
+            else exc
+        ) from None
 
 
 DEFAULT_PROBE_RATE = 2.0  # --sla-probe without --probe-request-rate: probes per second (vLLM's docs' example)
@@ -242,8 +387,10 @@ def launch_slots(launch: str | None, endpoint: str | None, jobs: int, node: list
     if len(node) > 1:
         for flag, text in (("--launch", launch), ("--endpoint", endpoint)):
             if text and not varies_by_slot(text):
-                raise UserError(f"{flag} names one fixed port, and {len(node)} slots would launch on it: put "
-                                "{port} where the port goes (slot i gets --port-base + i)")
+                raise UserError(
+                    f"{flag} names one fixed port, and {len(node)} slots would launch on it: put "
+                    "{port} where the port goes (slot i gets --port-base + i)"
+                )
     return endpoint
 
 

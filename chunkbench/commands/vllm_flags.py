@@ -7,24 +7,53 @@ from typing import Annotated, Optional
 
 import typer
 
-from chunkbench.errors import UserError
 from chunkbench.bench.vllm_datasets import DATASETS
+from chunkbench.errors import UserError
 
 Text = Optional[str]
 VLLM_FLAGS = {  # bench's keyword -> (annotated type, default)
-    "dataset_name": (Annotated[Text, typer.Option(help="vllm bench serve's name for --workload: " + ", ".join(
-        DATASETS) + " (with --dataset-path for a file).")], None),
-    "dataset_path": (Annotated[Text, typer.Option(help="The file (hf: folder or cached name) of "
-                                                  "--dataset-name.")], None),
-    "base_url": (Annotated[Text, typer.Option(help="vllm bench serve's server URL without /v1, e.g. "
-                                              "http://127.0.0.1:8000; with its --endpoint path.")], None),
-    "host": (Annotated[Text, typer.Option(help="Server host, when no --endpoint URL or --base-url "
-                                          "(vLLM's; default 127.0.0.1).")], None),
+    "dataset_name": (
+        Annotated[
+            Text,
+            typer.Option(
+                help="vllm bench serve's name for --workload: "
+                + ", ".join(DATASETS)
+                + " (with --dataset-path for a file)."
+            ),
+        ],
+        None,
+    ),
+    "dataset_path": (
+        Annotated[Text, typer.Option(help="The file (hf: folder or cached name) of --dataset-name.")],
+        None,
+    ),
+    "base_url": (
+        Annotated[
+            Text,
+            typer.Option(
+                help="vllm bench serve's server URL without /v1, e.g. http://127.0.0.1:8000; with its --endpoint path."
+            ),
+        ],
+        None,
+    ),
+    "host": (
+        Annotated[
+            Text, typer.Option(help="Server host, when no --endpoint URL or --base-url (vLLM's; default 127.0.0.1).")
+        ],
+        None,
+    ),
     "port": (Annotated[Optional[int], typer.Option(help="Server port with --host (vLLM's; default 8000).")], None),
-    "vllm_backend": (Annotated[Text, typer.Option("--backend", help="vllm bench serve's client: vllm or openai "
-                                                  "(--api completions), openai-chat (--api chat).")], None),
-    "served_model_name": (Annotated[Text, typer.Option(help="Model name to send (vLLM's; wins over "
-                                                       "--model).")], None),
+    "vllm_backend": (
+        Annotated[
+            Text,
+            typer.Option(
+                "--backend",
+                help="vllm bench serve's client: vllm or openai (--api completions), openai-chat (--api chat).",
+            ),
+        ],
+        None,
+    ),
+    "served_model_name": (Annotated[Text, typer.Option(help="Model name to send (vLLM's; wins over --model).")], None),
 }
 IGNORED = {  # vllm bench serve's options that change nothing here, and why
     "trust_remote_code": "no remote code is run",
@@ -34,22 +63,32 @@ IGNORED = {  # vllm bench serve's options that change nothing here, and why
     "skip_chat_template": "no chat template is applied to count tokens",
     "ignore_eos": "ignore_eos is always sent",
 }
-VLLM_FLAGS |= {name: (Annotated[bool, typer.Option("--" + name.replace("_", "-"), help=f"vLLM's; accepted and "
-                                                   f"ignored: {why}.")], False) for name, why in IGNORED.items()}
-VLLM_FLAGS["no_self_timed"] = (Annotated[bool, typer.Option(help="timed_trace: send on --request-rate's "
-                                                            "schedule, not the timestamps (vLLM's).")], False)
+VLLM_FLAGS |= {
+    name: (
+        Annotated[bool, typer.Option("--" + name.replace("_", "-"), help=f"vLLM's; accepted and ignored: {why}.")],
+        False,
+    )
+    for name, why in IGNORED.items()
+}
+VLLM_FLAGS["no_self_timed"] = (
+    Annotated[bool, typer.Option(help="timed_trace: send on --request-rate's schedule, not the timestamps (vLLM's).")],
+    False,
+)
 API_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat"}
 
 
-def server_url(endpoint: str | None, base_url: str | None, host: str | None, port: int | None,
-               backend: str | None, api: str) -> tuple[str, str]:
+def server_url(
+    endpoint: str | None, base_url: str | None, host: str | None, port: int | None, backend: str | None, api: str
+) -> tuple[str, str]:
     """(the /v1 base URL, the API) from chunkbench's --endpoint URL or vLLM's --base-url/--host/--port, whose
     --endpoint is an API path (/v1/completions) and --backend the client kind."""
     if backend is not None:
         if backend not in BACKENDS:
-            raise UserError(f"--backend must be one of {', '.join(BACKENDS)} (vllm bench serve's clients that "
-                            f"chunkbench speaks), got '{backend}'")
+            raise UserError(
+                f"--backend must be one of {', '.join(BACKENDS)} (vllm bench serve's clients that "
+                f"chunkbench speaks), got '{backend}'"
+            )
         api = BACKENDS[backend]
     if endpoint is not None and endpoint.startswith("/"):
         if endpoint not in API_PATHS:

@@ -19,7 +19,8 @@ one layer holds at once plus what lives for the whole step (docs/architecture.md
                           QUERY_BLOCK, the bool mask [rows, keys] plus the float copy SDPA makes of it. With
                           torch >= 2.3 CPU SDPA runs a tiled (flash) kernel even with a mask, so the scores
                           themselves are not materialised (measured: tests/test_deployments.py). Its fp32
-                          decodes gather nothing where chunkbench/kernels/cpu_decode.c is built: `decode_attention="flash"`
+                          decodes gather nothing where chunkbench/kernels/cpu_decode.c is built:
+                          `decode_attention="flash"`
                math       a naive softmax(QK^T)V (Hugging Face's "eager" attention): the scores and the
                           probabilities, [heads/N, rows, keys] fp32 each
     logits     [n, hidden] + [sampled, vocab] fp32 (gathered over the GPUs) + [sampled, vocab/N] in `act`
@@ -35,11 +36,20 @@ ATTENTION_PATHS = ("flash", "reference", "math")
 FP32 = 4
 
 
-def step_activation_bytes(model: ModelConfig, prefills, decodes, num_sampled: int, act_bytes: int, tp: int = 1,
-                          attention: str = "flash", decode_attention: str | None = None) -> int:
+def step_activation_bytes(
+    model: ModelConfig,
+    prefills,
+    decodes,
+    num_sampled: int,
+    act_bytes: int,
+    tp: int = 1,
+    attention: str = "flash",
+    decode_attention: str | None = None,
+) -> int:
     """Peak bytes one GPU allocates for a step's activations. `prefills`: (chunk tokens, cached context)
     pairs; `decodes`: each decode's keys (context length). `decode_attention`: the decodes' path when it is
-    not `attention`'s (the CPU engine's fp32 decodes: chunkbench/kernels/cpu_decode.c reads the pages in place, "flash")."""
+    not `attention`'s (the CPU engine's fp32 decodes: chunkbench/kernels/cpu_decode.c reads the pages in place,
+    "flash")."""
     n = sum(q for q, _ in prefills) + len(decodes) if prefills else len(decodes)  # most steps only decode
     if n == 0:
         return 0
@@ -47,17 +57,25 @@ def step_activation_bytes(model: ModelConfig, prefills, decodes, num_sampled: in
     q_width, kv_width = heads_per_gpu(model, tp) * d, kv_heads_per_gpu(model, tp) * d
     step = n * (FP32 * (3 * d // 2 + 1) + 3 * 8)
     mlp = (3 * n * h + 3 * n * intermediate_per_gpu(model, tp)) * act_bytes
-    chunks = max(chunk_attention_bytes(model, q, ctx, act_bytes, tp, attention) for q, ctx in prefills) \
-        if prefills else 0
-    attention_bytes = (2 * n * h + 3 * n * q_width + 2 * n * kv_width) * act_bytes + chunks \
+    chunks = (
+        max(chunk_attention_bytes(model, q, ctx, act_bytes, tp, attention) for q, ctx in prefills) if prefills else 0
+    )
+    attention_bytes = (
+        (2 * n * h + 3 * n * q_width + 2 * n * kv_width) * act_bytes
+        + chunks
         + decode_attention_bytes(model, decodes, tp, decode_attention or attention)
-    logits = n * h * act_bytes + num_sampled * model.vocab_size * FP32 \
+    )
+    logits = (
+        n * h * act_bytes
+        + num_sampled * model.vocab_size * FP32
         + (num_sampled * -(-model.vocab_size // tp) * act_bytes if act_bytes != FP32 or tp > 1 else 0)
+    )
     return step + max(mlp, attention_bytes, logits)
 
 
-def chunk_attention_bytes(model: ModelConfig, q: int, ctx: int, act_bytes: int, tp: int = 1,
-                          attention: str = "flash") -> int:
+def chunk_attention_bytes(
+    model: ModelConfig, q: int, ctx: int, act_bytes: int, tp: int = 1, attention: str = "flash"
+) -> int:
     """What attending one prefill chunk of `q` queries over `ctx` cached keys allocates besides q, k, v."""
     keys, rows = q + ctx, min(q, QUERY_BLOCK)
     if attention == "flash":

@@ -48,8 +48,15 @@ def current_metadata() -> AttentionMetadata:
     return metadata
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, softmax_scale: float, sampled_only: bool = False) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    softmax_scale: float,
+    sampled_only: bool = False,
+) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend every query to its request's cached keys.
     `sampled_only`: `q` holds only the sampled requests' last tokens (the last layer: model.py), attended as
     `metadata.sampled` says."""
@@ -65,12 +72,34 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             return out
         m = sampled
     if triton:
-        kernels.paged_attention(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table,
-                                m.max_seqlen_q, m.max_seqlen_k, softmax_scale)
+        kernels.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            m.cu_seqlens_q,
+            m.seqused_k,
+            m.block_table,
+            m.max_seqlen_q,
+            m.max_seqlen_k,
+            softmax_scale,
+        )
         return out
     if m.plan is None:  # the same slots for every layer of the step: index them once
-        m.plan = plan_ref(m.cu_seqlens_q, m.seqused_k, m.block_table, k_cache.shape[1],
-                          direct_decodes=cpu_decode.usable(q, k_cache))  # decodes read the cache in place
-    paged_attention_ref(q, k_cache, v_cache, out, m.cu_seqlens_q, m.seqused_k, m.block_table, m.max_seqlen_q,
-                        m.max_seqlen_k, softmax_scale, plan=m.plan)
+        m.plan = plan_ref(
+            m.cu_seqlens_q, m.seqused_k, m.block_table, k_cache.shape[1], direct_decodes=cpu_decode.usable(q, k_cache)
+        )  # decodes read the cache in place
+    paged_attention_ref(
+        q,
+        k_cache,
+        v_cache,
+        out,
+        m.cu_seqlens_q,
+        m.seqused_k,
+        m.block_table,
+        m.max_seqlen_q,
+        m.max_seqlen_k,
+        softmax_scale,
+        plan=m.plan,
+    )
     return out

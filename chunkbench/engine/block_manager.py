@@ -135,8 +135,7 @@ class BlockManager:
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - have  # cdiv, inlined: hot
         return needed if needed > 0 else 0
 
-    def can_allocate(self, request: Request, num_new_tokens: int, hits: Sequence[int] = (),
-                     reserve: int = 0) -> bool:
+    def can_allocate(self, request: Request, num_new_tokens: int, hits: Sequence[int] = (), reserve: int = 0) -> bool:
         """Whether blocks for `num_new_tokens` more tokens are free, leaving `reserve` blocks free (vLLM's
         watermark)."""
         reused_free = sum(1 for b in hits if self.ref_counts[b] == 0)  # taking them shrinks the free list

@@ -40,19 +40,29 @@ class CacheConfig:
     kv_cache_dtype: str = default("kv_cache_dtype")
 
     def __post_init__(self) -> None:
-        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
-                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got '{self.kv_cache_dtype}'")
-        _require(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
-                 f"--block-size must be a power of two from 1 to 128, got {self.block_size}")
+        _require(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got '{self.kv_cache_dtype}'",
+        )
+        _require(
+            self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
+            f"--block-size must be a power of two from 1 to 128, got {self.block_size}",
+        )
         if self.num_blocks is not None:
-            _require(1 <= self.num_blocks <= MAX_NUM_BLOCKS,
-                     f"--num-blocks must be from 1 to {MAX_NUM_BLOCKS:,}, got {self.num_blocks}")
-        _require(0 < self.gpu_memory_utilization <= 1,
-                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        _require(0 < self.cpu_kv_cache_gib <= 2**20,  # nan and inf fail too
-                 f"--cpu-kv-cache-gib must be in (0, 1048576] GiB, got {self.cpu_kv_cache_gib}")
+            _require(
+                1 <= self.num_blocks <= MAX_NUM_BLOCKS,
+                f"--num-blocks must be from 1 to {MAX_NUM_BLOCKS:,}, got {self.num_blocks}",
+            )
+        _require(
+            0 < self.gpu_memory_utilization <= 1,
+            f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        _require(
+            0 < self.cpu_kv_cache_gib <= 2**20,  # nan and inf fail too
+            f"--cpu-kv-cache-gib must be in (0, 1048576] GiB, got {self.cpu_kv_cache_gib}",
+        )
 
-    def kv_bytes_per_block(self, model: "ModelConfig", dtype_bytes: int) -> int:
+    def kv_bytes_per_block(self, model: ModelConfig, dtype_bytes: int) -> int:
         return self.block_size * model.kv_bytes_per_token(dtype_bytes)
 
     def kv_dtype_bytes(self, dtype_bytes: int) -> int:
@@ -67,8 +77,9 @@ def parse_chunk_schedule(text: str | None) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in str(text).split(","))
     except ValueError:
-        raise ConfigError(f"--chunk-schedule must be comma-separated token counts like 2048,1024,512, "
-                          f"got '{text}'") from None
+        raise ConfigError(
+            f"--chunk-schedule must be comma-separated token counts like 2048,1024,512, got '{text}'"
+        ) from None
     return values
 
 
@@ -84,8 +95,9 @@ def check_policy(name: str) -> None:
 
 def check_device(name: str) -> None:
     """auto, cpu, cuda or cuda:N (the one rule for every --device)."""
-    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is not None,
-             f"--device must be auto, cpu or cuda[:N], got '{name}'")
+    _require(
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is not None, f"--device must be auto, cpu or cuda[:N], got '{name}'"
+    )
 
 
 def default_budget(policy: str, max_model_len: int) -> int:
@@ -118,35 +130,49 @@ class SchedulerConfig:
         check_policy(self.policy)
         _positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         _positive("--max-num-seqs", self.max_num_seqs)
-        _require(self.max_num_batched_tokens <= MAX_BUDGET,
-                 f"--max-num-batched-tokens must be at most {MAX_BUDGET:,}, got {self.max_num_batched_tokens:,}")
-        _require(self.max_num_seqs <= MAX_SEQS,
-                 f"--max-num-seqs must be at most {MAX_SEQS:,}, got {self.max_num_seqs:,}")
-        _require(self.max_model_len >= 2, f"--max-model-len must be at least 2 (a prompt token and an output token), "
-                 f"got {self.max_model_len}")
-        _require(self.max_num_batched_tokens >= min_budget(self.policy, self.max_model_len),
-                 f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
-                 f"({self.max_model_len}) for policy '{self.policy}', which never splits a prompt; "
-                 "use --policy chunked or a larger budget")
+        _require(
+            self.max_num_batched_tokens <= MAX_BUDGET,
+            f"--max-num-batched-tokens must be at most {MAX_BUDGET:,}, got {self.max_num_batched_tokens:,}",
+        )
+        _require(
+            self.max_num_seqs <= MAX_SEQS, f"--max-num-seqs must be at most {MAX_SEQS:,}, got {self.max_num_seqs:,}"
+        )
+        _require(
+            self.max_model_len >= 2,
+            f"--max-model-len must be at least 2 (a prompt token and an output token), got {self.max_model_len}",
+        )
+        _require(
+            self.max_num_batched_tokens >= min_budget(self.policy, self.max_model_len),
+            f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+            f"({self.max_model_len}) for policy '{self.policy}', which never splits a prompt; "
+            "use --policy chunked or a larger budget",
+        )
         if self.chunk_size is not None:
             _positive("--chunk-size", self.chunk_size)
-        _require(all(c > 0 for c in self.chunk_schedule),
-                 f"--chunk-schedule entries must be > 0, got {','.join(map(str, self.chunk_schedule))}")
+        _require(
+            all(c > 0 for c in self.chunk_schedule),
+            f"--chunk-schedule entries must be > 0, got {','.join(map(str, self.chunk_schedule))}",
+        )
         if self.tile is not None:
-            _require(1 <= self.tile <= self.max_num_batched_tokens,
-                     f"--tile must be from 1 to --max-num-batched-tokens ({self.max_num_batched_tokens}), "
-                     f"got {self.tile}")
+            _require(
+                1 <= self.tile <= self.max_num_batched_tokens,
+                f"--tile must be from 1 to --max-num-batched-tokens ({self.max_num_batched_tokens}), got {self.tile}",
+            )
         if self.max_partial_prefills is not None:
             _positive("--max-partial-prefills", self.max_partial_prefills)
         if self.step_time_target_ms is not None:
-            _require(math.isfinite(self.step_time_target_ms) and self.step_time_target_ms > 0,
-                     f"--step-time-target must be a number of ms > 0, got {self.step_time_target_ms}")
+            _require(
+                math.isfinite(self.step_time_target_ms) and self.step_time_target_ms > 0,
+                f"--step-time-target must be a number of ms > 0, got {self.step_time_target_ms}",
+            )
         if self.num_chunks is not None:
             _positive("--num-chunks", self.num_chunks)
         if self.max_num_active_seqs is not None:
-            _require(1 <= self.max_num_active_seqs <= self.max_num_seqs,
-                     f"--max-num-active-seqs must be from 1 to --max-num-seqs ({self.max_num_seqs}), "
-                     f"got {self.max_num_active_seqs}")
+            _require(
+                1 <= self.max_num_active_seqs <= self.max_num_seqs,
+                f"--max-num-active-seqs must be from 1 to --max-num-seqs ({self.max_num_seqs}), "
+                f"got {self.max_num_active_seqs}",
+            )
         _require(0 <= self.watermark < 1, f"--watermark must be in [0, 1), got {self.watermark}")  # nan fails
 
     @property
@@ -157,7 +183,8 @@ class SchedulerConfig:
     def chunk_cap(self, chunk_index: int, prompt_len: int = 0, chunk_size: int | None | str = "config") -> int:
         """The most prompt tokens a request may compute in its `chunk_index`-th chunk (0-based); with
         `num_chunks`, at most ceil(prompt_len / num_chunks). `chunk_size`: the cap the scheduler applies this
-        step in place of the configured one (vLLM's long_prefill_token_threshold: see chunkbench/engine/scheduler.py)."""
+        step in place of the configured one (vLLM's long_prefill_token_threshold: see
+        chunkbench/engine/scheduler.py)."""
         size = self.chunk_size if chunk_size == "config" else chunk_size
         cap: float = math.inf
         if self.num_chunks is not None and prompt_len:
@@ -186,19 +213,25 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_tensor_parallel(self.model, self.tensor_parallel_size)
         check_device(self.device)
-        _require(self.dtype == "auto" or self.dtype in DTYPES,
-                 f"--dtype must be auto or one of {', '.join(DTYPES)}, got '{self.dtype}'")
-        _require(self.attention_backend in ATTENTION_BACKENDS,
-                 f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
-                 f"got '{self.attention_backend}'")
-        _require(isinstance(self.seed, int) and 0 <= self.seed < 2**32,
-                 f"--seed must be from 0 to 2**32-1, got {self.seed}")
-        _require(self.scheduler.max_model_len <= self.model.max_model_len,
-                 f"--max-model-len ({self.scheduler.max_model_len}) must be <= the model's "
-                 f"max_model_len ({self.model.max_model_len})")
+        _require(
+            self.dtype == "auto" or self.dtype in DTYPES,
+            f"--dtype must be auto or one of {', '.join(DTYPES)}, got '{self.dtype}'",
+        )
+        _require(
+            self.attention_backend in ATTENTION_BACKENDS,
+            f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got '{self.attention_backend}'",
+        )
+        _require(
+            isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"--seed must be from 0 to 2**32-1, got {self.seed}"
+        )
+        _require(
+            self.scheduler.max_model_len <= self.model.max_model_len,
+            f"--max-model-len ({self.scheduler.max_model_len}) must be <= the model's "
+            f"max_model_len ({self.model.max_model_len})",
+        )
 
     @classmethod
-    def create(cls, model: str | ModelConfig = "tiny", **knobs) -> "EngineConfig":
+    def create(cls, model: str | ModelConfig = "tiny", **knobs) -> EngineConfig:
         """Build a config from flat keyword arguments (the knobs of chunkbench/engine/knobs.py), the shape the CLI and
         the Python API use. Unset or None values get defaults that work: the budget defaults to 2048 for
         `chunked` and to at least max_model_len for policies that never split a prompt; the KV cache is
@@ -218,7 +251,13 @@ class EngineConfig:
         schedule = k["chunk_schedule"]
         schedule = parse_chunk_schedule(schedule) if isinstance(schedule, str) else tuple(schedule)
         section = {s: {n: k[n] for n, knob in KNOBS.items() if knob.section == s} for s in ("scheduler", "cache", "")}
-        scheduler = section["scheduler"] | dict(max_num_batched_tokens=budget, max_model_len=max_model_len,
-                                                chunk_schedule=schedule)
-        return cls(model=model_config, scheduler=SchedulerConfig(**scheduler), cache=CacheConfig(**section["cache"]),
-                   **section[""], chosen=frozenset(n for n, v in knobs.items() if v is not None))
+        scheduler = section["scheduler"] | dict(
+            max_num_batched_tokens=budget, max_model_len=max_model_len, chunk_schedule=schedule
+        )
+        return cls(
+            model=model_config,
+            scheduler=SchedulerConfig(**scheduler),
+            cache=CacheConfig(**section["cache"]),
+            **section[""],
+            chosen=frozenset(n for n, v in knobs.items() if v is not None),
+        )

@@ -69,35 +69,44 @@ class VirtualClock:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, executor: Executor | None = None, clock=None,
-                 step_cost: StepCost | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, executor: Executor | None = None, clock=None, step_cost: StepCost | None = None
+    ) -> None:
         """`step_cost` predicts a step's seconds for --step-time-target (default: the executor's
         `step_cost`, the simulator's cost model); one with an `observe(shape, seconds)` method is told
         every measured step (chunkbench/engine/step_time.py: OnlineCorrection)."""
         self.config = config
         if executor is None:
             from .executor import ModelExecutor  # torch only when a real model runs
+
             executor = ModelExecutor(config)
         self.executor = executor
         self.clock = clock or RealClock()
         if hasattr(executor, "timer") and hasattr(self.clock, "timer"):  # steps timed as the clock runs
             executor.timer = self.clock.timer
-        self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size,
-                                          enable_caching=config.cache.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            executor.num_blocks, config.cache.block_size, enable_caching=config.cache.enable_prefix_caching
+        )
         self.step_cost = step_cost or getattr(executor, "step_cost", None)
         if config.scheduler.step_time_target_ms and self.step_cost is None:
-            raise ConfigError("--step-time-target needs a cost model to predict step times: the simulator has "
-                              "one; on the real engine give a profile (`chunkbench profile`) or let the "
-                              "benchmark calibrate one")
+            raise ConfigError(
+                "--step-time-target needs a cost model to predict step times: the simulator has "
+                "one; on the real engine give a profile (`chunkbench profile`) or let the "
+                "benchmark calibrate one"
+            )
         self._observe = getattr(self.step_cost, "observe", None)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, seed=config.seed,
-                                   step_cost=self.step_cost)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, seed=config.seed, step_cost=self.step_cost)
         self._ids = itertools.count()
         self._rejected: list[Request] = []
         self.last_step: tuple[SchedulerOutput, StepResult] | None = None  # for the harness's step records
 
-    def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> Request:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
         """Queue a request. One that can never be served comes back finished with `error` set, and is
         also returned by the next step(); the others are unaffected."""
         request = Request(

@@ -34,8 +34,7 @@ def one_torch_thread(enabled: bool = True):
         torch.set_num_threads(threads)
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,9 +81,10 @@ def host_available_bytes() -> int | None:
 
 
 # Per cgroup version: (its mount under /sys/fs/cgroup, limit, usage, statistics file, its reclaimable page cache)
-CGROUP_FILES = {"v2": ("", "memory.max", "memory.current", "memory.stat", "inactive_file"),
-                "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat",
-                       "total_inactive_file")}
+CGROUP_FILES = {
+    "v2": ("", "memory.max", "memory.current", "memory.stat", "inactive_file"),
+    "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat", "total_inactive_file"),
+}
 # v1 writes "no limit" as the largest signed 64-bit number rounded down to a page, which depends on the page size
 # (...771712 with 4 KiB pages, ...710272 with 64 KiB): anything this large is no limit
 UNLIMITED = 2**60
@@ -96,9 +96,11 @@ def cgroup_free_bytes(root: str = "/sys/fs/cgroup", membership: str = "/proc/sel
     before it kills (as `docker stats` counts it); None when none has a limit or there is no cgroup to read."""
     try:
         with open(membership) as f:  # "0::/path" (v2) or "4:memory:/path" (v1's memory controller)
-            paths = [("v2" if ids == "0" and not names else "v1", path.strip())
-                     for ids, names, path in (line.split(":", 2) for line in f if line.count(":") >= 2)
-                     if (ids == "0" and not names) or "memory" in names.split(",")]
+            paths = [
+                ("v2" if ids == "0" and not names else "v1", path.strip())
+                for ids, names, path in (line.split(":", 2) for line in f if line.count(":") >= 2)
+                if (ids == "0" and not names) or "memory" in names.split(",")
+            ]
     except OSError:
         paths = []
     rooms = []
@@ -141,8 +143,10 @@ def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dty
         free = available_bytes(device)
         if free is not None and cache.num_blocks * per_block > free:
             needed = cache.num_blocks * per_block / 2**30
-            raise ConfigError(f"--num-blocks {cache.num_blocks:,} needs {needed:,.1f} GiB of KV cache; "
-                              f"{free / 2**30:,.1f} GiB is free on {device.type}: lower --num-blocks")
+            raise ConfigError(
+                f"--num-blocks {cache.num_blocks:,} needs {needed:,.1f} GiB of KV cache; "
+                f"{free / 2**30:,.1f} GiB is free on {device.type}: lower --num-blocks"
+            )
         return cache.num_blocks
     wanted = sched.max_num_seqs * cdiv(sched.max_model_len, cache.block_size)
     if device.type == "cuda":
@@ -156,8 +160,10 @@ def kv_cache_blocks(config: EngineConfig, device: torch.device, dtype: torch.dty
     blocks = min(wanted, int(budget // per_block))
     if blocks < 1:
         knob = "--gpu-memory-utilization" if device.type == "cuda" else "--cpu-kv-cache-gib"
-        raise ConfigError(f"not enough memory for a single KV block ({per_block / 2**20:,.2f} MiB); raise {knob}, "
-                          "free memory or use a smaller model")
+        raise ConfigError(
+            f"not enough memory for a single KV block ({per_block / 2**20:,.2f} MiB); raise {knob}, "
+            "free memory or use a smaller model"
+        )
     return blocks
 
 
@@ -212,13 +218,19 @@ class ModelExecutor:
             return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
         metadata = AttentionMetadata(
-            slot_mapping=tensor(slots, torch.int64), cu_seqlens_q=tensor(cu), seqused_k=tensor(lens_k),
-            block_table=tensor(table), max_seqlen_q=max(c.num_tokens for c in chunks),
-            max_seqlen_k=max(lens_k), backend=self.backend)
+            slot_mapping=tensor(slots, torch.int64),
+            cu_seqlens_q=tensor(cu),
+            seqused_k=tensor(lens_k),
+            block_table=tensor(table),
+            max_seqlen_q=max(c.num_tokens for c in chunks),
+            max_seqlen_k=max(lens_k),
+            backend=self.backend,
+        )
         return tensor(input_ids, torch.int64), tensor(positions, torch.int64), metadata
 
-    def _sampled(self, chunks: list[ScheduledChunk],
-                 metadata: AttentionMetadata) -> tuple[torch.Tensor, AttentionMetadata | None]:
+    def _sampled(
+        self, chunks: list[ScheduledChunk], metadata: AttentionMetadata
+    ) -> tuple[torch.Tensor, AttentionMetadata | None]:
         """The rows of the tokens the step samples (each sampling chunk's last), and their attention metadata
         as one query per request (the model's last layer attends those alone)."""
         which = torch.tensor([i for i, c in enumerate(chunks) if c.sample], dtype=torch.long, device=self.device)
@@ -226,10 +238,14 @@ class ModelExecutor:
         if not len(which):
             return rows, None
         return rows, AttentionMetadata(
-            slot_mapping=metadata.slot_mapping[rows], cu_seqlens_q=torch.arange(len(which) + 1, dtype=torch.int32,
-                                                                                 device=self.device),
-            seqused_k=metadata.seqused_k[which], block_table=metadata.block_table[which], max_seqlen_q=1,
-            max_seqlen_k=max(c.context_len for c in chunks if c.sample), backend=self.backend)
+            slot_mapping=metadata.slot_mapping[rows],
+            cu_seqlens_q=torch.arange(len(which) + 1, dtype=torch.int32, device=self.device),
+            seqused_k=metadata.seqused_k[which],
+            block_table=metadata.block_table[which],
+            max_seqlen_q=1,
+            max_seqlen_k=max(c.context_len for c in chunks if c.sample),
+            backend=self.backend,
+        )
 
     def _activation_start(self) -> int:
         if self.device.type != "cuda":
@@ -246,9 +262,15 @@ class ModelExecutor:
         decodes = [c.context_len for c in chunks if c.is_decode]
         torch_path = self.backend == "torch"
         in_place = torch_path and cpu_decode.applies(self.device, self.dtype)  # the C kernel reads the pages
-        return step_activation_bytes(self.model_config, prefills, decodes, sum(c.sample for c in chunks),
-                                     self.dtype.itemsize, attention="reference" if torch_path else "flash",
-                                     decode_attention="flash" if in_place else None)
+        return step_activation_bytes(
+            self.model_config,
+            prefills,
+            decodes,
+            sum(c.sample for c in chunks),
+            self.dtype.itemsize,
+            attention="reference" if torch_path else "flash",
+            decode_attention="flash" if in_place else None,
+        )
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:

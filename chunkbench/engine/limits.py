@@ -27,6 +27,8 @@ def prompt_fits(prompt_len: int, max_model_len: int, max_tokens: int = 0, field:
     context = f"This model's maximum context length is {max_model_len} tokens. However, "
     if prompt_len > longest_prompt(max_model_len, max_tokens=1):
         return context + f"your prompt contains {prompt_len} input tokens, which leaves no room for an output token."
-    return context + (f"you requested {field}={max_tokens} output tokens and your prompt contains {prompt_len} input "
-                      f"tokens, for a total of {max_tokens + prompt_len} tokens: at most "
-                      f"{max_model_len - prompt_len} output tokens fit.")
+    return context + (
+        f"you requested {field}={max_tokens} output tokens and your prompt contains {prompt_len} input "
+        f"tokens, for a total of {max_tokens + prompt_len} tokens: at most "
+        f"{max_model_len - prompt_len} output tokens fit."
+    )

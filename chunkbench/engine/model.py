@@ -10,8 +10,9 @@ and 1/num_layers of a prefill step's work saved (vLLM computes every row and the
 
 On the CPU in fp32, `pack_for_cpu` also keeps each linear layer's weight in oneDNN's blocked layout, reordered
 once (as vLLM's CPU build does), and every step's products use it: a plain F.linear goes through MKL's sgemm,
-which re-packs its weight on every call and reaches about half oneDNN's rate (measured: docs/measurements/engine-speed.md).
-It costs a second copy of the weights, so it is done only below PACK_MAX_BYTES of them.
+which re-packs its weight on every call and reaches about half oneDNN's rate (measured:
+docs/measurements/engine-speed.md). It costs a second copy of the weights, so it is done only below PACK_MAX_BYTES of
+them.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from torch import nn
 from .attention import paged_attention
 from .config import ModelConfig
 
-
 PACK_MAX_BYTES = 2 << 30  # `small` has 0.4 GiB of fp32 weights; a 1B model's 5 GiB are not copied
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            packed: torch.Tensor | None) -> torch.Tensor:
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+) -> torch.Tensor:
     """F.linear, through the pre-packed oneDNN weight when there is one."""
     if packed is not None and x.shape[0] > 0:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
@@ -86,7 +87,7 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(h, config.kv_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, config.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.q_size, h, bias=False)
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.k_cache = self.v_cache = torch.empty(0)  # set by the executor
         self.qkv_weight: torch.Tensor | None = None  # set by fuse_projections
         self.qkv_bias: torch.Tensor | None = None
@@ -98,8 +99,9 @@ class LlamaAttention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = _fuse([p.bias for p in projections])
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`rows`: every token's K/V is cached, but only these tokens attend (the rows of the output)."""
         heads, kv_heads = self.num_heads, self.num_kv_heads
         if self.qkv_weight is None:
@@ -108,7 +110,7 @@ class LlamaAttention(nn.Module):
             qkv = _linear(x, self.qkv_weight, self.qkv_bias, self.packed.get("qkv"))
         qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
         qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)  # q and k heads rotated in one pass
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         if rows is not None:
             q = q[rows]
         out = paged_attention(q, k, v, self.k_cache, self.v_cache, self.scale, sampled_only=rows is not None)
@@ -142,7 +144,7 @@ def _fuse(params: list[torch.Tensor]) -> torch.Tensor:
     fused = torch.cat([p.detach() for p in params])
     start = 0
     for p in params:
-        p.data = fused[start: start + p.shape[0]]
+        p.data = fused[start : start + p.shape[0]]
         start += p.shape[0]
     return fused
 
@@ -155,9 +157,11 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        # one expression, so the attention's output is freed before the MLP runs (chunkbench/engine/activation.py's peak)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # # one expression, so the attention's output is freed before the MLP runs (chunkbench/engine/activation.py's
+        # peak)
         x = (x if rows is None else x[rows]) + self.self_attn(self.input_layernorm(x), cos, sin, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -181,8 +185,9 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self.lm_head_packed: torch.Tensor | None = None  # set by pack_for_cpu
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Hidden states `[num_tokens, hidden]` after the final norm; with `rows` (the tokens whose logits the
         step samples, each its request's last), those rows only. No other token's last-layer output reaches
         a logit, so the last layer computes only their K/V: its attention, o_proj and MLP run on `rows` alone
@@ -203,8 +208,12 @@ class LlamaForCausalLM(nn.Module):
         not the CPU, not fp32, no oneDNN, or weights of PACK_MAX_BYTES or more."""
         weight = self.lm_head.weight
         size = sum(p.numel() * p.element_size() for p in self.parameters())
-        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or size >= PACK_MAX_BYTES
-                or not torch.backends.mkldnn.is_available()):
+        if (
+            weight.device.type != "cpu"
+            or weight.dtype != torch.float32
+            or size >= PACK_MAX_BYTES
+            or not torch.backends.mkldnn.is_available()
+        ):
             return False
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -229,8 +238,9 @@ class LlamaForCausalLM(nn.Module):
         missing = [k for k in missing if not (self.config.tie_word_embeddings and k == "lm_head.weight")]
         unexpected = [k for k in unexpected if "rotary_emb" not in k]
         if missing or unexpected:
-            raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+            raise ValueError(
+                f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int) -> LlamaForCausalLM:

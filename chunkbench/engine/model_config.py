@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .presets import PRESET_SHAPES
 
+
 class ConfigError(ValueError):
     """A configuration a user asked for is invalid. The message names the flag."""
 
@@ -46,11 +47,21 @@ class ModelConfig:
     hf_dir: str | None = None  # where real weights live; None = seeded dummy weights
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_model_len"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_model_len",
+        ):
             _positive(f"model.{name}", getattr(self, name))
-        _require(self.num_heads % self.num_kv_heads == 0,
-                 f"model.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            f"model.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})",
+        )
 
     @property
     def q_size(self) -> int:
@@ -65,8 +76,9 @@ class ModelConfig:
         """Weights of the decoder layers' matrices, which every token goes through (no embeddings, LM head,
         norms or biases): what a step's GEMM FLOPs and weight reads scale with."""
         h = self.hidden_size
-        return self.num_layers * (h * (self.q_size + 2 * self.kv_size) + self.q_size * h
-                                  + 3 * h * self.intermediate_size)
+        return self.num_layers * (
+            h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * self.intermediate_size
+        )
 
     @property
     def num_params(self) -> int:
@@ -81,17 +93,19 @@ class ModelConfig:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
     @classmethod
-    def from_name(cls, name: str) -> "ModelConfig":
+    def from_name(cls, name: str) -> ModelConfig:
         """A preset by name, or a Hugging Face model directory (a path holding config.json)."""
         if name in MODEL_PRESETS:
             return MODEL_PRESETS[name]
         if Path(name).is_dir():
             return cls.from_hf_dir(name)
-        raise ConfigError(f"--model: unknown model '{name}'; presets are {', '.join(MODEL_PRESETS)}, "
-                          "or give a local Hugging Face directory")
+        raise ConfigError(
+            f"--model: unknown model '{name}'; presets are {', '.join(MODEL_PRESETS)}, "
+            "or give a local Hugging Face directory"
+        )
 
     @classmethod
-    def from_hf_dir(cls, path: str | Path) -> "ModelConfig":
+    def from_hf_dir(cls, path: str | Path) -> ModelConfig:
         """Read a Hugging Face config.json (Llama, Mistral, Qwen2 architectures)."""
         config_path = Path(path) / "config.json"
         try:
@@ -105,15 +119,18 @@ class ModelConfig:
             raise ConfigError(f"--model: {config_path} has a value of the wrong type: {exc}") from None
 
     @classmethod
-    def _from_hf(cls, hf: dict, path: str | Path) -> "ModelConfig":
+    def _from_hf(cls, hf: dict, path: str | Path) -> ModelConfig:
         heads = hf["num_attention_heads"]
         scaling = hf.get("rope_scaling") or (hf.get("rope_parameters") or {})
         rope_type = scaling.get("rope_type", scaling.get("type"))
         rope_scaling = None
         if rope_type == "llama3":
-            rope_scaling = (float(scaling["factor"]), float(scaling["low_freq_factor"]),
-                            float(scaling["high_freq_factor"]),
-                            int(scaling["original_max_position_embeddings"]))
+            rope_scaling = (
+                float(scaling["factor"]),
+                float(scaling["low_freq_factor"]),
+                float(scaling["high_freq_factor"]),
+                int(scaling["original_max_position_embeddings"]),
+            )
         theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         eos = hf.get("eos_token_id")
         return cls(

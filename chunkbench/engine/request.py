@@ -83,8 +83,9 @@ class SamplingParams:
         if not _is_int(self.top_k) or self.top_k < -1:
             raise SamplingError("top_k", f"must be an integer >= -1 (-1 and 0: no limit), got {self.top_k!r}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise SamplingError("min_tokens", f"must be an integer from 0 to max_tokens ({self.max_tokens}), "
-                                f"got {self.min_tokens!r}")
+            raise SamplingError(
+                "min_tokens", f"must be an integer from 0 to max_tokens ({self.max_tokens}), got {self.min_tokens!r}"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise SamplingError("stop_token_ids", f"must be token ids (integers >= 0), got {self.stop_token_ids!r}")
@@ -134,8 +135,8 @@ class Request:
         if end <= p:
             return self.prompt_token_ids[start:end]
         if start >= p:
-            return self.output_token_ids[start - p:end - p]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     @property
     def is_decoding(self) -> bool:
@@ -154,9 +155,12 @@ class Request:
 
     @property
     def finish_reason(self) -> str | None:
-        return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
-                RequestStatus.FINISHED_ABORTED: "abort",
-                RequestStatus.FINISHED_REJECTED: "rejected"}.get(self.status)
+        return {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+            RequestStatus.FINISHED_REJECTED: "rejected",
+        }.get(self.status)
 
     def append_output(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)

@@ -25,8 +25,9 @@ from .shape import StepCost
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, seed: int = 0,
-                 step_cost: StepCost | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, seed: int = 0, step_cost: StepCost | None = None
+    ) -> None:
         self.config = config
         self.policy = policies.get(config.policy)
         self.step_cost = step_cost  # predicts a step's seconds; needed by step_time_target_ms
@@ -52,8 +53,7 @@ class Scheduler:
         longest = min(request.num_prompt_tokens + request.sampling.max_tokens - 1, max_len)
         blocks = cdiv(longest, self.block_manager.block_size)
         if blocks > self.block_manager.num_blocks:
-            return (f"needs {blocks} KV blocks for {longest} tokens, the cache has "
-                    f"{self.block_manager.num_blocks}")
+            return f"needs {blocks} KV blocks for {longest} tokens, the cache has {self.block_manager.num_blocks}"
         return None
 
     def add(self, request: Request) -> None:
@@ -105,7 +105,6 @@ class Scheduler:
 
     # ---- helpers (the policies' too) ----
 
-
     def _lookup_prefix(self, request: Request) -> list[int]:
         """Cached blocks a waiting request's tokens start with; tentatively counts them as computed (a
         waiting request holds no blocks, so it has nothing else computed)."""
@@ -113,13 +112,19 @@ class Scheduler:
         request.num_computed_tokens = len(hits) * self.block_manager.block_size
         return hits
 
-    def _admit(self, request: Request, n: int, scheduled: dict[Request, int] | None, hits: list[int],
-               full: bool = False, reserve: int = 0) -> bool:
+    def _admit(
+        self,
+        request: Request,
+        n: int,
+        scheduled: dict[Request, int] | None,
+        hits: list[int],
+        full: bool = False,
+        reserve: int = 0,
+    ) -> bool:
         """Move the head of the queue to running with blocks for `n` tokens (scheduled unless None). With
         `full`, only if blocks for all its tokens are free (vLLM's scheduler_reserve_full_isl); `reserve`
         blocks must stay free (vLLM's watermark)."""
-        if not self.block_manager.can_allocate(request, request.num_tokens_to_compute if full else n, hits,
-                                               reserve):
+        if not self.block_manager.can_allocate(request, request.num_tokens_to_compute if full else n, hits, reserve):
             request.num_computed_tokens = 0  # undo the tentative prefix hit: it stays waiting
             return False
         self.waiting.popleft()
@@ -133,8 +138,7 @@ class Scheduler:
             scheduled[request] = n
         return True
 
-    def _reserve(self, request: Request, n: int, scheduled: dict[Request, int],
-                 preempted: list[Request]) -> bool:
+    def _reserve(self, request: Request, n: int, scheduled: dict[Request, int], preempted: list[Request]) -> bool:
         """Blocks for `n` more tokens of a running request, preempting the newest unscheduled ones."""
         bm = self.block_manager
         if bm.blocks_needed(request, n) == 0:  # most decodes: their last block has room
@@ -162,8 +166,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _make_output(self, scheduled: dict[Request, int], preempted: list[Request],
-                     now: float) -> SchedulerOutput:
+    def _make_output(self, scheduled: dict[Request, int], preempted: list[Request], now: float) -> SchedulerOutput:
         chunks = []
         tables = self.block_manager.block_tables
         for request, n in scheduled.items():
@@ -173,16 +176,30 @@ class Scheduler:
             # ScheduledChunk's fields in order (positional: a chunk per request per step, the simulator's hottest
             # loop after its fast path): request id, tokens, start, the live block table (read during this step
             # only), sample, is_decode, sampling, sample index, sample seed
-            chunks.append(ScheduledChunk(
-                request.request_id, request.token_ids_between(start, start + n), start,
-                tables.get(request.request_id, []), start + n == request.num_tokens, request.is_decoding,
-                request.sampling, request.num_output_tokens, request.sample_seed))
+            chunks.append(
+                ScheduledChunk(
+                    request.request_id,
+                    request.token_ids_between(start, start + n),
+                    start,
+                    tables.get(request.request_id, []),
+                    start + n == request.num_tokens,
+                    request.is_decoding,
+                    request.sampling,
+                    request.num_output_tokens,
+                    request.sample_seed,
+                )
+            )
         # Decided here, before update() moves computed counts on: is_decoding is still this step's view.
         paused = [r.request_id for r in self.running if r not in scheduled and r.is_decoding]
-        return SchedulerOutput(chunks=chunks, preempted=[r.request_id for r in preempted],
-                               num_cached_tokens=self._step_cached_tokens,
-                               num_running=len(self.running), num_waiting=len(self.waiting),
-                               num_used_blocks=self.block_manager.num_used_blocks, paused_decodes=paused)
+        return SchedulerOutput(
+            chunks=chunks,
+            preempted=[r.request_id for r in preempted],
+            num_cached_tokens=self._step_cached_tokens,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_used_blocks=self.block_manager.num_used_blocks,
+            paused_decodes=paused,
+        )
 
     def update(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance computed counts, append sampled tokens; return the requests that got a token."""

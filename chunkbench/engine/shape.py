@@ -7,8 +7,8 @@ chunkbench.sim.shape re-exports it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .outputs import SchedulerOutput
 
@@ -22,7 +22,7 @@ class StepShape:
     num_sampled: int  # rows that go through the LM head
 
     @classmethod
-    def from_output(cls, output: SchedulerOutput) -> "StepShape":
+    def from_output(cls, output: SchedulerOutput) -> StepShape:
         prefills, decodes, sampled = [], [], 0
         for c in output.chunks:  # ScheduledChunk's num_tokens and context_len, inlined: this runs every step
             if c.is_decode:

@@ -10,7 +10,6 @@ each KV head is replicated on N / num_kv_heads GPUs (vLLM's QKVParallelLinear). 
 from __future__ import annotations
 
 import math
-
 from typing import TYPE_CHECKING
 
 from .model_config import ConfigError, ModelConfig
@@ -29,8 +28,7 @@ def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
         raise ConfigError(f"--tensor-parallel-size {tp} must divide {model.name}'s {model.num_heads} attention heads")
     kv = model.num_kv_heads
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        raise ConfigError(f"--tensor-parallel-size {tp} must divide, or be a multiple of, {model.name}'s {kv} "
-                          "KV heads")
+        raise ConfigError(f"--tensor-parallel-size {tp} must divide, or be a multiple of, {model.name}'s {kv} KV heads")
 
 
 def kv_heads_per_gpu(model: ModelConfig, tp: int) -> int:
@@ -72,9 +70,13 @@ def single_device_limitation(config: EngineConfig) -> str | None:
     """Why the real engine cannot run `config` (None: it can): it runs on one device, with a cache in the
     model's dtype. The simulator models both."""
     if config.tensor_parallel_size > 1:
-        return (f"--tensor-parallel-size {config.tensor_parallel_size} needs the simulator (--backend sim): "
-                "the real engine runs on one device")
+        return (
+            f"--tensor-parallel-size {config.tensor_parallel_size} needs the simulator (--backend sim): "
+            "the real engine runs on one device"
+        )
     if config.cache.kv_cache_dtype != "auto":
-        return (f"--kv-cache-dtype {config.cache.kv_cache_dtype} needs the simulator (--backend sim): the real "
-                "engine caches K/V in the model's dtype")
+        return (
+            f"--kv-cache-dtype {config.cache.kv_cache_dtype} needs the simulator (--backend sim): the real "
+            "engine caches K/V in the model's dtype"
+        )
     return None

@@ -42,7 +42,7 @@ def _batch(lens: list[tuple[int, int]], dtype=torch.bfloat16):
     table = torch.zeros(len(lens), max(pages), dtype=torch.int32, device="cuda")
     used = 0
     for i, n in enumerate(pages):
-        table[i, :n] = order[used:used + n]
+        table[i, :n] = order[used : used + n]
         used += n
     cu = torch.tensor([0] + [q for q, _ in lens], device="cuda").cumsum(0).to(torch.int32)
     q = torch.randn(int(cu[-1]), HEADS, HEAD_DIM, device="cuda", dtype=dtype)
@@ -55,8 +55,8 @@ def _contiguous(k_cache, table, row, seqlen):
 
 
 def run_kernel_bench() -> list[BenchRow]:
-    import triton.testing
     import torch.nn.functional as F
+    import triton.testing
     from torch.nn.attention.bias import causal_lower_right
 
     from chunkbench.kernels.triton_attention import paged_attention
@@ -66,7 +66,7 @@ def run_kernel_bench() -> list[BenchRow]:
     except ImportError:
         flash_attn_with_kvcache = None
     spec = spec_for_device(torch.cuda.get_device_name())
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     rows = []
     for kind, shapes in (("prefill", PREFILL_SHAPES), ("decode", DECODE_SHAPES)):
         for a, b in shapes:
@@ -74,15 +74,17 @@ def run_kernel_bench() -> list[BenchRow]:
             q, k_cache, v_cache, cu, seqused, table = _batch(lens)
             out = torch.empty_like(q)
             max_q, max_k = max(x for x, _ in lens), max(y for _, y in lens)
-            ours = triton.testing.do_bench(lambda: paged_attention(q, k_cache, v_cache, out, cu, seqused, table,
-                                                                    max_q, max_k, scale))
+            ours = triton.testing.do_bench(
+                lambda: paged_attention(q, k_cache, v_cache, out, cu, seqused, table, max_q, max_k, scale)
+            )
             if kind == "prefill":
                 k = _contiguous(k_cache, table, 0, a + b).transpose(0, 1)[None]
                 v = _contiguous(v_cache, table, 0, a + b).transpose(0, 1)[None]
                 qs = q.transpose(0, 1)[None]
                 mask = causal_lower_right(a, a + b)
                 sdpa = triton.testing.do_bench(
-                    lambda: F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=True))
+                    lambda: F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=True)
+                )
                 pairs = a * b + a * (a + 1) / 2
             else:
                 k = torch.stack([_contiguous(k_cache, table, i, b) for i in range(a)]).transpose(1, 2)
@@ -93,8 +95,11 @@ def run_kernel_bench() -> list[BenchRow]:
             flash = None
             if flash_attn_with_kvcache is not None:
                 fq = q.view(len(lens), -1, HEADS, HEAD_DIM) if kind == "decode" else q[None]
-                flash = triton.testing.do_bench(lambda: flash_attn_with_kvcache(
-                    fq, k_cache, v_cache, cache_seqlens=seqused, block_table=table, causal=True))
+                flash = triton.testing.do_bench(
+                    lambda: flash_attn_with_kvcache(
+                        fq, k_cache, v_cache, cache_seqlens=seqused, block_table=table, causal=True
+                    )
+                )
             flops = 4 * HEADS * HEAD_DIM * pairs
             kv_bytes = 2 * sum(k for _, k in lens) * KV_HEADS * HEAD_DIM * 2 + 2 * q.numel() * 2
             tflops, gbps = flops / ours / 1e9, kv_bytes / ours / 1e6

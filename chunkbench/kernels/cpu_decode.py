@@ -56,8 +56,12 @@ def library() -> ctypes.CDLL | None:
             cache.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, moved in whole: no torn file
                 built = Path(tmp) / path.name
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True,
-                               capture_output=True, timeout=120)
+                subprocess.run(
+                    [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                    check=True,
+                    capture_output=True,
+                    timeout=120,
+                )
                 os.replace(built, path)
         except (OSError, subprocess.SubprocessError):
             return None
@@ -66,8 +70,9 @@ def library() -> ctypes.CDLL | None:
     except OSError:  # e.g. a cache on a noexec mount
         return None
     i64, p = ctypes.c_int64, ctypes.c_void_p
-    lib.decode_attention.argtypes = [p, i64, p, p, p, i64, p, p, i64, p] + [ctypes.c_int] * 5 + [
-        ctypes.c_float, ctypes.c_int]
+    lib.decode_attention.argtypes = (
+        [p, i64, p, p, p, i64, p, p, i64, p] + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int]
+    )
     lib.decode_attention.restype = None
     return lib
 
@@ -79,13 +84,25 @@ def applies(device: torch.device, dtype: torch.dtype) -> bool:
 
 def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """The kernel's case (`applies`), with a contiguous cache and each query token's heads contiguous."""
-    return (k_cache.dtype == q.dtype and k_cache.is_contiguous() and q.stride(2) == 1
-            and q.stride(1) == q.shape[2] and applies(q.device, q.dtype))
+    return (
+        k_cache.dtype == q.dtype
+        and k_cache.is_contiguous()
+        and q.stride(2) == 1
+        and q.stride(1) == q.shape[2]
+        and applies(q.device, q.dtype)
+    )
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-                     rows: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor,
-                     softmax_scale: float) -> None:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    rows: torch.Tensor,
+    block_table: torch.Tensor,
+    seqlens: torch.Tensor,
+    softmax_scale: float,
+) -> None:
     """Attention of single-query requests: `q[rows[i]]` over the first `seqlens[i]` keys of block table row
     i, written to `out[rows[i]]` (`rows` int64, `block_table` and `seqlens` int32, all contiguous)."""
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -93,6 +110,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert rows.dtype == torch.int64 and block_table.dtype == seqlens.dtype == torch.int32
     assert rows.is_contiguous() and block_table.is_contiguous() and seqlens.is_contiguous()
     library().decode_attention(
-        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), out.stride(0),
-        rows.data_ptr(), block_table.data_ptr(), block_table.stride(0), seqlens.data_ptr(), rows.shape[0],
-        block_size, q.shape[1], num_kv_heads, head_dim, softmax_scale, torch.get_num_threads())
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+        rows.data_ptr(),
+        block_table.data_ptr(),
+        block_table.stride(0),
+        seqlens.data_ptr(),
+        rows.shape[0],
+        block_size,
+        q.shape[1],
+        num_kv_heads,
+        head_dim,
+        softmax_scale,
+        torch.get_num_threads(),
+    )

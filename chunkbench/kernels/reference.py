@@ -60,8 +60,9 @@ class AttentionPlan:
     direct: DirectDecodes | None = None
 
 
-def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+def write_kv_ref(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Scatter `key`/`value` rows `[num_tokens, num_kv_heads, head_dim]` into their slots; slot -1 is skipped."""
     keep = slot_mapping >= 0
     if bool(keep.all()):  # the engine's steps: every token has a slot, no boolean indexing needed
@@ -74,8 +75,13 @@ def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, 
     v_cache.view(-1, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
 
 
-def plan_ref(cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: torch.Tensor,
-             block_size: int, direct_decodes: bool = False) -> AttentionPlan:
+def plan_ref(
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    direct_decodes: bool = False,
+) -> AttentionPlan:
     """Gather indices and masks of one step, shared by all its layers; with `direct_decodes`, the decodes'
     rows and table for cpu_decode.py instead of their gathers."""
     device = block_table.device
@@ -86,8 +92,9 @@ def plan_ref(cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: t
     groups, direct = [], None
     if direct_decodes and decodes:
         which = torch.tensor(decodes, device=device)
-        direct = DirectDecodes(cu_seqlens_q[which].long(), block_table[which].int().contiguous(),
-                               seqused_k[which].int().contiguous())
+        direct = DirectDecodes(
+            cu_seqlens_q[which].long(), block_table[which].int().contiguous(), seqused_k[which].int().contiguous()
+        )
         decodes = []
     for group in length_buckets(decodes, lens_k):
         width = lens_k[group[-1]]
@@ -99,16 +106,16 @@ def plan_ref(cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: t
         if lens_k[group[0]] != width:
             mask = torch.zeros(len(group), 1, 1, width, device=device)
             mask.masked_fill_((keys[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
-        groups.append(DecodeGroup(torch.tensor([cu[i] for i in group], device=device), slots.reshape(-1),
-                                  width, mask))
+        groups.append(DecodeGroup(torch.tensor([cu[i] for i in group], device=device), slots.reshape(-1), width, mask))
     prefills = []
     for i, seqlen_k in enumerate(lens_k):
         q_start, q_len = cu[i], cu[i + 1] - cu[i]
         if q_len <= 1:
             continue
         pos = torch.arange(seqlen_k, device=device)
-        chunk = PrefillChunk(q_start, q_len, table[i, pos // block_size] * block_size + pos % block_size,
-                             causal=q_len == seqlen_k)
+        chunk = PrefillChunk(
+            q_start, q_len, table[i, pos // block_size] * block_size + pos % block_size, causal=q_len == seqlen_k
+        )
         if not chunk.causal:  # bottom-right aligned: query j of the chunk sees keys <= seqlen_k - q_len + j
             for row in range(0, q_len, QUERY_BLOCK):
                 query_pos = seqlen_k - q_len + row + torch.arange(min(QUERY_BLOCK, q_len - row), device=device)
@@ -117,10 +124,19 @@ def plan_ref(cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: t
     return AttentionPlan(groups, prefills, direct)
 
 
-def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-                        cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: torch.Tensor,
-                        max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                        plan: AttentionPlan | None = None) -> torch.Tensor:
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    block_table: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    plan: AttentionPlan | None = None,
+) -> torch.Tensor:
     """Attention of a flattened mixed batch `q [num_tokens, num_heads, head_dim]` over the paged cache.
 
     Gathers each request's keys by slot and takes the softmax in fp32 (SDPA). Single-query requests
@@ -149,14 +165,14 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         k = k_flat.index_select(0, c.slots).transpose(0, 1)[None].float()  # [1, kv_heads, keys, dim]
         v = v_flat.index_select(0, c.slots).transpose(0, 1)[None].float()
         if c.causal:
-            qi = q[c.q_start: c.q_start + c.q_len].float().transpose(0, 1)[None]  # [1, heads, rows, dim]
+            qi = q[c.q_start : c.q_start + c.q_len].float().transpose(0, 1)[None]  # [1, heads, rows, dim]
             o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=softmax_scale, enable_gqa=True)
-            out[c.q_start: c.q_start + c.q_len] = o[0].transpose(0, 1).to(out.dtype)
+            out[c.q_start : c.q_start + c.q_len] = o[0].transpose(0, 1).to(out.dtype)
             continue
         for block, mask in enumerate(c.masks):
             start = c.q_start + block * QUERY_BLOCK
             rows = mask.shape[0]
-            qi = q[start: start + rows].float().transpose(0, 1)[None]
+            qi = q[start : start + rows].float().transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=softmax_scale, enable_gqa=True)
-            out[start: start + rows] = o[0].transpose(0, 1).to(out.dtype)
+            out[start : start + rows] = o[0].transpose(0, 1).to(out.dtype)
     return out

@@ -18,10 +18,27 @@ import triton.language as tl
 
 
 @triton.jit
-def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                     key_stride_t, key_stride_h, key_stride_d, value_stride_t, value_stride_h, value_stride_d,
-                     cache_stride_b, cache_stride_s, cache_stride_h, cache_stride_d,
-                     block_size, head_dim, row_size, BLOCK: tl.constexpr):
+def _write_kv_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    key_stride_t,
+    key_stride_h,
+    key_stride_d,
+    value_stride_t,
+    value_stride_h,
+    value_stride_d,
+    cache_stride_b,
+    cache_stride_s,
+    cache_stride_h,
+    cache_stride_d,
+    block_size,
+    head_dim,
+    row_size,
+    BLOCK: tl.constexpr,
+):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:  # padding: nothing to write
@@ -37,8 +54,9 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """key/value `[num_tokens, num_kv_heads, head_dim]` (any strides) into `[blocks, block_size, heads, dim]`."""
     num_tokens, num_heads, head_dim = key.shape
     if num_tokens == 0:
@@ -46,18 +64,48 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     assert k_cache.stride() == v_cache.stride()
     row = num_heads * head_dim
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, *key.stride(), *value.stride(), *k_cache.stride(),
-        k_cache.shape[1], head_dim, row, BLOCK=triton.next_power_of_2(row))
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        *key.stride(),
+        *value.stride(),
+        *k_cache.stride(),
+        k_cache.shape[1],
+        head_dim,
+        row,
+        BLOCK=triton.next_power_of_2(row),
+    )
 
 
 @triton.jit
 def _paged_attention_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, cu_seqlens_q_ptr, seqused_k_ptr, block_table_ptr,
-        q_stride_t, q_stride_h, out_stride_t, out_stride_h,
-        cache_stride_b, cache_stride_s, cache_stride_h, block_table_stride,
-        scale_log2, block_size,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-        BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    cu_seqlens_q_ptr,
+    seqused_k_ptr,
+    block_table_ptr,
+    q_stride_t,
+    q_stride_h,
+    out_stride_t,
+    out_stride_h,
+    cache_stride_b,
+    cache_stride_s,
+    cache_stride_h,
+    block_table_stride,
+    scale_log2,
+    block_size,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     request = tl.program_id(0)
     q_block = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -108,13 +156,25 @@ def _paged_attention_kernel(
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     out_rows = (q_start + token).to(tl.int64) * out_stride_t + head * out_stride_h
-    tl.store(out_ptr + out_rows[:, None] + dims[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        out_ptr + out_rows[:, None] + dims[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-                    cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: torch.Tensor,
-                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    block_table: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+) -> torch.Tensor:
     """One launch for decodes and prefill chunks together; see reference.paged_attention_ref."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
@@ -128,10 +188,29 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (num_requests, triton.cdiv(max_seqlen_q, block_q), num_kv_heads)
     assert k_cache.stride() == v_cache.stride() and q.stride(2) == 1 and k_cache.stride(3) == 1
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, cu_seqlens_q, seqused_k, block_table,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        softmax_scale * 1.4426950408889634, k_cache.shape[1],
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_Q=block_q, BLOCK_N=64 if q.is_cuda else 32, IEEE=q.dtype == torch.float32)
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_seqlens_q,
+        seqused_k,
+        block_table,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_table.stride(0),
+        softmax_scale * 1.4426950408889634,
+        k_cache.shape[1],
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_Q=block_q,
+        BLOCK_N=64 if q.is_cuda else 32,
+        IEEE=q.dtype == torch.float32,
+    )
     return out

@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import urlsplit
 
 from chunkbench.bench.backends import Backend, EndpointBackend, Serve
@@ -26,10 +26,9 @@ from chunkbench.errors import UserError
 from chunkbench.launch.gpu_monitor import GpuMonitor
 from chunkbench.launch.node import Slot, fill_endpoint
 from chunkbench.launch.ports import holder_text, port_busy
-from chunkbench.launch.process import LaunchError, Launched, check_not_stopping, check_owner, start_server
+from chunkbench.launch.process import Launched, LaunchError, check_not_stopping, check_owner, start_server
 
 __all__ = ["LaunchBackend", "LaunchError", "launch_command", "launch_values", "launches_vllm", "log_tail"]
-
 
 
 def launches_vllm(template: str) -> bool:
@@ -61,8 +60,10 @@ def launch_command(template: str, config: EngineConfig, slot: Slot | None = None
     try:
         return template.format(**values)
     except (KeyError, IndexError, ValueError) as exc:
-        raise UserError(f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
-                        f"{', '.join('{' + k + '}' for k in sorted(values))}") from None
+        raise UserError(
+            f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
+            f"{', '.join('{' + k + '}' for k in sorted(values))}"
+        ) from None
 
 
 def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
@@ -73,8 +74,6 @@ def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
         return "(no output)"
     kept = [line.strip()[:width] for line in text if line.strip()][-lines:]
     return " | ".join(kept) or "(no output)"
-
-
 
 
 @dataclass
@@ -95,7 +94,7 @@ class LaunchBackend(Backend):
     warms_up = True
 
     @property
-    def slots(self) -> list["LaunchBackend"]:
+    def slots(self) -> list[LaunchBackend]:
         """One backend per slot of the node, each launching into its own slot."""
         return [replace(self, slot=slot, gpu_figures={}) for slot in self.node] or [self]
 
@@ -116,8 +115,10 @@ class LaunchBackend(Backend):
             parts = urlsplit(url)
             port = parts.port or (443 if parts.scheme == "https" else 80)
             if port_busy(parts.hostname or "127.0.0.1", port):
-                raise LaunchError(f"port {port} (slot {self.slot.index}) is already in use{holder_text(port)}: a server "
-                                  "from before, or another program; stop it, or choose another --port-base")
+                raise LaunchError(
+                    f"port {port} (slot {self.slot.index}) is already in use{holder_text(port)}: a server "
+                    "from before, or another program; stop it, or choose another --port-base"
+                )
             env = {"CUDA_VISIBLE_DEVICES": self.slot.values()["gpus"]} if self.slot.gpus else {}
             server = start_server(launch_command(self.launch, config, self.slot), log, env, port)
             stack.callback(server.stop)
@@ -138,11 +139,13 @@ class LaunchBackend(Backend):
     @staticmethod
     def _checked(serve: Serve, server: Launched, port: int) -> Serve:
         """Each run's figures count only if the server that served them is still the one on the port."""
+
         def run(*args, **kwargs):
             result = serve(*args, **kwargs)
             check_not_stopping()  # its server was stopped under it
             check_owner(server, port)
             return result
+
         return run
 
     def __str__(self) -> str:

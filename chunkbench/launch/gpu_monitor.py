@@ -38,7 +38,7 @@ class GpuMonitor:
         self.thread = threading.Thread(target=self._run, daemon=True, name="gpu-monitor")
 
     @classmethod
-    def maybe(cls, gpus: tuple[int, ...]) -> "GpuMonitor | None":
+    def maybe(cls, gpus: tuple[int, ...]) -> GpuMonitor | None:
         if not gpus or unavailable() is not None:
             return None
         monitor = cls(gpus)
@@ -63,5 +63,8 @@ class GpuMonitor:
         if not self.samples:
             return {}
         memory, util, power = zip(*self.samples)
-        return {"gpu_peak_memory_mib": max(memory), "gpu_mean_util_pct": sum(util) / len(util),
-                "gpu_mean_power_w": sum(power) / len(power)}
+        return {
+            "gpu_peak_memory_mib": max(memory),
+            "gpu_mean_util_pct": sum(util) / len(util),
+            "gpu_mean_power_w": sum(power) / len(power),
+        }

@@ -19,12 +19,19 @@ class Slot:
     cpus: tuple[int, ...] = ()
 
     def values(self) -> dict:
-        return {"slot": self.index, "port": self.port, "gpus": ",".join(map(str, self.gpus)),
-                "cpus": ",".join(map(str, self.cpus))}
+        return {
+            "slot": self.index,
+            "port": self.port,
+            "gpus": ",".join(map(str, self.gpus)),
+            "cpus": ",".join(map(str, self.cpus)),
+        }
 
     def __str__(self) -> str:
-        where = [f"port {self.port}"] + ([f"GPUs {self.values()['gpus']}"] if self.gpus else []) + \
-            ([f"CPUs {self.values()['cpus']}"] if self.cpus else [])
+        where = (
+            [f"port {self.port}"]
+            + ([f"GPUs {self.values()['gpus']}"] if self.gpus else [])
+            + ([f"CPUs {self.values()['cpus']}"] if self.cpus else [])
+        )
         return f"slot {self.index} ({', '.join(where)})"
 
 
@@ -43,8 +50,14 @@ def id_list(flag: str, text: str | None) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def plan_slots(slots: int | None, port_base: int, gpus: str | None = None, gpus_per_trial: int = 1,
-               cpus: str | None = None, cpus_per_trial: int = 1) -> list[Slot]:
+def plan_slots(
+    slots: int | None,
+    port_base: int,
+    gpus: str | None = None,
+    gpus_per_trial: int = 1,
+    cpus: str | None = None,
+    cpus_per_trial: int = 1,
+) -> list[Slot]:
     """The slots of a node: `slots` of them, or as many as the --gpus (--cpus) list makes groups of
     --gpus-per-trial (--cpus-per-trial); slot i listens on port_base + i."""
     gpu_ids, cpu_ids = id_list("--gpus", gpus), id_list("--cpus", cpus)
@@ -65,8 +78,15 @@ def plan_slots(slots: int | None, port_base: int, gpus: str | None = None, gpus_
             raise UserError(f"--slots {count}: {flag} makes only {found} groups of its -per-trial")
     if not 1 <= port_base <= 65535 - count + 1:
         raise UserError(f"--port-base must leave {count} ports below 65536, got {port_base}")
-    return [Slot(i, port_base + i, gpu_ids[i * gpus_per_trial:(i + 1) * gpus_per_trial] if gpu_ids else (),
-                 cpu_ids[i * cpus_per_trial:(i + 1) * cpus_per_trial] if cpu_ids else ()) for i in range(count)]
+    return [
+        Slot(
+            i,
+            port_base + i,
+            gpu_ids[i * gpus_per_trial : (i + 1) * gpus_per_trial] if gpu_ids else (),
+            cpu_ids[i * cpus_per_trial : (i + 1) * cpus_per_trial] if cpu_ids else (),
+        )
+        for i in range(count)
+    ]
 
 
 def fill_endpoint(endpoint: str, slot: Slot) -> str:

@@ -119,10 +119,15 @@ def start_server(command: str, log: Path, env: dict[str, str], port: int | None)
             out.flush()
             # The guard by its path, not `-m chunkbench.launch.guard`: the package's import (torch) is no part
             # of a watchdog that sits beside every server.
-            guard = subprocess.Popen([sys.executable, GUARD, str(read_end), "--", *argv],
-                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     pass_fds=(read_end,), start_new_session=True,
-                                     env=os.environ | env | extra)
+            guard = subprocess.Popen(
+                [sys.executable, GUARD, str(read_end), "--", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(read_end,),
+                start_new_session=True,
+                env=os.environ | env | extra,
+            )
     except OSError as exc:
         os.close(write_end)
         raise LaunchError(f"cannot start `{command}`: {exc.strerror}") from None
@@ -137,14 +142,18 @@ def start_server(command: str, log: Path, env: dict[str, str], port: int | None)
 def check_owner(server: Launched, port: int | None) -> str:
     """How the server answering on `port` is known to be this launch's; LaunchError if it is not."""
     if not server.alive():
-        raise LaunchError(f"the server exited with code {server.guard.returncode}, yet its port answers: "
-                          f"another process is serving on port {port}{holder_text(port) if port else ''}")
+        raise LaunchError(
+            f"the server exited with code {server.guard.returncode}, yet its port answers: "
+            f"another process is serving on port {port}{holder_text(port) if port else ''}"
+        )
     holders = port_holders(port) if port else None
     if holders:
         ours = descendants(server.guard.pid)
         if not holders & ours:
-            raise LaunchError(f"port {port} is served by {', '.join(describe(p) for p in sorted(holders))}, "
-                              "not by the server this trial started")
+            raise LaunchError(
+                f"port {port} is served by {', '.join(describe(p) for p in sorted(holders))}, "
+                "not by the server this trial started"
+            )
         return f"port {port} held by {describe(min(holders & ours))}"
     return f"port {port} was free before the launch; its server alive throughout"
 

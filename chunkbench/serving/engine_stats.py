@@ -12,12 +12,74 @@ from chunkbench.engine.outputs import SchedulerOutput, StepResult
 from chunkbench.engine.request import Request
 
 # vLLM's buckets for its latency histograms.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                         10.0, 20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TOKEN_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -49,32 +111,62 @@ class EngineStats:
         self.preemptions = metric(Counter, "vllm:num_preemptions", "Cumulative number of preemptions.")
         self.prompt_tokens = metric(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = metric(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
-        self.iteration_tokens = metric(Histogram, "vllm:iteration_tokens_total", "Number of tokens per engine step.",
-                                       buckets=ITERATION_BUCKETS)
-        self.ttft = metric(Histogram, "vllm:time_to_first_token_seconds", "Time to first token in seconds.",
-                           buckets=TTFT_BUCKETS)
-        self.itl = metric(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.",
-                          buckets=TOKEN_LATENCY_BUCKETS)
-        self.tpot = metric(Histogram, "vllm:time_per_output_token_seconds", "Mean time per output token of a "
-                           "request, in seconds.", buckets=TOKEN_LATENCY_BUCKETS)
-        self.e2e = metric(Histogram, "vllm:e2e_request_latency_seconds", "End to end request latency in seconds.",
-                          buckets=REQUEST_LATENCY_BUCKETS)
-        self.queue_time = metric(Histogram, "vllm:request_queue_time_seconds", "Time spent in WAITING phase for "
-                                 "request.", buckets=REQUEST_LATENCY_BUCKETS)
+        self.iteration_tokens = metric(
+            Histogram, "vllm:iteration_tokens_total", "Number of tokens per engine step.", buckets=ITERATION_BUCKETS
+        )
+        self.ttft = metric(
+            Histogram, "vllm:time_to_first_token_seconds", "Time to first token in seconds.", buckets=TTFT_BUCKETS
+        )
+        self.itl = metric(
+            Histogram,
+            "vllm:inter_token_latency_seconds",
+            "Inter-token latency in seconds.",
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
+        self.tpot = metric(
+            Histogram,
+            "vllm:time_per_output_token_seconds",
+            "Mean time per output token of a request, in seconds.",
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = metric(
+            Histogram,
+            "vllm:e2e_request_latency_seconds",
+            "End to end request latency in seconds.",
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
+        self.queue_time = metric(
+            Histogram,
+            "vllm:request_queue_time_seconds",
+            "Time spent in WAITING phase for request.",
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
         tokens = buckets_1_2_5(max_model_len)
-        self.request_prompt = metric(Histogram, "vllm:request_prompt_tokens", "Prompt tokens per request.",
-                                     buckets=tokens)
-        self.request_generation = metric(Histogram, "vllm:request_generation_tokens", "Generated tokens per "
-                                         "request.", buckets=tokens)
-        self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                [*labels, "finished_reason"], registry=self.registry)
-        self.success = {reason: self._success.labels(**labels, finished_reason=reason)
-                        for reason in ("stop", "length", "abort")}
+        self.request_prompt = metric(
+            Histogram, "vllm:request_prompt_tokens", "Prompt tokens per request.", buckets=tokens
+        )
+        self.request_generation = metric(
+            Histogram, "vllm:request_generation_tokens", "Generated tokens per request.", buckets=tokens
+        )
+        self._success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        self.success = {
+            reason: self._success.labels(**labels, finished_reason=reason) for reason in ("stop", "length", "abort")
+        }
         # chunkbench only
-        self.step_time = metric(Histogram, "chunkbench:step_seconds", "Engine step duration in seconds.",
-                                buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.step_failures = metric(Counter, "chunkbench:step_failures", "Engine steps that raised; the "
-                                    "requests they carried failed.")
+        self.step_time = metric(
+            Histogram,
+            "chunkbench:step_seconds",
+            "Engine step duration in seconds.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.step_failures = metric(
+            Counter, "chunkbench:step_failures", "Engine steps that raised; the requests they carried failed."
+        )
 
     def record_step(self, output: SchedulerOutput, result: StepResult) -> None:
         self.step_time.observe(result.seconds)

@@ -92,15 +92,17 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return self.dead is None and self.thread.is_alive()
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-               arrival_time: float) -> asyncio.Queue:
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, arrival_time: float
+    ) -> asyncio.Queue:
         """Queue the request; its TokenEvents arrive on the returned queue, the last one `finished`."""
         events: asyncio.Queue = asyncio.Queue()
         if not self.healthy:
             events.put_nowait(TokenEvent([], True, "error", f"the engine is not running: {self.dead}"))
             return events
-        self._send(AddRequest(request_id, prompt_token_ids, sampling, arrival_time,
-                              Caller(asyncio.get_running_loop(), events)))
+        self._send(
+            AddRequest(request_id, prompt_token_ids, sampling, arrival_time, Caller(asyncio.get_running_loop(), events))
+        )
         if not self.healthy:  # it died while we queued: its last act may have missed our command
             self._fail_queued_commands()
         return events
@@ -171,8 +173,12 @@ class AsyncEngine:
     def _add(self, command: AddRequest) -> None:
         self._callers[command.request_id] = command.caller
         try:
-            request = self.engine.add_request(command.prompt_token_ids, command.sampling,
-                                              request_id=command.request_id, arrival_time=command.arrival_time)
+            request = self.engine.add_request(
+                command.prompt_token_ids,
+                command.sampling,
+                request_id=command.request_id,
+                arrival_time=command.arrival_time,
+            )
         except Exception as exc:  # noqa: BLE001 - this request fails, not the loop
             self._fail(command.request_id, f"could not add the request: {type(exc).__name__}: {exc}")
             return
@@ -186,7 +192,7 @@ class AsyncEngine:
             return
         if command.keep_tokens is not None:
             aborted.status = RequestStatus.FINISHED_STOPPED
-            del aborted.output_token_ids[command.keep_tokens:], aborted.token_times[command.keep_tokens:]
+            del aborted.output_token_ids[command.keep_tokens :], aborted.token_times[command.keep_tokens :]
         self._remember(aborted)
 
     def _step(self) -> list[Request]:
@@ -200,15 +206,17 @@ class AsyncEngine:
             caller = self._callers.get(request.request_id)
             if caller is None or request.error:
                 continue
-            new = request.output_token_ids[caller.sent:]
+            new = request.output_token_ids[caller.sent :]
             if caller.sent == 0 and new:
                 self.stats.prompt_tokens.inc(request.num_prompt_tokens)
             self.stats.generation_tokens.inc(len(new))
             caller.sent += len(new)
             if request.is_finished:  # before its caller hears of it: a reply may be read as soon as it is sent
                 self._remember(request)
-            self._emit(request.request_id, TokenEvent(new, request.is_finished, request.finish_reason,
-                                                      stop_reason=request.stop_reason))
+            self._emit(
+                request.request_id,
+                TokenEvent(new, request.is_finished, request.finish_reason, stop_reason=request.stop_reason),
+            )
         if self.engine.last_step is not None:
             self.stats.record_step(*self.engine.last_step)
         else:  # nothing schedulable right now (e.g. only rejections handed back): do not spin

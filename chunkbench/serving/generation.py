@@ -1,8 +1,8 @@
 """One request of `chunkbench serve` in the engine, answered whole or streamed.
 
-Its token events are detokenized as they come (chunkbench/serving/text.py's TextStream: a stop string ends the request at
-that token) and built into OpenAI's shapes (chunkbench/serving/responses.py). A client that disconnects, streaming or not, aborts
-its request, which frees its KV blocks; a request the engine fails gets an HTTP 500 (503 once the engine is
+Its token events are detokenized as they come (chunkbench/serving/text.py's TextStream: a stop string ends the request
+at that token) and built into OpenAI's shapes (chunkbench/serving/responses.py). A client that disconnects, streaming or
+not, aborts its request, which frees its KV blocks; a request the engine fails gets an HTTP 500 (503 once the engine is
 down), or mid-stream an error event.
 """
 
@@ -72,8 +72,9 @@ class Generation:
                 done = self.consume(event)
                 if event.token_ids or done:
                     content = (self.echo if first else "") + self.text.take(final=done)
-                    said = choice(self.reply.chat, content, self.finish(event) if done else GOING_ON, streamed=True,
-                                  first=first)
+                    said = choice(
+                        self.reply.chat, content, self.finish(event) if done else GOING_ON, streamed=True, first=first
+                    )
                     yield sse(self.reply.body([said], self.usage() if self.continuous_usage else None, streamed=True))
                     first = False
                 if done:

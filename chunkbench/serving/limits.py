@@ -39,14 +39,20 @@ class ServerLimits:
         """Refuse a prompt of more characters than prompt_chars(), before tokenizing it."""
         most = self.prompt_chars(max_model_len)
         if length > most:
-            raise RequestError(f"prompt has {length} characters, more than this server takes ({most}); "
-                               f"max_model_len is {max_model_len} tokens", param="prompt")
+            raise RequestError(
+                f"prompt has {length} characters, more than this server takes ({most}); "
+                f"max_model_len is {max_model_len} tokens",
+                param="prompt",
+            )
 
     def uvicorn_kwargs(self) -> dict:
-        return {"timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
-                "h11_max_incomplete_event_size": self.max_header_bytes,
-                "timeout_graceful_shutdown": self.graceful_shutdown_s,
-                "http": h11_with_header_timeout(self.header_timeout_s)}
+        return {
+            "timeout_keep_alive": self.keep_alive_s,
+            "limit_concurrency": self.max_connections,
+            "h11_max_incomplete_event_size": self.max_header_bytes,
+            "timeout_graceful_shutdown": self.graceful_shutdown_s,
+            "http": h11_with_header_timeout(self.header_timeout_s),
+        }
 
 
 def check_prompt_ids(prompt: list[int], max_model_len: int, vocab_size: int) -> None:
@@ -54,17 +60,27 @@ def check_prompt_ids(prompt: list[int], max_model_len: int, vocab_size: int) -> 
     under max_model_len, named in the message) or has an id outside the vocabulary."""
     longest = longest_prompt(max_model_len, max_tokens=1)
     if len(prompt) > longest:
-        raise RequestError(f"prompt has {len(prompt)} tokens, more than max_model_len - 1 ({longest}): no room for "
-                           "an output token", param="prompt")
+        raise RequestError(
+            f"prompt has {len(prompt)} tokens, more than max_model_len - 1 ({longest}): no room for an output token",
+            param="prompt",
+        )
     if any(not 0 <= t < vocab_size for t in prompt):
         raise RequestError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
 
 
 async def _json(send, status: int, message: str) -> None:
     body = json.dumps(error_body(message, status)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -104,6 +120,7 @@ class BodyLimit:
     async def _discard(self, receive) -> None:
         """Read and drop a refused body (up to 16x the limit, within the body timeout), so the client, still
         sending, reads our 413 instead of a reset connection."""
+
         async def drain() -> None:
             dropped = 0
             while dropped <= 16 * self.max_bytes:

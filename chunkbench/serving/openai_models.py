@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from chunkbench.engine.limits import longest_prompt
 
 logger = logging.getLogger("chunkbench.serving.server")
-INT64 = dict(ge=-2**63, le=2**63 - 1)  # vLLM's bounds for a seed
+INT64 = dict(ge=-(2**63), le=2**63 - 1)  # vLLM's bounds for a seed
 MAX_STOP_STRINGS = 64
 
 
@@ -37,13 +37,16 @@ def neutral(kind: type, value: Any, what: str):
     """A field accepted only at `value` (or null), the value at which it changes nothing; the schema says so.
     One whose value holds a string is named outside the class (pyflakes reads a string in an annotation as a
     forward reference)."""
+
     def check(given):
         if given is not None and given != value:
             raise ValueError(f"{what} is not implemented by chunkbench serve: only {value!r} (or null) is accepted")
         return given
 
-    schema = {"anyOf": [{"const": value}, {"type": "null"}], "description": f"{what}: not implemented, only "
-              f"{value!r} or null"}
+    schema = {
+        "anyOf": [{"const": value}, {"type": "null"}],
+        "description": f"{what}: not implemented, only {value!r} or null",
+    }
     return Annotated[kind | None, AfterValidator(check), WithJsonSchema(schema)]
 
 
@@ -81,14 +84,16 @@ def request_models(vocab_size: int, max_model_len: int, max_prompt_chars: int) -
     """(CompletionBody, ChatBody) for a server of this vocabulary, context length and prompt size limit."""
     # The token id range and the prompt's length are checked by the server (with messages that name
     # max_model_len and the vocabulary), and stated here for the OpenAPI document. A prompt and max_tokens, at
-    # least one token each, fit in max_model_len together (chunkbench/engine/limits.py), so either is at most `most_tokens`;
-    # the room a given prompt leaves is checked per request, with both numbers.
+    # # least one token each, fit in max_model_len together (chunkbench/engine/limits.py), so either is at most
+    # `most_tokens`; the room a given prompt leaves is checked per request, with both numbers.
     most_tokens = longest_prompt(max_model_len, max_tokens=1)
     TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, "maximum": vocab_size - 1})]
     MaxTokens = Annotated[int, Field(ge=1, json_schema_extra={"maximum": most_tokens})]
     Body = _body(TokenId, most_tokens)
-    return (_completion_body(Body, TokenId, MaxTokens, most_tokens, max_prompt_chars),
-            _chat_body(Body, MaxTokens, max_prompt_chars))
+    return (
+        _completion_body(Body, TokenId, MaxTokens, most_tokens, max_prompt_chars),
+        _chat_body(Body, MaxTokens, max_prompt_chars),
+    )
 
 
 def _body(TokenId, most_tokens: int) -> type:
@@ -125,10 +130,15 @@ def _body(TokenId, most_tokens: int) -> type:
         response_format: TextFormat = None
 
         def sampling_kwargs(self) -> dict:
-            return dict(temperature=1.0 if self.temperature is None else self.temperature,
-                        top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
-                        min_tokens=self.min_tokens, seed=self.seed, ignore_eos=self.ignore_eos,
-                        stop_token_ids=tuple(self.stop_token_ids or ()))
+            return dict(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=self.top_k or 0,
+                min_tokens=self.min_tokens,
+                seed=self.seed,
+                ignore_eos=self.ignore_eos,
+                stop_token_ids=tuple(self.stop_token_ids or ()),
+            )
 
         @property
         def stop_strings(self) -> list[str]:
@@ -201,12 +211,15 @@ class UnknownFields:
         self.limit = limit
 
     def report(self, body) -> None:
-        names = [*body.model_extra, *(f"stream_options.{k}" for k in (body.stream_options.model_extra
-                                                                      if body.stream_options else ()))]
+        names = [
+            *body.model_extra,
+            *(f"stream_options.{k}" for k in (body.stream_options.model_extra if body.stream_options else ())),
+        ]
         names += [f"messages.{k}" for m in getattr(body, "messages", ()) for k in m.model_extra]
         new = sorted(set(names) - self.seen)
         if new and len(self.seen) < self.limit:
             self.seen.update(new)
-            logger.warning("ignored request fields chunkbench serve does not use: %s",
-                           ", ".join(ascii(n[:40]) for n in new[:10]) + (f" and {len(new) - 10} more" if len(new) > 10
-                                                                         else ""))
+            logger.warning(
+                "ignored request fields chunkbench serve does not use: %s",
+                ", ".join(ascii(n[:40]) for n in new[:10]) + (f" and {len(new) - 10} more" if len(new) > 10 else ""),
+            )

@@ -14,19 +14,27 @@ from fastapi.openapi.utils import get_openapi
 from chunkbench.serving.openai_models import ErrorResponse
 
 _ERROR = {"model": ErrorResponse}
-SSE_EVENT = {"type": "object", "required": ["data"], "description": "One server-sent event: data is a JSON chunk "
-             "(choices, and usage when asked for), an error object, or [DONE].",
-             "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "description": "One server-sent event: data is a JSON chunk "
+    "(choices, and usage when asked for), an error object, or [DONE].",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
 POST_RESPONSES = {
-    200: {"description": "The completion: a JSON object, or with stream=true server-sent events (data: {chunk} "
-                         "lines, a usage chunk with stream_options.include_usage, then data: [DONE]).",
-          "content": {"application/json": {"schema": {"type": "object"}},
-                      "text/event-stream": {"schema": SSE_EVENT}}},
-    400: {**_ERROR, "description": "A bad request: a wrong type, a value out of range (this document states the "
-                                   "ranges), invalid Unicode, a feature not implemented (a field other than its "
-                                   "neutral value), a prompt that leaves no room for max_tokens under max_model_len "
-                                   "(the message names both numbers), a chat without a chat template; `param` "
-                                   "names the field."},
+    200: {
+        "description": "The completion: a JSON object, or with stream=true server-sent events (data: {chunk} "
+        "lines, a usage chunk with stream_options.include_usage, then data: [DONE]).",
+        "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": SSE_EVENT}},
+    },
+    400: {
+        **_ERROR,
+        "description": "A bad request: a wrong type, a value out of range (this document states the "
+        "ranges), invalid Unicode, a feature not implemented (a field other than its "
+        "neutral value), a prompt that leaves no room for max_tokens under max_model_len "
+        "(the message names both numbers), a chat without a chat template; `param` "
+        "names the field.",
+    },
     408: {**_ERROR, "description": "The request body took longer than the server's --body-timeout to arrive."},
     413: {**_ERROR, "description": "The request body is over the server's --max-body-bytes."},
     500: {**_ERROR, "description": "The engine failed the request (an error event, mid-stream)."},
@@ -34,24 +42,28 @@ POST_RESPONSES = {
 }
 TEXT_RESPONSES = {
     200: {"description": "Plain text.", "content": {"text/plain": {"schema": {"type": "string"}}}},
-    503: {"description": "The engine stopped; the text says why.", "content": {"text/plain": {"schema":
-                                                                                           {"type": "string"}}}},
+    503: {
+        "description": "The engine stopped; the text says why.",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    },
 }
 
 
-DESCRIPTION = ("OpenAI-compatible API of chunkbench's engine. Unknown request fields are ignored (and logged once), "
-               "as vLLM does. Values are not coerced: an integer is written as one (2.0 is refused where an integer "
-               "is expected, though JSON Schema counts it as one), a bool as true/false. A prompt and its max_tokens "
-               "must fit in max_model_len tokens together (prompt characters are bounded too), which a schema "
-               "cannot state: such a request gets a 400 naming both numbers.")
+DESCRIPTION = (
+    "OpenAI-compatible API of chunkbench's engine. Unknown request fields are ignored (and logged once), "
+    "as vLLM does. Values are not coerced: an integer is written as one (2.0 is refused where an integer "
+    "is expected, though JSON Schema counts it as one), a bool as true/false. A prompt and its max_tokens "
+    "must fit in max_model_len tokens together (prompt characters are bounded too), which a schema "
+    "cannot state: such a request gets a 400 naming both numbers."
+)
 
 
 def document_errors(app: FastAPI) -> None:
     """Replace the app's OpenAPI generator with one that drops FastAPI's 422 (every validation error is a 400)."""
+
     def openapi() -> dict:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                                 description=DESCRIPTION)
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes, description=DESCRIPTION)
             for path in schema["paths"].values():
                 for operation in path.values():
                     operation["responses"].pop("422", None)
@@ -76,8 +88,12 @@ def _integer_bounds(node):
         return node
     out = {key: _integer_bounds(value) for key, value in node.items()}
     if out.get("type") == "integer":
-        for key, inward in (("minimum", math.inf), ("exclusiveMinimum", math.inf), ("maximum", -math.inf),
-                            ("exclusiveMaximum", -math.inf)):
+        for key, inward in (
+            ("minimum", math.inf),
+            ("exclusiveMinimum", math.inf),
+            ("maximum", -math.inf),
+            ("exclusiveMaximum", -math.inf),
+        ):
             value = out.get(key)
             if isinstance(value, float) and value.is_integer():
                 out[key] = int(math.nextafter(value, inward) if abs(value) >= 2**53 else value)

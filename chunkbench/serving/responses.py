@@ -20,8 +20,14 @@ DONE = "data: [DONE]\n\n"  # the last server-sent event of a stream
 def error_body(message: str, status: int = 400, param: str | None = None) -> dict:
     """OpenAI's error object; `param` names the request field at fault, when one is."""
     message = message.encode("utf-8", "backslashreplace").decode()  # it may quote a lone surrogate
-    return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": param, "code": None}}
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "param": param,
+            "code": None,
+        }
+    }
 
 
 def error(message: str, status: int = 400, param: str | None = None, headers: dict | None = None) -> JSONResponse:
@@ -45,8 +51,11 @@ def sse(data: dict) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def choice(chat: bool, content: str, finish: Finish = GOING_ON, streamed: bool = False, first: bool = False) -> dict:
@@ -75,8 +84,13 @@ class Reply:
         """The whole response or, `streamed`, one chunk of it (a chat's chunks are chat.completion.chunk
         objects, a completion's text_completion ones); with `usage` when it carries one."""
         kind = "chat.completion" if self.chat else "text_completion"
-        data = {"id": self.id, "object": kind + (".chunk" if streamed and self.chat else ""),
-                "created": self.created, "model": self.model, "choices": choices}
+        data = {
+            "id": self.id,
+            "object": kind + (".chunk" if streamed and self.chat else ""),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if usage is not None:
             data["usage"] = usage
         return data

@@ -2,8 +2,8 @@
 
 /v1/completions and /v1/chat/completions, streaming (SSE) or not; /v1/models; /health; /metrics in the
 Prometheus text format under vLLM's metric names. It takes what vLLM's and OpenAI's clients send
-(chunkbench/serving/openai_models.py): unknown fields are ignored and logged once, as vLLM does. A bad request (wrong type,
-out-of-range number, invalid Unicode, too big, a feature not implemented) gets an HTTP 4xx with an
+(chunkbench/serving/openai_models.py): unknown fields are ignored and logged once, as vLLM does. A bad request
+(wrong type, out-of-range number, invalid Unicode, too big, a feature not implemented) gets an HTTP 4xx with an
 OpenAI-style error body naming the field, and the server goes on; the OpenAPI document lists those answers and
 the limits. A client that disconnects, streaming or not, aborts its request, which frees its KV blocks. A
 request the engine fails gets an HTTP 500 (or a stream error event); /health is 503 once the engine cannot go on.
@@ -30,17 +30,17 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from chunkbench.serving.engine_thread import AsyncEngine, now
+from chunkbench.bench.gc_pause import frozen_heap
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.limits import prompt_fits
 from chunkbench.engine.request import SamplingError, SamplingParams
-from chunkbench.bench.gc_pause import frozen_heap
-from chunkbench.serving.openai_models import UnknownFields, request_models
-from chunkbench.serving.responses import Reply, RequestError, error
-from chunkbench.serving.openapi import POST_RESPONSES, TEXT_RESPONSES, document_errors
+from chunkbench.serving.engine_thread import AsyncEngine, now
 from chunkbench.serving.generation import Generation
 from chunkbench.serving.limits import BodyLimit, ServerLimits, check_prompt_ids
+from chunkbench.serving.openai_models import UnknownFields, request_models
+from chunkbench.serving.openapi import POST_RESPONSES, TEXT_RESPONSES, document_errors
+from chunkbench.serving.responses import Reply, RequestError, error
 from chunkbench.serving.text import ChatTemplateError, TextStream, chat_prompt_ids, load_tokenizer
 
 BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict"}
@@ -65,13 +65,21 @@ def create_app(config: EngineConfig, served_name: str | None = None, limits: Ser
     from now until the app's lifespan ends."""
     limits = limits or ServerLimits()
     name = served_name or config.model.name
-    served = Served(AsyncEngine(LLMEngine(config), name), load_tokenizer(config.model.hf_dir), name,
-                    config.scheduler.max_model_len, config.model.vocab_size, limits)
+    served = Served(
+        AsyncEngine(LLMEngine(config), name),
+        load_tokenizer(config.model.hf_dir),
+        name,
+        config.scheduler.max_model_len,
+        config.model.vocab_size,
+        limits,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         try:
-            with frozen_heap():  # the model and the imports out of the collector's walks while serving (chunkbench/bench/gc_pause.py)
+            with (
+                frozen_heap()
+            ):  # the model and the imports out of the collector's walks while serving (chunkbench/bench/gc_pause.py)
                 yield
         finally:
             served.engine.shutdown()
@@ -93,13 +101,21 @@ async def invalid_request(_: Request, exc: RequestValidationError) -> JSONRespon
     errors = exc.errors()
     if errors and errors[0].get("type") == "json_invalid":  # its location is a character offset, not a field
         offset = errors[0].get("loc", (None, None))[-1]
-        return error(f"the body is not valid JSON (at character {offset}): "
-                     f"{errors[0].get('ctx', {}).get('error', 'invalid JSON')}")
+        return error(
+            f"the body is not valid JSON (at character {offset}): "
+            f"{errors[0].get('ctx', {}).get('error', 'invalid JSON')}"
+        )
     # For a union (prompt: text or token ids) the deepest error is the one about what was sent; its
     # location has the union's branch tags ("list[int]", "function-after[...]") that name no field.
     first = max(errors, key=lambda e: len(e.get("loc", ())), default={})
-    where = ".".join(str(p) for p in first.get("loc", ())[1:]
-                     if isinstance(p, int) or (p.isidentifier() and p not in BRANCH_TAGS)) or None
+    where = (
+        ".".join(
+            str(p)
+            for p in first.get("loc", ())[1:]
+            if isinstance(p, int) or (p.isidentifier() and p not in BRANCH_TAGS)
+        )
+        or None
+    )
     message = first.get("msg", "invalid request").removeprefix("Value error, ")
     return error(f"{where or 'body'}: {message}", param=where)
 
@@ -123,14 +139,22 @@ def add_info_routes(app: FastAPI, served: Served) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "owned_by": "chunkbench",
-                                            "max_model_len": served.max_model_len,
-                                            "vocab_size": served.vocab_size}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": served.name,
+                    "object": "model",
+                    "owned_by": "chunkbench",
+                    "max_model_len": served.max_model_len,
+                    "vocab_size": served.vocab_size,
+                }
+            ],
+        }
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT_RESPONSES[200]})
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(engine.stats.render(engine.engine).decode(),
-                                 media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(engine.stats.render(engine.engine).decode(), media_type="text/plain; version=0.0.4")
 
 
 def add_generation_routes(app: FastAPI, served: Served) -> None:
@@ -160,8 +184,7 @@ async def completion_prompt(served: Served, body) -> tuple[list[int], str]:
 async def chat_prompt(served: Served, body) -> list[int]:
     """The chat's prompt token ids, rendered by the model's chat template."""
     messages = [m.template_dict() for m in body.messages]
-    served.limits.check_prompt_chars(sum(len(m["role"]) + len(m["content"]) for m in messages),
-                                     served.max_model_len)
+    served.limits.check_prompt_chars(sum(len(m["role"]) + len(m["content"]) for m in messages), served.max_model_len)
     try:
         return await run_in_threadpool(chat_prompt_ids, served.tokenizer, messages, body.add_generation_prompt)
     except ChatTemplateError as exc:
@@ -177,12 +200,23 @@ async def generate(served: Served, http: Request, body, prompt: list[int], chat:
         raise RequestError(f"the engine is not running: {engine.dead}", status=503)
     reply = Reply(f"{'chatcmpl' if chat else 'cmpl'}-{next(served.ids)}", chat, served.name, int(time.time()))
     events = engine.submit(reply.id, prompt, sampling, now())
-    text = TextStream(served.tokenizer, prompt, body.stop_strings, body.include_stop_str_in_output,
-                      body.skip_special_tokens)
+    text = TextStream(
+        served.tokenizer, prompt, body.stop_strings, body.include_stop_str_in_output, body.skip_special_tokens
+    )
     options = body.stream_options
     include_usage = bool(options and options.include_usage)
-    generation = Generation(engine, http, reply, len(prompt), events, text, echo, include_usage,
-                            include_usage and bool(options.continuous_usage_stats), served.limits.disconnect_poll_s)
+    generation = Generation(
+        engine,
+        http,
+        reply,
+        len(prompt),
+        events,
+        text,
+        echo,
+        include_usage,
+        include_usage and bool(options.continuous_usage_stats),
+        served.limits.disconnect_poll_s,
+    )
     return await generation.answer(stream=bool(body.stream))
 
 

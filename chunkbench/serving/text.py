@@ -40,17 +40,21 @@ def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool
     which changed in transformers 5 (a BatchEncoding, not a list of ids). The byte stand-in has no template:
     "role: content" lines, then "assistant: "."""
     if isinstance(tokenizer, ByteTokenizer):
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant: " if add_generation_prompt
-                                                                              else "")
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + (
+            "assistant: " if add_generation_prompt else ""
+        )
         return tokenizer.encode(text)
     if not getattr(tokenizer, "chat_template", None):
-        raise ChatTemplateError("this model's tokenizer has no chat template (no chat_template in its "
-                                "tokenizer_config.json, no chat_template.jinja): use /v1/completions")
+        raise ChatTemplateError(
+            "this model's tokenizer has no chat template (no chat_template in its "
+            "tokenizer_config.json, no chat_template.jinja): use /v1/completions"
+        )
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateError, or a template's raise_exception()
-        raise ChatTemplateError(f"the model's chat template refused these messages: {type(exc).__name__}: "
-                                f"{exc}") from None
+        raise ChatTemplateError(
+            f"the model's chat template refused these messages: {type(exc).__name__}: {exc}"
+        ) from None
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -64,11 +68,17 @@ class TextStream:
     PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs (vLLM's INITIAL_..._OFFSET)
     MAX_HELD_TOKENS = 8  # a partial character longer than this is a real replacement character, not a split one
 
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str] = (), include_stop: bool = False,
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        prompt_ids: list[int],
+        stop: list[str] = (),
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer, self.stop, self.include_stop = tokenizer, [s for s in stop if s], include_stop
         self.skip_special_tokens = skip_special_tokens
-        self.ids = list(prompt_ids[-self.PROMPT_CONTEXT:])
+        self.ids = list(prompt_ids[-self.PROMPT_CONTEXT :])
         self.prefix, self.read = 0, len(self.ids)
         self.text, self.sent = "", 0
         self.hold = max((len(s) for s in self.stop), default=1) - 1 if not include_stop else 0
@@ -78,12 +88,13 @@ class TextStream:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def _advance(self, final: bool) -> str:
-        prefix_text = self._decode(self.ids[self.prefix:self.read])
-        new_text = self._decode(self.ids[self.prefix:])
-        if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")
-                                                 or len(self.ids) - self.read > self.MAX_HELD_TOKENS):
+        prefix_text = self._decode(self.ids[self.prefix : self.read])
+        new_text = self._decode(self.ids[self.prefix :])
+        if len(new_text) > len(prefix_text) and (
+            final or not new_text.endswith("\ufffd") or len(self.ids) - self.read > self.MAX_HELD_TOKENS
+        ):
             self.prefix, self.read = self.read, len(self.ids)
-            return new_text[len(prefix_text):]
+            return new_text[len(prefix_text) :]
         return ""
 
     def _add_text(self, delta: str) -> bool:
@@ -91,7 +102,7 @@ class TextStream:
         for stop in self.stop if delta else ():
             at = self.text.find(stop, max(0, len(self.text) - len(delta) - len(stop) + 1))
             if at != -1:
-                self.text = self.text[:at + (len(stop) if self.include_stop else 0)]
+                self.text = self.text[: at + (len(stop) if self.include_stop else 0)]
                 self.stop_reason = stop
                 return True
         return False
@@ -108,5 +119,5 @@ class TextStream:
     def take(self, final: bool) -> str:
         """The text not yet sent that may be sent now (all of it once `final`)."""
         end = len(self.text) if final or self.stop_reason is not None else max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent:end], end
+        out, self.sent = self.text[self.sent : end], end
         return out

@@ -47,8 +47,15 @@ class CostFamily(ABC):
         coefficients = calibration.coefficients or {}
         return coefficients.get("latency_s", 0.0), coefficients.get("jitter_s", 0.0)
 
-    def fit(self, runs: list[dict], spec: Any, device: str, meta: dict,
-            score: Callable[[ServerCalibration], Scored], **options: Any) -> Scored:
+    def fit(
+        self,
+        runs: list[dict],
+        spec: Any,
+        device: str,
+        meta: dict,
+        score: Callable[[ServerCalibration], Scored],
+        **options: Any,
+    ) -> Scored:
         """Fit this family's constants to `runs` with its `fitter`, imported only now (it needs scipy)."""
         module, _, function = self.fitter.partition(":")
         fitter = getattr(importlib.import_module(module), function)

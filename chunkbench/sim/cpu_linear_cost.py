@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 STEP_COEFFICIENTS = STEP_TERMS + ("stall_s", "new_step_s", "fresh_pair_s", "first_pair_s")
 COEFFICIENTS = STEP_COEFFICIENTS + ("latency_s", "jitter_s")
 OPTIONAL = ("stall_s", "latency_s", "stall_every", "new_step_s", "jitter_s", "fresh_pair_s", "first_pair_s")
-STALL, NEW_STEP, FRESH_PAIRS, FIRST_PAIRS = (STEP_COEFFICIENTS.index(k) for k in STEP_COEFFICIENTS[len(STEP_TERMS):])
+STALL, NEW_STEP, FRESH_PAIRS, FIRST_PAIRS = (STEP_COEFFICIENTS.index(k) for k in STEP_COEFFICIENTS[len(STEP_TERMS) :])
 TOKENS = STEP_TERMS.index("token_s")
 FRESH_WINDOW = 100  # fresh_pair_s: a step's attention pairs beyond the most of this many steps before it
 FIRST_WINDOW = 5  # first_pair_s: a step's first chunks' pairs beyond the most of this many steps before it
@@ -122,12 +122,19 @@ class CpuLinearStepCost(LinearStepCost):
         if tokens not in self._counts:
             self._counts.add(tokens)
             seconds += self.coefficients[NEW_STEP]
-        return (seconds + self.coefficients[FRESH_PAIRS] * beyond_recent(self._recent, pairs)
-                + self.coefficients[FIRST_PAIRS] * beyond_recent(self._first, first))
+        return (
+            seconds
+            + self.coefficients[FRESH_PAIRS] * beyond_recent(self._recent, pairs)
+            + self.coefficients[FIRST_PAIRS] * beyond_recent(self._first, first)
+        )
 
     def predict(self, step: StepShape) -> float:
-        return super().predict(step) + self._session(len(step.prefills) + len(step.decodes), step.num_tokens,
-                                                     float(step.prefill_attention_pairs), first_chunk_pairs(step))
+        return super().predict(step) + self._session(
+            len(step.prefills) + len(step.decodes),
+            step.num_tokens,
+            float(step.prefill_attention_pairs),
+            first_chunk_pairs(step),
+        )
 
     def decode_step_cost(self, batch: int) -> Callable[[int], float]:
         steps = super().decode_step_cost(batch)
@@ -152,17 +159,32 @@ class CpuLinearFamily(LinearFamily):
 
     def cost_model(self, calibration: ServerCalibration, config: EngineConfig) -> CpuLinearStepCost:
         coefficients = calibration.coefficients or {}
-        return CpuLinearStepCost(tuple(coefficients[k] for k in self.step_terms), calibration.roofline(config),
-                                 calibration.label(), stall_every=coefficients["stall_every"])
+        return CpuLinearStepCost(
+            tuple(coefficients[k] for k in self.step_terms),
+            calibration.roofline(config),
+            calibration.label(),
+            stall_every=coefficients["stall_every"],
+        )
 
     def extra_text(self, coefficients: dict, c: dict) -> str:
-        return ((f" + {c['stall_s'] * 1e3:.3g} ms every {int(coefficients['stall_every'])} sequences stepped"
-                 if coefficients.get("stall_every") else "")
-                + (f" + {c['new_step_s'] * 1e3:.3g} ms at a token count new to the server" if c["new_step_s"] else "")
-                + (f" + {c['fresh_pair_s'] * 1e9:.3g} ns per attention pair beyond the last {FRESH_WINDOW} steps' "
-                   "most" if c["fresh_pair_s"] else "")
-                + (f" + {c['first_pair_s'] * 1e9:.3g} ns per first-chunk pair beyond the last {FIRST_WINDOW} steps' "
-                   "most" if c["first_pair_s"] else ""))
+        return (
+            (
+                f" + {c['stall_s'] * 1e3:.3g} ms every {int(coefficients['stall_every'])} sequences stepped"
+                if coefficients.get("stall_every")
+                else ""
+            )
+            + (f" + {c['new_step_s'] * 1e3:.3g} ms at a token count new to the server" if c["new_step_s"] else "")
+            + (
+                f" + {c['fresh_pair_s'] * 1e9:.3g} ns per attention pair beyond the last {FRESH_WINDOW} steps' most"
+                if c["fresh_pair_s"]
+                else ""
+            )
+            + (
+                f" + {c['first_pair_s'] * 1e9:.3g} ns per first-chunk pair beyond the last {FIRST_WINDOW} steps' most"
+                if c["first_pair_s"]
+                else ""
+            )
+        )
 
     def client_text(self, c: dict) -> str:
         return f" (+ {c['jitter_s'] * 1e3:.3g} ms jitter on average)" if c["jitter_s"] else ""

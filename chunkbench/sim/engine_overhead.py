@@ -31,8 +31,10 @@ def engine_overhead(value: str | None) -> tuple[float, str]:
     try:
         ms = float(value.removesuffix("ms"))
     except ValueError:
-        raise UserError(f"--engine-overhead: '{value}' is neither an engine ({', '.join(ENGINE_OVERHEAD_S)}) "
-                        "nor milliseconds (e.g. 0.8ms)") from None
+        raise UserError(
+            f"--engine-overhead: '{value}' is neither an engine ({', '.join(ENGINE_OVERHEAD_S)}) "
+            "nor milliseconds (e.g. 0.8ms)"
+        ) from None
     if not 0 <= ms < 1000:
         raise UserError(f"--engine-overhead: {ms} ms is outside [0, 1000)")
     return ms / 1e3, f"{ms:g} ms"

@@ -6,7 +6,7 @@ Sampled ids are placeholders (0), so simulated requests run with ignore_eos sema
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig
@@ -19,8 +19,13 @@ from chunkbench.sim.shape import COLD_AFTER_S, CostModel, StepShape
 class SimExecutor:
     SAMPLED_TOKEN = 0  # every sampled id
 
-    def __init__(self, cost_model: CostModel, num_blocks: int,
-                 activation: Callable[[StepShape], int] = lambda step: 0, fast_forward: bool | None = None) -> None:
+    def __init__(
+        self,
+        cost_model: CostModel,
+        num_blocks: int,
+        activation: Callable[[StepShape], int] = lambda step: 0,
+        fast_forward: bool | None = None,
+    ) -> None:
         self.cost_model = cost_model
         self.num_blocks = num_blocks
         self.activation = activation  # a step's peak activation bytes
@@ -43,11 +48,16 @@ class SimExecutor:
         return StepResult(sampled=sampled, seconds=seconds, activation_bytes=self.activation(shape))
 
 
-def sim_engine(config: EngineConfig, cost_model: CostModel, num_blocks: int,
-               fast_forward: bool | None = None) -> LLMEngine:
+def sim_engine(
+    config: EngineConfig, cost_model: CostModel, num_blocks: int, fast_forward: bool | None = None
+) -> LLMEngine:
     """The real scheduler over a SimExecutor on a virtual clock. Activation memory: the cost model's, else
     (a fitted profile) the formula for bf16 FlashAttention-style kernels."""
-    activation = getattr(cost_model, "activation_bytes", None) or (lambda step: step_activation_bytes(
-        config.model, step.prefills, step.decodes, step.num_sampled, 2, config.tensor_parallel_size, "flash"))
-    return LLMEngine(config, executor=SimExecutor(cost_model, num_blocks, activation, fast_forward),
-                     clock=VirtualClock())
+    activation = getattr(cost_model, "activation_bytes", None) or (
+        lambda step: step_activation_bytes(
+            config.model, step.prefills, step.decodes, step.num_sampled, 2, config.tensor_parallel_size, "flash"
+        )
+    )
+    return LLMEngine(
+        config, executor=SimExecutor(cost_model, num_blocks, activation, fast_forward), clock=VirtualClock()
+    )

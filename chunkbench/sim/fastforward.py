@@ -93,8 +93,11 @@ def plan_stretch(batch: list, bm, sampled: int, max_len: int) -> StretchPlan | N
         if caching:
             fills[-(computed + 1) % bs].append(i)  # computed + j + 1 becomes a multiple of bs
         sampling = r.sampling
-        lefts.append(1 if not sampling.ignore_eos and r.eos_token_id == sampled  # its next token stops it
-                     else min(sampling.max_tokens - outputs, max_len - len(r.prompt_token_ids) - outputs))
+        lefts.append(
+            1
+            if not sampling.ignore_eos and r.eos_token_id == sampled  # its next token stops it
+            else min(sampling.max_tokens - outputs, max_len - len(r.prompt_token_ids) - outputs)
+        )
     horizon = min(MAX_STRETCH, *lefts)  # the last step may finish requests: the stretch ends with it
     finishers = {i for i, left in enumerate(lefts) if left == horizon}
     return StretchPlan(takes, first_take, fills, contexts, horizon, finishers)
@@ -117,7 +120,7 @@ class Stretch:
             r = self.batch[i]
             r.num_computed_tokens += k
             r.output_token_ids.extend([self.sampled] * k)
-            r.token_times.extend(self.times[done[i]:upto])
+            r.token_times.extend(self.times[done[i] : upto])
             done[i] = upto
 
 
@@ -132,8 +135,9 @@ def decode_cost(cost_model, activation, n: int, contexts: list[int]):
     return None, None, None
 
 
-def run_stretch(engine, plan: StretchPlan, stretch: Stretch, start: float, next_arrival: float,
-                steps: list[StepRecord]) -> float:
+def run_stretch(
+    engine, plan: StretchPlan, stretch: Stretch, start: float, next_arrival: float, steps: list[StepRecord]
+) -> float:
     """Run the stretch's steps on a VirtualClock's time, taking and caching blocks by the real methods in the
     scheduler's order; return the time after the last (the caller sets the clock)."""
     executor, scheduler, bm = engine.executor, engine.scheduler, engine.block_manager

@@ -12,8 +12,8 @@ import numpy as np
 
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
-from chunkbench.kernels.buckets import length_buckets
 from chunkbench.files import write_json
+from chunkbench.kernels.buckets import length_buckets
 from chunkbench.sim.shape import StepShape
 
 # Piecewise-linear token terms let a non-negative fit bend both ways: min(T, k) flattens (CPU GEMMs get
@@ -31,15 +31,40 @@ def features(step: StepShape) -> list[float]:
     t = step.num_tokens
     groups = length_buckets(sorted(range(len(step.decodes)), key=step.decodes.__getitem__), step.decodes)
     padded = sum(len(g) * step.decodes[g[-1]] for g in groups)
-    return ([1.0, float(t > 1), t] + [min(t, k) for k in KNOTS] + [max(0, t - k) for k in KNOTS]
-            + [step.num_sampled, step.prefill_attention_pairs, sum(q * (q + ctx) for q, ctx in step.prefills),
-               step.prefill_keys, step.decode_keys, padded, len(groups), len(step.prefills), len(step.decodes)])
+    return (
+        [1.0, float(t > 1), t]
+        + [min(t, k) for k in KNOTS]
+        + [max(0, t - k) for k in KNOTS]
+        + [
+            step.num_sampled,
+            step.prefill_attention_pairs,
+            sum(q * (q + ctx) for q, ctx in step.prefills),
+            step.prefill_keys,
+            step.decode_keys,
+            padded,
+            len(groups),
+            len(step.prefills),
+            len(step.decodes),
+        ]
+    )
 
 
-FEATURE_NAMES = (["step", "multi_row", "tokens"] + [f"min(tokens,{k})" for k in KNOTS]
-                 + [f"max(0,tokens-{k})" for k in KNOTS]
-                 + ["sampled_rows", "prefill_attention_pairs", "prefill_dense_pairs", "prefill_keys", "decode_keys",
-                    "decode_padded_keys", "decode_groups", "prefill_chunks", "decodes"])
+FEATURE_NAMES = (
+    ["step", "multi_row", "tokens"]
+    + [f"min(tokens,{k})" for k in KNOTS]
+    + [f"max(0,tokens-{k})" for k in KNOTS]
+    + [
+        "sampled_rows",
+        "prefill_attention_pairs",
+        "prefill_dense_pairs",
+        "prefill_keys",
+        "decode_keys",
+        "decode_padded_keys",
+        "decode_groups",
+        "prefill_chunks",
+        "decodes",
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +90,9 @@ class FittedCostModel:
         return f"profile of {self.model_name} on {self.device}"
 
     @classmethod
-    def fit_steps(cls, steps: list[StepShape], seconds: list[float], noise_pct: float | None = None,
-                  **meta) -> "FittedCostModel":
+    def fit_steps(
+        cls, steps: list[StepShape], seconds: list[float], noise_pct: float | None = None, **meta
+    ) -> FittedCostModel:
         """Non-negative least squares on relative error (each row weighted by 1/seconds). `noise_pct`, the
         median spread (max - min over median) of the repeated timings, is kept beside the fit error: a fit
         cannot be trusted closer than the machine repeats itself."""
@@ -81,18 +107,32 @@ class FittedCostModel:
         coef = coef / scale
         predicted = x @ coef
         errors = np.abs(predicted - y) / y
-        fit = {"points": len(y), "mean_abs_error_pct": float(100 * errors.mean()),
-               "max_abs_error_pct": float(100 * errors.max()), "timing_spread_pct": noise_pct}
+        fit = {
+            "points": len(y),
+            "mean_abs_error_pct": float(100 * errors.mean()),
+            "max_abs_error_pct": float(100 * errors.max()),
+            "timing_spread_pct": noise_pct,
+        }
         return cls(tuple(float(c) for c in coef), fit=fit, **meta)
 
     def save(self, path: Path) -> None:
-        write_json({
-            "kind": "fitted", "model": self.model_name, "device": self.device, "num_blocks": self.num_blocks,
-            "features": FEATURE_NAMES, "coefficients": list(self.coefficients), "fit": self.fit,
-            "idle_factor": self.idle_factor, "clock": self.clock}, path)
+        write_json(
+            {
+                "kind": "fitted",
+                "model": self.model_name,
+                "device": self.device,
+                "num_blocks": self.num_blocks,
+                "features": FEATURE_NAMES,
+                "coefficients": list(self.coefficients),
+                "fit": self.fit,
+                "idle_factor": self.idle_factor,
+                "clock": self.clock,
+            },
+            path,
+        )
 
     @classmethod
-    def load(cls, path: str | Path) -> "FittedCostModel":
+    def load(cls, path: str | Path) -> FittedCostModel:
         try:
             data = json.loads(Path(path).read_text())
             if not isinstance(data, dict) or data.get("kind") != "fitted" or data.get("features") != FEATURE_NAMES:
@@ -108,7 +148,14 @@ class FittedCostModel:
             clock = data.get("clock", "wall")
             if clock not in ("wall", "cpu"):
                 raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
-            return cls(coefficients, str(data.get("model", "")), str(data.get("device", "")), blocks,
-                       data.get("fit"), idle, clock)
+            return cls(
+                coefficients,
+                str(data.get("model", "")),
+                str(data.get("device", "")),
+                blocks,
+                data.get("fit"),
+                idle,
+                clock,
+            )
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise UserError(f"--cost-model: cannot use {path}: {exc}") from None

@@ -31,29 +31,43 @@ class GPUSpec:
     link: str  # the interconnect, for messages
 
     def __str__(self) -> str:
-        return (f"{self.name} ({self.bf16_flops / 1e12:.0f} TFLOP/s bf16, {self.mem_bandwidth / 1e12:.2f} TB/s, "
-                f"{self.mem_bytes / 1e9:.0f} GB)")
+        return (
+            f"{self.name} ({self.bf16_flops / 1e12:.0f} TFLOP/s bf16, {self.mem_bandwidth / 1e12:.2f} TB/s, "
+            f"{self.mem_bytes / 1e9:.0f} GB)"
+        )
 
 
 GB = 1e9
 NVLINK3, NVLINK4, PCIE4, PCIE5 = 300 * GB, 450 * GB, 32 * GB, 64 * GB  # one direction
 US = 1e-6
-GPUS: dict[str, GPUSpec] = {g.name: g for g in [
-    GPUSpec("a100-40g", 312e12, 1555 * GB, 40 * GB, NVLINK3, 1 * US, "NVLink 3"),
-    GPUSpec("a100-80g", 312e12, 2039 * GB, 80 * GB, NVLINK3, 1 * US, "NVLink 3"),
-    GPUSpec("h100-sxm", 989e12, 3350 * GB, 80 * GB, NVLINK4, 1 * US, "NVLink 4"),
-    GPUSpec("h100-pcie", 756e12, 2000 * GB, 80 * GB, PCIE5, 2 * US, "PCIe 5.0"),
-    GPUSpec("h200", 989e12, 4800 * GB, 141 * GB, NVLINK4, 1 * US, "NVLink 4"),
-    GPUSpec("l40s", 362e12, 864 * GB, 48 * GB, PCIE4, 2 * US, "PCIe 4.0"),
-    GPUSpec("l4", 121e12, 300 * GB, 24 * GB, PCIE4, 2 * US, "PCIe 4.0"),
-    GPUSpec("a10g", 70e12, 600 * GB, 24 * GB, PCIE4, 2 * US, "PCIe 4.0"),
-    GPUSpec("rtx-4090", 165e12, 1008 * GB, 24 * GB, PCIE4, 2 * US, "PCIe 4.0 through the host"),
-    GPUSpec("mi300x", 1307e12, 5300 * GB, 192 * GB, 448 * GB, 2 * US, "Infinity Fabric"),
-]}
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in [
+        GPUSpec("a100-40g", 312e12, 1555 * GB, 40 * GB, NVLINK3, 1 * US, "NVLink 3"),
+        GPUSpec("a100-80g", 312e12, 2039 * GB, 80 * GB, NVLINK3, 1 * US, "NVLink 3"),
+        GPUSpec("h100-sxm", 989e12, 3350 * GB, 80 * GB, NVLINK4, 1 * US, "NVLink 4"),
+        GPUSpec("h100-pcie", 756e12, 2000 * GB, 80 * GB, PCIE5, 2 * US, "PCIe 5.0"),
+        GPUSpec("h200", 989e12, 4800 * GB, 141 * GB, NVLINK4, 1 * US, "NVLink 4"),
+        GPUSpec("l40s", 362e12, 864 * GB, 48 * GB, PCIE4, 2 * US, "PCIe 4.0"),
+        GPUSpec("l4", 121e12, 300 * GB, 24 * GB, PCIE4, 2 * US, "PCIe 4.0"),
+        GPUSpec("a10g", 70e12, 600 * GB, 24 * GB, PCIE4, 2 * US, "PCIe 4.0"),
+        GPUSpec("rtx-4090", 165e12, 1008 * GB, 24 * GB, PCIE4, 2 * US, "PCIe 4.0 through the host"),
+        GPUSpec("mi300x", 1307e12, 5300 * GB, 192 * GB, 448 * GB, 2 * US, "Infinity Fabric"),
+    ]
+}
 
-_DEVICE_NAMES = [("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("A100-SXM4-40GB", "a100-40g"),
-                 ("A100", "a100-80g"), ("L40S", "l40s"), ("L4", "l4"), ("A10G", "a10g"), ("4090", "rtx-4090"),
-                 ("MI300X", "mi300x")]
+_DEVICE_NAMES = [
+    ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100-sxm"),
+    ("A100-SXM4-40GB", "a100-40g"),
+    ("A100", "a100-80g"),
+    ("L40S", "l40s"),
+    ("L4", "l4"),
+    ("A10G", "a10g"),
+    ("4090", "rtx-4090"),
+    ("MI300X", "mi300x"),
+]
 
 
 def spec_for_device(device_name: str) -> GPUSpec | None:

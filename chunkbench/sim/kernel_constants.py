@@ -46,11 +46,18 @@ def calibration_for(gpu: str) -> Calibration:
     gpus = data["gpus"]
     if gpu in gpus:
         entry = gpus[gpu]
-        return Calibration(_constants(entry["constants"]), True,
-                           f"calibrated v{data['version']} on {entry['model']} operator profiles")
+        return Calibration(
+            _constants(entry["constants"]), True, f"calibrated v{data['version']} on {entry['model']} operator profiles"
+        )
     fitted = [_constants(e["constants"]) for e in gpus.values()]
     mean = lambda name: sum(getattr(c, name) for c in fitted) / len(fitted)  # noqa: E731
-    constants = KernelConstants(DATASHEET_GEMM_EFFICIENCY, DATASHEET_MEMORY_EFFICIENCY, mean("smoothness"),
-                                DATASHEET_TOKEN_TILE, mean("gemm_floor_s"), mean("elementwise_efficiency"),
-                                mean("elementwise_floor_s"))
+    constants = KernelConstants(
+        DATASHEET_GEMM_EFFICIENCY,
+        DATASHEET_MEMORY_EFFICIENCY,
+        mean("smoothness"),
+        DATASHEET_TOKEN_TILE,
+        mean("gemm_floor_s"),
+        mean("elementwise_efficiency"),
+        mean("elementwise_floor_s"),
+    )
     return Calibration(constants, False, "uncalibrated: datasheet constants")

@@ -39,8 +39,9 @@ def soft_max(compute: float, memory: float, k: float) -> float:
     return top * ((compute / top) ** k + (memory / top) ** k) ** (1.0 / k)
 
 
-def gemm_seconds(rows: int, k: int, n: int, c: KernelConstants, flops: float, bandwidth: float,
-                 dtype_bytes: int = 2) -> float:
+def gemm_seconds(
+    rows: int, k: int, n: int, c: KernelConstants, flops: float, bandwidth: float, dtype_bytes: int = 2
+) -> float:
     """One [rows, k] x [k, n] GEMM: tile-padded FLOPs against weight + activation bytes, blended, plus a floor."""
     if rows <= 0:
         return 0.0
@@ -58,8 +59,9 @@ def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[int, int]]:
     return [(h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)]
 
 
-def layer_linear_seconds(model: ModelConfig, tp: int, rows: int, c: KernelConstants, flops: float,
-                         bandwidth: float, dtype_bytes: int = 2) -> float:
+def layer_linear_seconds(
+    model: ModelConfig, tp: int, rows: int, c: KernelConstants, flops: float, bandwidth: float, dtype_bytes: int = 2
+) -> float:
     return sum(gemm_seconds(rows, k, n, c, flops, bandwidth, dtype_bytes) for k, n in layer_gemms(model, tp))
 
 
@@ -76,11 +78,13 @@ def layer_elementwise_bytes_per_token(model: ModelConfig, tp: int, dtype_bytes: 
     return dtype_bytes * (2 * 2 * h + 2 * (q + kv) + 3 * inter + 2 * 3 * h)
 
 
-def layer_elementwise_seconds(model: ModelConfig, tp: int, rows: int, c: KernelConstants, bandwidth: float,
-                              dtype_bytes: int = 2) -> float:
+def layer_elementwise_seconds(
+    model: ModelConfig, tp: int, rows: int, c: KernelConstants, bandwidth: float, dtype_bytes: int = 2
+) -> float:
     if rows <= 0:
         return 0.0
     moved = rows * layer_elementwise_bytes_per_token(model, tp, dtype_bytes)
     # Small launches overlap their fixed cost with the streaming of larger ones: blended like the GEMMs, not added.
-    return soft_max(ELEMENTWISE_KERNELS * c.elementwise_floor_s, moved / (bandwidth * c.elementwise_efficiency),
-                    c.smoothness)
+    return soft_max(
+        ELEMENTWISE_KERNELS * c.elementwise_floor_s, moved / (bandwidth * c.elementwise_efficiency), c.smoothness
+    )

@@ -44,8 +44,14 @@ PAIRS, SEQUENCES = STEP_TERMS.index("pair_s"), STEP_TERMS.index("seq_s")
 def step_features(step: StepShape) -> tuple[float, ...]:
     """The features STEP_TERMS multiply, in their order."""
     sequences = len(step.prefills) + len(step.decodes)
-    return (1.0, float(bool(step.prefills)), float(step.num_tokens), float(step.prefill_attention_pairs),
-            float(sequences), float(step.decode_keys))
+    return (
+        1.0,
+        float(bool(step.prefills)),
+        float(step.num_tokens),
+        float(step.prefill_attention_pairs),
+        float(sequences),
+        float(step.decode_keys),
+    )
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class LinearStepCost:
     def decode_step_cost(self, batch: int) -> Callable[[int], float]:
         """predict() of a decode-only step of `batch` decodes as a function of the keys it reads, bit for bit
         (the fast path, sim/fastforward.py)."""
-        step_s, _, token_s, pair_s, seq_s, key_s = self.coefficients[:len(STEP_TERMS)]
+        step_s, _, token_s, pair_s, seq_s, key_s = self.coefficients[: len(STEP_TERMS)]
         fixed = (step_s * 1.0, 0.0, token_s * float(batch), pair_s * 0.0, seq_s * float(batch))
         return lambda keys: math.fsum(fixed + (key_s * float(keys),))
 
@@ -131,8 +137,10 @@ class LinearFamily(CostFamily):
         if foreign:
             raise UserError(f"{where}: the {self.name} family has no term {', '.join(foreign)}")
         try:
-            values = {name: float(coefficients[name] if name not in self.optional else coefficients.get(name, 0.0))
-                      for name in names}
+            values = {
+                name: float(coefficients[name] if name not in self.optional else coefficients.get(name, 0.0))
+                for name in names
+            }
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{where}: a linear calibration needs the coefficients {', '.join(self.terms)}") from None
         whole = f" ({' and '.join(self.settings)} a whole number)" if self.settings else ""
@@ -142,8 +150,9 @@ class LinearFamily(CostFamily):
 
     def cost_model(self, calibration: ServerCalibration, config: EngineConfig) -> LinearStepCost:
         coefficients = calibration.coefficients or {}
-        return LinearStepCost(tuple(coefficients[k] for k in self.step_terms), calibration.roofline(config),
-                              calibration.label())
+        return LinearStepCost(
+            tuple(coefficients[k] for k in self.step_terms), calibration.roofline(config), calibration.label()
+        )
 
     def describe(self, calibration: ServerCalibration) -> str:
         return f"fitted to the server, linear step cost: {self.text(calibration.coefficients or {})}"
@@ -151,11 +160,14 @@ class LinearFamily(CostFamily):
     def text(self, coefficients: dict) -> str:
         """The coefficients in words."""
         c = {k: float(coefficients.get(k, 0.0)) for k in self.terms}
-        return (f"{c['step_s'] * 1e3:.3g} ms per step + {c['prefill_step_s'] * 1e3:.3g} ms per prefill step + "
-                f"{c['token_s'] * 1e6:.3g} us per token + {c['pair_s'] * 1e9:.3g} ns per attention pair + "
-                f"{c['seq_s'] * 1e6:.3g} us per sequence + {c['key_s'] * 1e9:.3g} ns per decode key"
-                + self.extra_text(coefficients, c) + f"; {c['latency_s'] * 1e3:.3g} ms to the client"
-                + self.client_text(c))
+        return (
+            f"{c['step_s'] * 1e3:.3g} ms per step + {c['prefill_step_s'] * 1e3:.3g} ms per prefill step + "
+            f"{c['token_s'] * 1e6:.3g} us per token + {c['pair_s'] * 1e9:.3g} ns per attention pair + "
+            f"{c['seq_s'] * 1e6:.3g} us per sequence + {c['key_s'] * 1e9:.3g} ns per decode key"
+            + self.extra_text(coefficients, c)
+            + f"; {c['latency_s'] * 1e3:.3g} ms to the client"
+            + self.client_text(c)
+        )
 
     def extra_text(self, coefficients: dict, c: dict) -> str:
         """Words for the step terms a family adds (text)."""

@@ -1,7 +1,7 @@
 """The roofline cost model: a step's time from the GPU's peaks, kernel constants fitted to measured operator
 profiles (sim/kernel_constants.py; datasheet defaults, marked uncalibrated, elsewhere) and the model's shapes, on one
-GPU or split over N GPUs by tensor parallelism (chunkbench/engine/sharding.py), plus the simulated engine's step overhead
-(sim/engine_overhead.py).
+GPU or split over N GPUs by tensor parallelism (chunkbench/engine/sharding.py), plus the simulated engine's step
+overhead (sim/engine_overhead.py).
 
 Per layer: four GEMMs and six elementwise kernels (sim/kernel_times.py: soft max of the compute and memory bounds,
 token tile, per-kernel floor), attention (the same soft max over attention FLOPs and KV bytes, one launch floor
@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, cast
+from typing import cast
 
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
-from chunkbench.engine.sharding import (ALL_REDUCES_PER_LAYER, check_tensor_parallel, heads_per_gpu,
-                                        kv_bytes_per_token_per_gpu, params_per_gpu)
+from chunkbench.engine.sharding import (
+    ALL_REDUCES_PER_LAYER,
+    check_tensor_parallel,
+    heads_per_gpu,
+    kv_bytes_per_token_per_gpu,
+    params_per_gpu,
+)
 from chunkbench.errors import UserError
-from chunkbench.sim.kernel_constants import Calibration, calibration_for
 from chunkbench.sim.engine_overhead import engine_overhead
 from chunkbench.sim.gpus import GPUS, GPUSpec
+from chunkbench.sim.kernel_constants import Calibration, calibration_for
 from chunkbench.sim.kernel_times import gemm_seconds, layer_elementwise_seconds, layer_linear_seconds, soft_max
 from chunkbench.sim.shape import StepShape
 
@@ -69,16 +75,28 @@ class RooflineCostModel:
         if self.calibration is None:
             object.__setattr__(self, "calibration", calibration_for(self.gpu.name))
         m, tp, c = self.model, self.tensor_parallel_size, self.calibration.constants
-        object.__setattr__(self, "_attention_rates", (  # per key bytes, per (query, key) FLOPs, the two rates
-            kv_bytes_per_token_per_gpu(m, tp, self.kv_dtype_bytes) / m.num_layers,
-            4 * heads_per_gpu(m, tp) * m.head_dim,  # QK^T and PV
-            self.gpu.bf16_flops * ATTENTION_EFFICIENCY, self.gpu.mem_bandwidth * c.memory_efficiency))
+        object.__setattr__(
+            self,
+            "_attention_rates",
+            (  # per key bytes, per (query, key) FLOPs, the two rates
+                kv_bytes_per_token_per_gpu(m, tp, self.kv_dtype_bytes) / m.num_layers,
+                4 * heads_per_gpu(m, tp) * m.head_dim,  # QK^T and PV
+                self.gpu.bf16_flops * ATTENTION_EFFICIENCY,
+                self.gpu.mem_bandwidth * c.memory_efficiency,
+            ),
+        )
 
     @classmethod
-    def for_config(cls, config: EngineConfig, gpu: GPUSpec, engine: str | None = None) -> "RooflineCostModel":
+    def for_config(cls, config: EngineConfig, gpu: GPUSpec, engine: str | None = None) -> RooflineCostModel:
         overhead, label = engine_overhead(engine)
-        return cls(config.model, gpu, tensor_parallel_size=config.tensor_parallel_size,
-                   kv_dtype_bytes=config.cache.kv_dtype_bytes(2), step_overhead_s=overhead, engine=label)
+        return cls(
+            config.model,
+            gpu,
+            tensor_parallel_size=config.tensor_parallel_size,
+            kv_dtype_bytes=config.cache.kv_dtype_bytes(2),
+            step_overhead_s=overhead,
+            engine=label,
+        )
 
     def __str__(self) -> str:
         tp = self.tensor_parallel_size
@@ -88,8 +106,11 @@ class RooflineCostModel:
     def predict(self, step: StepShape) -> float:
         """Every GPU computes 1/N of the linear layers and of the attention heads at once, then the layers'
         all-reduces: the step takes one GPU's share plus the communication."""
-        attention = self._attention_per_layer(step.prefill_attention_pairs, step.prefill_keys, step.decode_keys) \
-            if step.prefills or step.decodes else 0.0
+        attention = (
+            self._attention_per_layer(step.prefill_attention_pairs, step.prefill_keys, step.decode_keys)
+            if step.prefills or step.decodes
+            else 0.0
+        )
         return self._step_seconds(step.num_tokens, step.num_sampled, attention)
 
     def decode_step_cost(self, batch: int) -> Callable[[int], float]:
@@ -97,11 +118,16 @@ class RooflineCostModel:
         for bit, without building shapes (the fast path, sim/fastforward.py, asks it every step of a stretch):
         such a step's cost depends on nothing else, and the terms of the batch are looked up once."""
         per_layer, t_head, t_comm = self._row_terms(batch, batch)
-        overhead, layers, floor, decode_attention = (self.step_overhead_s, self.model.num_layers,
-                                                     self.calibration.constants.gemm_floor_s, self._decode_attention)
+        overhead, layers, floor, decode_attention = (
+            self.step_overhead_s,
+            self.model.num_layers,
+            self.calibration.constants.gemm_floor_s,
+            self._decode_attention,
+        )
 
         def seconds(keys: int) -> float:  # _step_seconds over _attention_per_layer(0, 0, keys), in its order
             return overhead + layers * (per_layer + (floor + decode_attention(keys))) + t_head + t_comm
+
         return seconds
 
     def _step_seconds(self, rows: int, sampled: int, attention_per_layer: float) -> float:
@@ -114,17 +140,22 @@ class RooflineCostModel:
         terms = self._by_rows.get(rows)
         if terms is None:
             m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
-            per_layer = (layer_linear_seconds(m, tp, rows, c, gpu.bf16_flops, gpu.mem_bandwidth, self.dtype_bytes)
-                         + layer_elementwise_seconds(m, tp, rows, c, gpu.mem_bandwidth, self.dtype_bytes))
-            t_comm = ALL_REDUCES_PER_LAYER * m.num_layers * ring_all_reduce_seconds(
-                rows * m.hidden_size * self.dtype_bytes, tp, gpu)
+            per_layer = layer_linear_seconds(
+                m, tp, rows, c, gpu.bf16_flops, gpu.mem_bandwidth, self.dtype_bytes
+            ) + layer_elementwise_seconds(m, tp, rows, c, gpu.mem_bandwidth, self.dtype_bytes)
+            t_comm = (
+                ALL_REDUCES_PER_LAYER
+                * m.num_layers
+                * ring_all_reduce_seconds(rows * m.hidden_size * self.dtype_bytes, tp, gpu)
+            )
             terms = self._by_rows[rows] = (per_layer, t_comm)
         t_head = self._by_sampled.get(sampled)
         if t_head is None:
             m, gpu, tp, c = self.model, self.gpu, self.tensor_parallel_size, self.calibration.constants
             vocab = m.vocab_size if tp == 1 else math.ceil(m.vocab_size / tp)
-            t_head = self._by_sampled[sampled] = gemm_seconds(sampled, m.hidden_size, vocab, c, gpu.bf16_flops,
-                                                              gpu.mem_bandwidth, self.dtype_bytes)
+            t_head = self._by_sampled[sampled] = gemm_seconds(
+                sampled, m.hidden_size, vocab, c, gpu.bf16_flops, gpu.mem_bandwidth, self.dtype_bytes
+            )
         return terms[0], t_head, terms[1]
 
     def _attention_per_layer(self, prefill_pairs: int, prefill_keys: int, decode_keys: int) -> float:
@@ -132,18 +163,27 @@ class RooflineCostModel:
         soft max of its FLOPs and its KV bytes, plus one launch floor for the layer's attention."""
         c = self.calibration.constants
         per_key_bytes, per_pair_flops, compute_rate, memory_rate = self._attention_rates
-        prefill = soft_max(prefill_pairs * per_pair_flops / compute_rate,
-                           prefill_keys * per_key_bytes / memory_rate, c.smoothness) if prefill_keys else 0.0
+        prefill = (
+            soft_max(
+                prefill_pairs * per_pair_flops / compute_rate, prefill_keys * per_key_bytes / memory_rate, c.smoothness
+            )
+            if prefill_keys
+            else 0.0
+        )
         return c.gemm_floor_s + prefill + self._decode_attention(decode_keys)
 
     def _decode_attention(self, keys: int) -> float:
         """Decodes reading `keys` keys in all: one query each, so FLOPs and bytes both scale with the keys."""
         per_key_bytes, per_pair_flops, compute_rate, memory_rate = self._attention_rates
-        return soft_max(keys * per_pair_flops / compute_rate, keys * per_key_bytes / memory_rate,
-                        self.calibration.constants.smoothness)
+        return soft_max(
+            keys * per_pair_flops / compute_rate,
+            keys * per_key_bytes / memory_rate,
+            self.calibration.constants.smoothness,
+        )
 
     def activation_bytes(self, step: StepShape) -> int:
-        """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16 (chunkbench/engine/activation.py)."""
+        """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16
+        (chunkbench/engine/activation.py)."""
         return self.rows_activation_bytes(step.num_tokens, step.num_sampled)
 
     def rows_activation_bytes(self, rows: int, sampled: int) -> int:
@@ -154,7 +194,8 @@ class RooflineCostModel:
             # As one chunk of `rows` tokens: with flash kernels only the row count matters, and no tuple of
             # `rows` entries is built (a budget of 10**22 tokens must be refused, not exhaust memory).
             peak = self._activation[(rows, sampled)] = step_activation_bytes(
-                self.model, ((rows, 0),), (), sampled, self.dtype_bytes, self.tensor_parallel_size, "flash")
+                self.model, ((rows, 0),), (), sampled, self.dtype_bytes, self.tensor_parallel_size, "flash"
+            )
         return peak
 
     def profile_activation_bytes(self, config: EngineConfig) -> int:
@@ -172,8 +213,9 @@ class RooflineCostModel:
         sizes its cache: per GPU, gpu_memory_utilization of its memory, less its shard of the weights, less
         the profiling run's activations; a block holds each GPU's share of the KV heads."""
         free = self._free_bytes(config, self.tensor_parallel_size)
-        per_block = config.cache.block_size * kv_bytes_per_token_per_gpu(self.model, self.tensor_parallel_size,
-                                                                         self.kv_dtype_bytes)
+        per_block = config.cache.block_size * kv_bytes_per_token_per_gpu(
+            self.model, self.tensor_parallel_size, self.kv_dtype_bytes
+        )
         if free < per_block:
             raise UserError(self._does_not_fit(config, per_block))
         return int(free // per_block)
@@ -181,17 +223,20 @@ class RooflineCostModel:
     def _free_bytes(self, config: EngineConfig, tp: int) -> float:
         model = self if tp == self.tensor_parallel_size else _with_tp(self, tp)
         weights = params_per_gpu(self.model, tp) * self.dtype_bytes
-        return self.gpu.mem_bytes * config.cache.gpu_memory_utilization - weights \
-            - model.profile_activation_bytes(config)
+        return (
+            self.gpu.mem_bytes * config.cache.gpu_memory_utilization - weights - model.profile_activation_bytes(config)
+        )
 
     def _does_not_fit(self, config: EngineConfig, per_block: int) -> str:
         m, tp = self.model, self.tensor_parallel_size
         weight_gb = m.num_params * self.dtype_bytes / 1e9
         activation_gb = self.profile_activation_bytes(config) / 1e9
         where = f"one {self.gpu.name}" if tp == 1 else f"{tp} x {self.gpu.name}"
-        message = (f"{m.name} ({weight_gb:.0f} GB of bf16 weights, {activation_gb:,.1f} GB of activations for a "
-                   f"step of --max-num-batched-tokens {config.scheduler.max_num_batched_tokens:,}) does not fit on "
-                   f"{where} ({self.gpu.mem_bytes / 1e9:.0f} GB{' each' if tp > 1 else ''}) with room for a KV cache")
+        message = (
+            f"{m.name} ({weight_gb:.0f} GB of bf16 weights, {activation_gb:,.1f} GB of activations for a "
+            f"step of --max-num-batched-tokens {config.scheduler.max_num_batched_tokens:,}) does not fit on "
+            f"{where} ({self.gpu.mem_bytes / 1e9:.0f} GB{' each' if tp > 1 else ''}) with room for a KV cache"
+        )
         for n in range(tp + 1, MAX_TP + 1):
             try:
                 candidate = _with_tp(self, n)

@@ -31,16 +31,19 @@ class RooflineFamily(CostFamily):
     name = "roofline"
     fitter = "chunkbench.calibration.server:fit_roofline"
 
-    def cost_model(self, calibration: ServerCalibration,
-                   config: EngineConfig) -> RooflineCostModel | PerSequenceOverhead:
+    def cost_model(
+        self, calibration: ServerCalibration, config: EngineConfig
+    ) -> RooflineCostModel | PerSequenceOverhead:
         roofline = calibration.roofline(config)
         return PerSequenceOverhead(roofline, calibration.seq_overhead_s) if calibration.seq_overhead_s else roofline
 
     def describe(self, calibration: ServerCalibration) -> str:
         c = calibration
-        return (f"fitted to the server on the {c.device} reference: compute x{c.flops_scale:.3g}, bandwidth "
-                f"x{c.bandwidth_scale:.3g}, step overhead {c.step_overhead_s * 1e3:.3g} ms + "
-                f"{c.seq_overhead_s * 1e3:.3g} ms per sequence")
+        return (
+            f"fitted to the server on the {c.device} reference: compute x{c.flops_scale:.3g}, bandwidth "
+            f"x{c.bandwidth_scale:.3g}, step overhead {c.step_overhead_s * 1e3:.3g} ms + "
+            f"{c.seq_overhead_s * 1e3:.3g} ms per sequence"
+        )
 
 
 ROOFLINE = RooflineFamily()

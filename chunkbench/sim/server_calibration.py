@@ -23,8 +23,8 @@ import numpy as np
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim import families
-from chunkbench.sim.kernel_constants import Calibration, calibration_for
 from chunkbench.sim.gpus import GPUS, GPUSpec
+from chunkbench.sim.kernel_constants import Calibration, calibration_for
 from chunkbench.sim.kernel_times import KernelConstants
 from chunkbench.sim.shape import CostModel
 
@@ -34,8 +34,15 @@ if TYPE_CHECKING:
 
 FORMAT = "chunkbench-server-calibration/1"
 CPU_REFERENCE = GPUSpec("cpu", 1e12, 100e9, 64e9, 10e9, 10e-6, "host memory")
-CPU_CONSTANTS = KernelConstants(gemm_efficiency=1.0, memory_efficiency=1.0, smoothness=2.0, token_tile=1,
-                                gemm_floor_s=0.0, elementwise_efficiency=1.0, elementwise_floor_s=0.0)
+CPU_CONSTANTS = KernelConstants(
+    gemm_efficiency=1.0,
+    memory_efficiency=1.0,
+    smoothness=2.0,
+    token_tile=1,
+    gemm_floor_s=0.0,
+    elementwise_efficiency=1.0,
+    elementwise_floor_s=0.0,
+)
 # A fit whose RMS relative error over the fitted TTFT and ITL percentiles exceeds this does not describe the
 # server well enough to search on: the tuner then launches every trial instead. 15% is the agreement the
 # verified figures are held to.
@@ -94,8 +101,12 @@ class ServerCalibration:
 
     def spec(self) -> GPUSpec:
         base, _ = reference(self.device)
-        return dataclasses.replace(base, name=f"{self.device} (fitted)", bf16_flops=base.bf16_flops * self.flops_scale,
-                                   mem_bandwidth=base.mem_bandwidth * self.bandwidth_scale)
+        return dataclasses.replace(
+            base,
+            name=f"{self.device} (fitted)",
+            bf16_flops=base.bf16_flops * self.flops_scale,
+            mem_bandwidth=base.mem_bandwidth * self.bandwidth_scale,
+        )
 
     def label(self) -> str:
         error = f", fit error {self.fit_error_pct:.1f}%" if self.fit_error_pct is not None else ""
@@ -109,9 +120,15 @@ class ServerCalibration:
         from chunkbench.sim.roofline import RooflineCostModel
 
         _, base = reference(self.device)
-        return RooflineCostModel(config.model, self.spec(), tensor_parallel_size=config.tensor_parallel_size,
-                                 kv_dtype_bytes=config.cache.kv_dtype_bytes(2), step_overhead_s=self.step_overhead_s,
-                                 engine="fitted", calibration=Calibration(base.constants, True, self.label()))
+        return RooflineCostModel(
+            config.model,
+            self.spec(),
+            tensor_parallel_size=config.tensor_parallel_size,
+            kv_dtype_bytes=config.cache.kv_dtype_bytes(2),
+            step_overhead_s=self.step_overhead_s,
+            engine="fitted",
+            calibration=Calibration(base.constants, True, self.label()),
+        )
 
     def cost_model(self, config: EngineConfig) -> CostModel:
         return self.cost_family.cost_model(self, config)
@@ -122,14 +139,16 @@ class ServerCalibration:
         write_json({"format": FORMAT, **dataclasses.asdict(self)}, Path(path))
 
     @classmethod
-    def load(cls, path: Path) -> "ServerCalibration":
+    def load(cls, path: Path) -> ServerCalibration:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise UserError(f"--calibration: cannot read {path}: {exc}") from None
         if data.pop("format", None) != FORMAT:
-            raise UserError(f"--calibration: {path} is not a server calibration ({FORMAT}); it is written by "
-                            "`chunkbench tune --presearch sim`")
+            raise UserError(
+                f"--calibration: {path} is not a server calibration ({FORMAT}); it is written by "
+                "`chunkbench tune --presearch sim`"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         try:
             return cls(**{k: v for k, v in data.items() if k in names})
@@ -156,6 +175,7 @@ def delayed(serve, calibration: ServerCalibration | None):
         first = min((r.arrival_time for r in result.requests), default=0.0)
         result.duration = max(ends, default=first) - first
         return result
+
     return run
 
 

@@ -16,10 +16,10 @@ stopped by them, only by the others).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
-from chunkbench.engine.request import Request
 from chunkbench.bench.slo import SLO
+from chunkbench.engine.request import Request
 
 
 def _ttft(r: Request, start: float, now: float) -> float:
@@ -59,4 +59,5 @@ def certain_miss(slos: list[SLO], max_sched_delay_ms: float | None, total: int) 
             if late >= needed:
                 return True
         return False
+
     return stop

@@ -1,11 +1,11 @@
 """Configs users paste into their servers: chunkbench TOML, vLLM YAML and flags, SGLang flags.
 
 Option names are vLLM's (`vllm serve --config`, EngineArgs / SchedulerConfig, release VLLM_VERSION) and
-SGLang's (ServerArgs), as declared for each knob in chunkbench/engine/knobs.py. A server config sets only what was chosen
-(the searched knobs and the flags the user gave: EngineConfig.chosen) and what the deployment needs (max model
-length; tensor parallelism above 1; an fp8 cache), never a chunkbench default the server would not pick (a block
-size, prefix caching off, a memory fraction). Chosen knobs with no equivalent there are named in a comment,
-never silently dropped. Files are written by tomli-w and PyYAML, so no value (a study name, say) can inject a line.
+SGLang's (ServerArgs), as declared for each knob in chunkbench/engine/knobs.py. A server config sets only what was
+chosen (the searched knobs and the flags the user gave: EngineConfig.chosen) and what the deployment needs (max model
+length; tensor parallelism above 1; an fp8 cache), never a chunkbench default the server would not pick (a block size,
+prefix caching off, a memory fraction). Chosen knobs with no equivalent there are named in a comment, never silently
+dropped. Files are written by tomli-w and PyYAML, so no value (a study name, say) can inject a line.
 """
 
 from __future__ import annotations
@@ -18,18 +18,28 @@ from chunkbench.engine.config import EngineConfig, SchedulerConfig
 from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
 
 HF_IDS = {  # presets -> the Hugging Face repositories whose shapes they copy
-    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct", "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
-    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct", "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
-    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
-    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct", "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
     "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
 }
-TUNED = [k for k in KNOBS.values()  # what a recommendation sets: the searched knobs and the deployment
-         if k.searchable or k.name in ("max_model_len", "tensor_parallel_size", "kv_cache_dtype")]
+TUNED = [
+    k
+    for k in KNOBS.values()  # what a recommendation sets: the searched knobs and the deployment
+    if k.searchable or k.name in ("max_model_len", "tensor_parallel_size", "kv_cache_dtype")
+]
 
 
 DEPLOYMENT = {  # what a server config always carries when it holds: the deployment, not a choice of the search
-    "max_model_len": lambda v: True, "tensor_parallel_size": lambda v: v > 1, "kv_cache_dtype": lambda v: v != "auto"}
+    "max_model_len": lambda v: True,
+    "tensor_parallel_size": lambda v: v > 1,
+    "kv_cache_dtype": lambda v: v != "auto",
+}
 
 
 def first_chunk_cap(s: SchedulerConfig) -> int | None:
@@ -67,8 +77,10 @@ def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
     if first_chunk_cap(s):
         options["long-prefill-token-threshold"] = first_chunk_cap(s)  # vLLM v1's per-step cap on a long prompt
     if s.chunk_schedule:
-        notes.append(f"chunk_schedule {','.join(map(str, s.chunk_schedule))} is chunkbench-only (no vLLM "
-                     f"{VLLM_VERSION} option); long-prefill-token-threshold carries its first entry")
+        notes.append(
+            f"chunk_schedule {','.join(map(str, s.chunk_schedule))} is chunkbench-only (no vLLM "
+            f"{VLLM_VERSION} option); long-prefill-token-threshold carries its first entry"
+        )
     for k, value in server_knobs(config):
         if not k.vllm and k.name not in ("policy", "chunk_schedule") and value not in ((), False):
             was = f"; earlier vLLM releases had {k.vllm_before}" if k.vllm_before else ""
@@ -80,15 +92,18 @@ def vllm_options(config: EngineConfig) -> tuple[dict, list[str]]:
 
 def vllm_yaml(config: EngineConfig, header: list[str]) -> str:
     options, notes = vllm_options(config)
-    return (comment(header + [f"for vLLM {VLLM_VERSION}: vllm serve --config vllm.yaml"] + notes)
-            + yaml.safe_dump({"model": model_id(config), **options}, sort_keys=False))
+    return comment(header + [f"for vLLM {VLLM_VERSION}: vllm serve --config vllm.yaml"] + notes) + yaml.safe_dump(
+        {"model": model_id(config), **options}, sort_keys=False
+    )
 
 
 def vllm_option_flags(config: EngineConfig) -> str:
     """The vLLM options as command-line flags, e.g. '--enable-chunked-prefill --max-num-batched-tokens 512'."""
     options, _ = vllm_options(config)
-    return " ".join((f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
-                    for key, value in options.items())
+    return " ".join(
+        (f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
+        for key, value in options.items()
+    )
 
 
 def vllm_flags(config: EngineConfig) -> str:
@@ -143,6 +158,9 @@ def knobs_text(knobs: dict) -> str:
     for knob in KNOBS.values():
         value = knobs.get(knob.name)
         if knob.label and value not in (None, (), [], 0, False):
-            parts.append(f"{knob.label} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
-                         if value is not True else knob.label)
+            parts.append(
+                f"{knob.label} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+                if value is not True
+                else knob.label
+            )
     return ", ".join(parts)

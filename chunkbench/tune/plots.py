@@ -8,15 +8,22 @@ from pathlib import Path
 
 import optuna
 
-from chunkbench.files import write_figure
 from chunkbench.bench.report import pyplot
+from chunkbench.files import write_figure
 from chunkbench.tune.objectives import get
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import is_feasible
 
-KNOB_LABELS = {"policy": "policy", "max_num_batched_tokens": "token budget", "chunk_size": "chunk cap (0: none)",
-               "chunk_schedule": "schedule family", "tile": "tile (0: none)", "max_num_seqs": "seats",
-               "max_partial_prefills": "partial prefills (0: any)", "enable_prefix_caching": "prefix caching"}
+KNOB_LABELS = {
+    "policy": "policy",
+    "max_num_batched_tokens": "token budget",
+    "chunk_size": "chunk cap (0: none)",
+    "chunk_schedule": "schedule family",
+    "tile": "tile (0: none)",
+    "max_num_seqs": "seats",
+    "max_partial_prefills": "partial prefills (0: any)",
+    "enable_prefix_caching": "prefix caching",
+}
 
 
 def rows(spec: TuneSpec) -> list[tuple[str, str]]:
@@ -37,8 +44,9 @@ def plot_knobs(spec: TuneSpec, study: optuna.Study, winner: optuna.trial.FrozenT
         return False
     metric_rows = rows(spec)
     plt = pyplot()
-    fig, axes = plt.subplots(len(metric_rows), len(knobs), figsize=(2.6 * len(knobs), 2.1 * len(metric_rows)),
-                             squeeze=False, sharey="row")
+    fig, axes = plt.subplots(
+        len(metric_rows), len(knobs), figsize=(2.6 * len(knobs), 2.1 * len(metric_rows)), squeeze=False, sharey="row"
+    )
     jitter = random.Random(0)  # spread dots that share a category, the same way every time
     for c, knob in enumerate(knobs):
         categories = [v for v in spec.space.values[knob] if any(t.params.get(knob) == v for t in done)]
@@ -68,8 +76,7 @@ def plot_knobs(spec: TuneSpec, study: optuna.Study, winner: optuna.trial.FrozenT
             if r == len(metric_rows) - 1:
                 ax.set_xlabel(KNOB_LABELS.get(knob, knob), fontsize=8)
             ax.tick_params(axis="y", labelsize=7)
-    fig.suptitle("each trial by knob (star: winner; green: meets the SLAs; red x: misses; dashed: limit)",
-                 fontsize=9)
+    fig.suptitle("each trial by knob (star: winner; green: meets the SLAs; red x: misses; dashed: limit)", fontsize=9)
     fig.tight_layout()
     write_figure(fig, path)
     plt.close(fig)

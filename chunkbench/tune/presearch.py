@@ -30,25 +30,25 @@ from rich.console import Console
 from rich.markup import escape
 
 from chunkbench.bench.backends import Backend, SimBackend
+from chunkbench.calibration import server as cal
 from chunkbench.errors import StudyFailed, UserError
 from chunkbench.launch.backend import LaunchError
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
-from chunkbench.calibration import server as cal
 from chunkbench.tune.objectives import get, one_winner_names
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
 from chunkbench.tune.report import add_runs_to_csv, results_table, write_outputs
 from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, open_storage, run_study
-from chunkbench.tune.verify import (VERIFY_REPEATS, State, compared, print_remeasured, spread_over_ties,
-                                     verify_top)
+from chunkbench.tune.verify import VERIFY_REPEATS, State, compared, print_remeasured, spread_over_ties, verify_top
 
 console = Console()
 STATE_FILE = "presearch.json"
 
 
-def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, path: Path | None,
-                    device: str) -> ServerCalibration:
+def calibration_for(
+    spec: TuneSpec, launch: Backend, out: Path, state: State, path: Path | None, device: str
+) -> ServerCalibration:
     """A given --calibration file, the study folder's (a resumed tune), or a new fit from launches."""
     for saved, flag in ((path, "--calibration"), (out / "calibration.json", "--out")):
         if saved is not None and saved.exists():
@@ -65,18 +65,25 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
         try:
             run = cal.measure_design(backend, spec, design, out / "calibration" / design.name / "launch.log")
         except LaunchError as exc:  # nothing to calibrate on: the tune cannot go on
-            raise StudyFailed(f"calibration: the server for the {design.name} run never became healthy: {exc}") \
-                from None
+            raise StudyFailed(
+                f"calibration: the server for the {design.name} run never became healthy: {exc}"
+            ) from None
         if not run["ttft_ms"]:
             raise UserError(f"calibration: the {design.name} run completed no request on the launched server")
         if cal.primer_outran_burst(run):
-            console.print(f"[yellow]warning:[/] the {design.name} run's primer got its token before the burst was "
-                          "sent: the server's first step may have caught only part of the burst; this run may "
-                          "fit worse", soft_wrap=True)
+            console.print(
+                f"[yellow]warning:[/] the {design.name} run's primer got its token before the burst was "
+                "sent: the server's first step may have caught only part of the burst; this run may "
+                "fit worse",
+                soft_wrap=True,
+            )
         if not run["warmed_up"]:
-            console.print(f"[yellow]warning:[/] the server refused part of the {design.name} run's untimed warm-up "
-                          "(a budget-sized prompt among decodes): its first steps are measured cold, and simulated "
-                          "without a warm-up; this run may fit worse", soft_wrap=True)
+            console.print(
+                f"[yellow]warning:[/] the server refused part of the {design.name} run's untimed warm-up "
+                "(a budget-sized prompt among decodes): its first steps are measured cold, and simulated "
+                "without a warm-up; this run may fit worse",
+                soft_wrap=True,
+            )
         if where:
             run["slot"] = str(backend.slot)
         with lock:  # recorded the moment it finishes: a killed tune does not launch it again
@@ -87,28 +94,39 @@ def calibration_for(spec: TuneSpec, launch: Backend, out: Path, state: State, pa
     todo = [d for d in cal.designs(spec) if d.name not in runs]  # the others launched before this process
     SlotRun(slot_backends(launch)).map([functools.partial(launch_design, d) for d in todo])
     console.print("calibrating: fitting the simulator to those runs ...")
-    calibration = cal.fit([runs[d.name] for d in cal.designs(spec)], spec, device, getattr(launch, "launch", ""),
-                          spec.engine_overrides.get("num_blocks"))
+    calibration = cal.fit(
+        [runs[d.name] for d in cal.designs(spec)],
+        spec,
+        device,
+        getattr(launch, "launch", ""),
+        spec.engine_overrides.get("num_blocks"),
+    )
     calibration.save(out / "calibration.json")
     if path is not None:
         calibration.save(path)
     return calibration
 
 
-def same_deployment(calibration: ServerCalibration, spec: TuneSpec, launch: Backend, path: Path,
-                    flag: str) -> ServerCalibration:
+def same_deployment(
+    calibration: ServerCalibration, spec: TuneSpec, launch: Backend, path: Path, flag: str
+) -> ServerCalibration:
     """A saved calibration (`flag`: --calibration FILE, or --out's from a tune run before) describes the server
     it was fitted on: another model is refused (its constants would scale the wrong shapes), another --launch
     template is warned about in one line (it may differ only in a port, or be another deployment)."""
     again = "give --calibration a new path" if flag == "--calibration" else "use another --out"
     if calibration.model and calibration.model != spec.model:
-        raise UserError(f"{flag}: {path} was fitted to a server of {calibration.model}, not {spec.model}: "
-                        f"{again} to calibrate again")
+        raise UserError(
+            f"{flag}: {path} was fitted to a server of {calibration.model}, not {spec.model}: "
+            f"{again} to calibrate again"
+        )
     server = getattr(launch, "launch", "")
     if calibration.server and server and calibration.server != server:
-        console.print(f"[yellow]warning:[/] {escape(str(path))} was fitted on a server launched as "
-                      f"`{escape(calibration.server)}`; this tune launches `{escape(server)}`: if that is another "
-                      f"deployment, {again} to calibrate again", soft_wrap=True)
+        console.print(
+            f"[yellow]warning:[/] {escape(str(path))} was fitted on a server launched as "
+            f"`{escape(calibration.server)}`; this tune launches `{escape(server)}`: if that is another "
+            f"deployment, {again} to calibrate again",
+            soft_wrap=True,
+        )
     return calibration
 
 
@@ -123,9 +141,19 @@ def check_drift(spec: TuneSpec, launch: Backend, state: State, calibration: Serv
     return state.data.get("drift")
 
 
-def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path, verify: int, launch: Backend,
-                   calibration_path: Path | None = None, device: str = "cpu", progress: bool = True,
-                   command: str = "chunkbench tune", repeats: int = VERIFY_REPEATS) -> Path:
+def presearch_tune(
+    spec: TuneSpec,
+    name: str,
+    storage_url: str | None,
+    out: Path,
+    verify: int,
+    launch: Backend,
+    calibration_path: Path | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+    command: str = "chunkbench tune",
+    repeats: int = VERIFY_REPEATS,
+) -> Path:
     """Calibrate, search in simulation, verify by launching (module docstring)."""
     from chunkbench.tune.run import tune_and_report
 
@@ -138,17 +166,32 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     calibration = calibration_for(spec, launch, out, state, calibration_path, device)
     console.print(f"calibration: {calibration.label()} (max error {calibration.max_error_pct:.1f}%)")
     if not calibration.fits:
-        error = (f"{calibration.judged_error_pct:.1f}%" if calibration.workload_error_pct is None else
-                 f"{calibration.workload_error_pct:.1f}% on the tune's workload, {calibration.fit_error_pct:.1f}% "
-                 "over all runs")
-        limit = f"{FIT_TOLERANCE_PCT:g}%" + ("" if calibration.workload_error_pct is None else
-                                             f" (all runs: {2 * FIT_TOLERANCE_PCT:g}%)")
-        console.print(f"calibration fit error {error} exceeds {limit}: the simulator does not describe this "
-                      "server; launching every trial instead", soft_wrap=True)
+        error = (
+            f"{calibration.judged_error_pct:.1f}%"
+            if calibration.workload_error_pct is None
+            else f"{calibration.workload_error_pct:.1f}% on the tune's workload, {calibration.fit_error_pct:.1f}% "
+            "over all runs"
+        )
+        limit = f"{FIT_TOLERANCE_PCT:g}%" + (
+            "" if calibration.workload_error_pct is None else f" (all runs: {2 * FIT_TOLERANCE_PCT:g}%)"
+        )
+        console.print(
+            f"calibration fit error {error} exceeds {limit}: the simulator does not describe this "
+            "server; launching every trial instead",
+            soft_wrap=True,
+        )
         state.data["mode"] = "launch every trial"
         state.save()
-        result = tune_and_report(dataclasses.replace(spec, backend=launch), name, storage_url, out, verify,
-                                 progress=progress, command=command, repeats=repeats)
+        result = tune_and_report(
+            dataclasses.replace(spec, backend=launch),
+            name,
+            storage_url,
+            out,
+            verify,
+            progress=progress,
+            command=command,
+            repeats=repeats,
+        )
         write_presearch_outputs(out, calibration, [])
         return result
     state.data["mode"] = "presearch sim"
@@ -170,15 +213,32 @@ def presearch_tune(spec: TuneSpec, name: str, storage_url: str | None, out: Path
     print_remeasured(verified, "simulated")
     if drift:
         off = abs(drift["ratio"] - 1) > cal.DRIFT_TOLERANCE
-        console.print(("[yellow]warning:[/] " if off else "") + drift_text(drift)
-                      + ("; the host or device changed speed since: simulated and measured figures cannot agree "
-                         "closer than that; calibrate again when it is steady" if off else ""), soft_wrap=True)
-    worst = max((abs(s - m) / m for r in verified for s, m in ((r["searched"].get(k), r["metrics"].get(k))
-                                                               for k, _ in compared(verified)) if s is not None and m),
-                default=0.0)
+        console.print(
+            ("[yellow]warning:[/] " if off else "")
+            + drift_text(drift)
+            + (
+                "; the host or device changed speed since: simulated and measured figures cannot agree "
+                "closer than that; calibrate again when it is steady"
+                if off
+                else ""
+            ),
+            soft_wrap=True,
+        )
+    worst = max(
+        (
+            abs(s - m) / m
+            for r in verified
+            for s, m in ((r["searched"].get(k), r["metrics"].get(k)) for k, _ in compared(verified))
+            if s is not None and m
+        ),
+        default=0.0,
+    )
     if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them
-        console.print(f"warning: on the verified configurations simulated and measured figures differ by up to "
-                      f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
-                      "launch every trial (--presearch none)", soft_wrap=True)
+        console.print(
+            f"warning: on the verified configurations simulated and measured figures differ by up to "
+            f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
+            "launch every trial (--presearch none)",
+            soft_wrap=True,
+        )
     console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
     return out

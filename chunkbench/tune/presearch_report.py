@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkbench.files import write_figure
 from chunkbench.bench.report import embedded_png, pyplot
-from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.calibration.server import stats
+from chunkbench.files import write_figure
+from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune.verify import add_to_report, change_pct, verified_section
 
 FIGURES = [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)")]  # per calibration run
@@ -44,15 +44,20 @@ def plot_calibration(calibration: ServerCalibration, path: Path) -> None:
 
 def drift_text(drift: dict) -> str:
     """calibrate.drift_check's figures, in words."""
-    return (f"server speed against the calibration: the decode burst's median ITL {drift['median_itl_ms_now']:,.1f} "
-            f"ms now, {drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})")
+    return (
+        f"server speed against the calibration: the decode burst's median ITL {drift['median_itl_ms_now']:,.1f} "
+        f"ms now, {drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})"
+    )
 
 
 def section(calibration: ServerCalibration, verified: list[dict], out: Path, drift: dict | None = None) -> str:
     esc = html.escape
-    verdict = ("fits: searching in simulation" if calibration.fits else
-               f"fits BADLY (limits: {FIT_TOLERANCE_PCT:g}% on the tune's workload, {2 * FIT_TOLERANCE_PCT:g}% over "
-               "all runs): every trial was launched instead")
+    verdict = (
+        "fits: searching in simulation"
+        if calibration.fits
+        else f"fits BADLY (limits: {FIT_TOLERANCE_PCT:g}% on the tune's workload, {2 * FIT_TOLERANCE_PCT:g}% over "
+        "all runs): every trial was launched instead"
+    )
     rows = ""
     for run in (r for r in calibration.runs if "simulated" in r):
         for key in (key for key, _ in FIGURES if key in run and key in run["simulated"]):
@@ -60,19 +65,22 @@ def section(calibration: ServerCalibration, verified: list[dict], out: Path, dri
             cells = "".join(f"<td>{m[k]:,.1f} / {s.get(k, 0):,.1f} ({change_pct(s.get(k), m[k], 1)})</td>" for k in m)
             rows += f"<tr><td>{esc(run['name'])}</td><td>{key[:-3].upper()}</td>{cells}</tr>"
     plot = out / "calibration.png"
-    body = (f"<h2>Calibration on the launched server</h2><p>{esc(calibration.label())}, step overhead "
-            f"{calibration.step_overhead_s * 1e3:.2f} ms; max error {calibration.max_error_pct or 0:.1f}%: "
-            f"{verdict}.</p>{embedded_png(plot) if plot.exists() else ''}"
-            "<table><tr><th>run</th><th>figure</th><th>mean</th><th>median</th><th>p90</th><th>p99</th></tr>"
-            f"{rows}</table><p>Cells: measured / simulated (ms).</p>")
+    body = (
+        f"<h2>Calibration on the launched server</h2><p>{esc(calibration.label())}, step overhead "
+        f"{calibration.step_overhead_s * 1e3:.2f} ms; max error {calibration.max_error_pct or 0:.1f}%: "
+        f"{verdict}.</p>{embedded_png(plot) if plot.exists() else ''}"
+        "<table><tr><th>run</th><th>figure</th><th>mean</th><th>median</th><th>p90</th><th>p99</th></tr>"
+        f"{rows}</table><p>Cells: measured / simulated (ms).</p>"
+    )
     if verified:
         speed = f" After the verifications, on a launch of its own, {drift_text(drift)}." if drift else ""
         body += verified_section(verified, "simulated", speed)
     return body
 
 
-def write_presearch_outputs(out: Path, calibration: ServerCalibration, verified: list[dict],
-                            drift: dict | None = None) -> None:
+def write_presearch_outputs(
+    out: Path, calibration: ServerCalibration, verified: list[dict], drift: dict | None = None
+) -> None:
     """calibration.png and the report's section, after tune/report.py wrote the rest."""
     plot_calibration(calibration, out / "calibration.png")
     add_to_report(out, section(calibration, verified, out, drift))

@@ -9,10 +9,10 @@ from pathlib import Path
 import optuna
 from rich.table import Table
 
-from chunkbench.engine.config import EngineConfig
-from chunkbench.files import write_figure, write_text
 from chunkbench.bench.report import embedded_png, html_page, pyplot
 from chunkbench.bench.slo import SLO
+from chunkbench.engine.config import EngineConfig
+from chunkbench.files import write_figure, write_text
 from chunkbench.tune import emit
 from chunkbench.tune.node_report import importance_line, importances, node_section
 from chunkbench.tune.objectives import get
@@ -20,8 +20,17 @@ from chunkbench.tune.plots import plot_knobs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, closest_trials, feasible_trials, is_feasible
 
-OUTPUTS = ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
-           "knobs.png", "pareto_gpu.png", "report.html")
+OUTPUTS = (
+    "recommended.toml",
+    "vllm.yaml",
+    "vllm_flags.txt",
+    "sglang.txt",
+    "trials.csv",
+    "search.png",
+    "knobs.png",
+    "pareto_gpu.png",
+    "report.html",
+)
 
 
 def trial_config(spec: TuneSpec, trial: optuna.trial.FrozenTrial) -> EngineConfig:
@@ -44,13 +53,17 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     winners = feasible_trials(study)
     keys = [s.summary_key for s in spec.slos]
     closest = [] if winners else closest_trials(study, spec.slos)
-    what = (f"best of {len(study.trials)} trials" if winners or not closest else
-            f"none of {len(study.trials)} trials met the SLAs; the closest")
+    what = (
+        f"best of {len(study.trials)} trials"
+        if winners or not closest
+        else f"none of {len(study.trials)} trials met the SLAs; the closest"
+    )
     winners = winners or closest
     title, metric = get(spec.objective).column
     table = Table(title=f"{spec.model}: {what} ({spec.objective}, {spec.backend})")
-    for column in ["trial", "knobs", title, *keys, "output tok/s"] + \
-            (["verified " + k for k in keys] if verified else []):
+    for column in ["trial", "knobs", title, *keys, "output tok/s"] + (
+        ["verified " + k for k in keys] if verified else []
+    ):
         table.add_column(column, justify="left" if column == "knobs" else "right")
     shown: set[str] = set()
     for t in winners:  # distinct configurations only: TPE often samples the best point again
@@ -62,8 +75,11 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
         shown.add(knobs)
         m = t.user_attrs["metrics"]
         value = m.get(metric, 0.0)
-        row = [str(t.number), knobs, f"{value:.2f}"] + [_ms(m.get(k)) for k in keys] + \
-              [f"{m.get('output_throughput', 0):,.0f}"]
+        row = (
+            [str(t.number), knobs, f"{value:.2f}"]
+            + [_ms(m.get(k)) for k in keys]
+            + [f"{m.get('output_throughput', 0):,.0f}"]
+        )
         if verified:
             real = verified.get(t.number)
             row += [_ms(real.get(k)) if real else "-" for k in keys]
@@ -85,26 +101,40 @@ def margin(spec: TuneSpec, study: optuna.Study) -> str | None:
     w, r = winner.values[0], runner.values[0]
     name = f"the runner-up (trial {runner.number}: {knobs_text(runner)})"
     if round(w, 9) > round(r, 9):
-        return (f"Margin: the winner's {what} is {w:.3f} req/s, {w - r:.3f} req/s ({100 * (w - r) / r:.1f}%) "
-                f"ahead of {name}.")
+        return (
+            f"Margin: the winner's {what} is {w:.3f} req/s, {w - r:.3f} req/s ({100 * (w - r) / r:.1f}%) "
+            f"ahead of {name}."
+        )
     if winner.user_attrs["metrics"] == runner.user_attrs["metrics"]:
-        why = ("they ran identically (every metric equal): the knobs in which they differ never came into play "
-               "on this workload")
+        why = (
+            "they ran identically (every metric equal): the knobs in which they differ never came into play "
+            "on this workload"
+        )
     else:
         why = objective.tie_reason(winner, runner)
-    text = (f"Margin: none: the winner ties with {name} at {w:.3f} req/s, because {why}; the tie goes to the "
-            "trial with more SLA headroom.")
+    text = (
+        f"Margin: none: the winner ties with {name} at {w:.3f} req/s, because {why}; the tie goes to the "
+        "trial with more SLA headroom."
+    )
     behind = next((t for t in winners if round(t.values[0], 9) < round(w, 9)), None)
     if behind is not None:
         v = behind.values[0]
-        text += (f" The best configuration with a lower {what}, trial {behind.number} ({knobs_text(behind)}), "
-                 f"is {w - v:.3f} req/s ({100 * (w - v) / v:.1f}%) behind.")
+        text += (
+            f" The best configuration with a lower {what}, trial {behind.number} ({knobs_text(behind)}), "
+            f"is {w - v:.3f} req/s ({100 * (w - v) / v:.1f}%) behind."
+        )
     return text
 
 
-def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: dict[int, dict], command: str,
-                  backend_note: str | None = None,
-                  measured: dict | None = None) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
+def write_outputs(
+    spec: TuneSpec,
+    study: optuna.Study,
+    out_dir: Path,
+    verified: dict[int, dict],
+    command: str,
+    backend_note: str | None = None,
+    measured: dict | None = None,
+) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
     """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal.
     `measured`: the winner picked on re-measured figures (tune/verify.py's first row), not the search's best."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -120,16 +150,23 @@ def write_outputs(spec: TuneSpec, study: optuna.Study, out_dir: Path, verified: 
     if winner is None:
         lines.append(f"No {'re-measured configuration' if measured else 'trial'} met {slo_text}.")
         if chosen is not None:
-            lines.append(f"Closest: trial {chosen.number} ({knobs_text(chosen)}): "
-                         + "; ".join(sla_misses((measured or {}).get("constraints", chosen.constraints), spec.slos)))
+            lines.append(
+                f"Closest: trial {chosen.number} ({knobs_text(chosen)}): "
+                + "; ".join(sla_misses((measured or {}).get("constraints", chosen.constraints), spec.slos))
+            )
     if chosen is not None:
         config = trial_config(spec, chosen)
-        header = [f"chunkbench tune: {'best feasible' if winner else 'CLOSEST (no trial met the SLA)'} trial "
-                  f"{chosen.number} of study '{study.study_name}'", f"SLA: {slo_text}",
-                  f"workload: {spec.workload.name} at {spec.workload.rate} req/s; figures {spec.backend}"]
+        header = [
+            f"chunkbench tune: {'best feasible' if winner else 'CLOSEST (no trial met the SLA)'} trial "
+            f"{chosen.number} of study '{study.study_name}'",
+            f"SLA: {slo_text}",
+            f"workload: {spec.workload.name} at {spec.workload.rate} req/s; figures {spec.backend}",
+        ]
         if measured is not None:
-            header[0] = (f"chunkbench tune: trial {chosen.number} of study '{study.study_name}', the best re-measured "
-                         "on a launched server" + ("" if winner else " (it MISSED the SLA when measured)"))
+            header[0] = (
+                f"chunkbench tune: trial {chosen.number} of study '{study.study_name}', the best re-measured "
+                "on a launched server" + ("" if winner else " (it MISSED the SLA when measured)")
+            )
             header += [f"command: {command}", measured_text(measured)]
         write_text(emit.chunkbench_toml(config, header), out_dir / "recommended.toml")
         served, note = server_trial(spec, study, chosen)
@@ -159,8 +196,11 @@ def add_runs_to_csv(out_dir: Path, remeasured: list[dict]) -> None:
     it ran, `run` its index, `slot` where): the runs behind each median, not only the medians."""
     import pandas as pd
 
-    rows = [{"number": row["trial"], "state": "REMEASURED", "run": i, "knobs": row["knobs"]} | run
-            for row in remeasured for i, run in enumerate(row.get("repeats") or [row["metrics"]])]
+    rows = [
+        {"number": row["trial"], "state": "REMEASURED", "run": i, "knobs": row["knobs"]} | run
+        for row in remeasured
+        for i, run in enumerate(row.get("repeats") or [row["metrics"]])
+    ]
     if rows:
         path = out_dir / "trials.csv"
         frame = pd.concat([pd.read_csv(path), pd.DataFrame(rows)], ignore_index=True)
@@ -175,14 +215,16 @@ def runs(record: dict) -> int:
 def measured_text(measured: dict) -> str:
     """A re-measured configuration's figures in a line (tune/verify.py's row)."""
     m, count = measured["metrics"], runs(measured)
-    what = (f"capacity {m['capacity_rps']:.3f}" if "capacity_rps" in m else
-            f"goodput {m.get('request_goodput', 0):.3f}")
-    return (f"measured{f' (median of {count} runs)' if count > 1 else ''}: {what} req/s, p99 TTFT "
-            f"{m.get('p99_ttft_ms', 0):,.0f} ms, p99 ITL {m.get('p99_itl_ms', 0):,.0f} ms")
+    what = f"capacity {m['capacity_rps']:.3f}" if "capacity_rps" in m else f"goodput {m.get('request_goodput', 0):.3f}"
+    return (
+        f"measured{f' (median of {count} runs)' if count > 1 else ''}: {what} req/s, p99 TTFT "
+        f"{m.get('p99_ttft_ms', 0):,.0f} ms, p99 ITL {m.get('p99_itl_ms', 0):,.0f} ms"
+    )
 
 
-def server_trial(spec: TuneSpec, study: optuna.Study,
-                 chosen: optuna.trial.FrozenTrial) -> tuple[optuna.trial.FrozenTrial, str | None]:
+def server_trial(
+    spec: TuneSpec, study: optuna.Study, chosen: optuna.trial.FrozenTrial
+) -> tuple[optuna.trial.FrozenTrial, str | None]:
     """The trial vLLM and SGLang configs carry, and why when it is not `chosen`: they have no step-time
     target, so a winner with one is replaced by the best feasible trial without one (a fixed token budget),
     and the note says how much the time budget gains over it."""
@@ -190,35 +232,47 @@ def server_trial(spec: TuneSpec, study: optuna.Study,
         return chosen, None
     fixed = [t for t in feasible_trials(study) if not t.user_attrs["knobs"].get("step_time_target_ms")]
     if not fixed:
-        return chosen, (f"vLLM and SGLang have no step-time target and no trial without one met the SLA: their "
-                        f"configs carry trial {chosen.number}'s token budget without the target")
+        return chosen, (
+            f"vLLM and SGLang have no step-time target and no trial without one met the SLA: their "
+            f"configs carry trial {chosen.number}'s token budget without the target"
+        )
     objective = get(spec.objective)
     index, what = objective.headline, objective.headline_name
     best, a, b = fixed[0], chosen.values[index], fixed[0].values[index]
     gain = f"{100 * (a / b - 1):+.0f}%" if b > 0 else "from nothing"
-    return best, (f"vLLM and SGLang have no step-time target: their configs carry trial {best.number} "
-                  f"({knobs_text(best)}), the best fixed budget; the time budget gains {gain} {what} over it "
-                  f"({a:.2f} vs {b:.2f})")
+    return best, (
+        f"vLLM and SGLang have no step-time target: their configs carry trial {best.number} "
+        f"({knobs_text(best)}), the best fixed budget; the time budget gains {gain} {what} over it "
+        f"({a:.2f} vs {b:.2f})"
+    )
 
 
 def not_verified(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict], backend_note: str | None) -> list[str]:
     """What the report's figures do not establish, and why."""
     notes = []
     if not verified:
-        notes.append(f"No trial was re-measured: every figure is {spec.backend}"
-                     + (f" ({backend_note})." if backend_note else "."))
+        notes.append(
+            f"No trial was re-measured: every figure is {spec.backend}"
+            + (f" ({backend_note})." if backend_note else ".")
+        )
     if spec.backend.kind == "sim" and not getattr(spec.backend, "cost_model", None):
-        notes.append("The roofline's kernel constants are fitted to operator profiles of reference GPUs (or are "
-                     "datasheet constants where the GPU is uncalibrated), not measured on this deployment: it ranks "
-                     "configurations, its absolute figures are estimates.")
+        notes.append(
+            "The roofline's kernel constants are fitted to operator profiles of reference GPUs (or are "
+            "datasheet constants where the GPU is uncalibrated), not measured on this deployment: it ranks "
+            "configurations, its absolute figures are estimates."
+        )
     notes += get(spec.objective).notes(spec)
     points = len(spec.space.points())
     done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     if done < points:
-        notes.append(f"The search is not exhaustive: {done} trials over a space of {points} configurations "
-                     "(TPE); a configuration never tried may do better.")
-    notes.append("Knobs outside the search space keep their defaults; other workloads or rates may rank "
-                 "configurations differently.")
+        notes.append(
+            f"The search is not exhaustive: {done} trials over a space of {points} configurations "
+            "(TPE); a configuration never tried may do better."
+        )
+    notes.append(
+        "Knobs outside the search space keep their defaults; other workloads or rates may rank "
+        "configurations differently."
+    )
     return notes
 
 
@@ -233,8 +287,13 @@ def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
     if objective.multi:
         fig, ax = plt.subplots(figsize=(6, 4.5))
         colour = dict(c=[t.values[2] for t in done], cmap="viridis") if len(labels) > 2 else {}
-        points = ax.scatter([t.values[0] for t in done], [t.values[1] for t in done], marker="o",
-                            edgecolors=["black" if f else "none" for f in ok], **colour)
+        points = ax.scatter(
+            [t.values[0] for t in done],
+            [t.values[1] for t in done],
+            marker="o",
+            edgecolors=["black" if f else "none" for f in ok],
+            **colour,
+        )
         if colour:
             fig.colorbar(points, label=labels[2])
         ax.set_xlabel(labels[0])
@@ -245,10 +304,19 @@ def _plot_search(spec: TuneSpec, study: optuna.Study, out_dir: Path) -> None:
         fig, ax = plt.subplots(figsize=(7, 4))
         numbers = [t.number for t in done]
         values = [t.values[0] for t in done]
-        ax.scatter([n for n, f in zip(numbers, ok) if f], [v for v, f in zip(values, ok) if f], color="tab:green",
-                   label="meets the SLA")
-        ax.scatter([n for n, f in zip(numbers, ok) if not f], [v for v, f in zip(values, ok) if not f],
-                   color="tab:red", marker="x", label="misses the SLA")
+        ax.scatter(
+            [n for n, f in zip(numbers, ok) if f],
+            [v for v, f in zip(values, ok) if f],
+            color="tab:green",
+            label="meets the SLA",
+        )
+        ax.scatter(
+            [n for n, f in zip(numbers, ok) if not f],
+            [v for v, f in zip(values, ok) if not f],
+            color="tab:red",
+            marker="x",
+            label="misses the SLA",
+        )
         best, curve = float("-inf"), []
         for v, f in zip(values, ok):
             best = max(best, v) if f else best
@@ -272,35 +340,55 @@ def _write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, 
         m = measured["metrics"] if measured else chosen.user_attrs["metrics"]
         for slo in (s for s in spec.slos if s.summary_key in m):  # capacity: none when no rate met them
             value = m[slo.summary_key]
-            slo_rows += (f"<tr><td>{esc(str(slo))}</td><td>{value:,.1f} ms</td>"
-                         f"<td>{'met' if value <= slo.limit_ms else 'MISSED'}</td></tr>")
+            slo_rows += (
+                f"<tr><td>{esc(str(slo))}</td><td>{value:,.1f} ms</td>"
+                f"<td>{'met' if value <= slo.limit_ms else 'MISSED'}</td></tr>"
+            )
 
     def verified_cell(t) -> str:
         real = verified.get(t.number)
         return f"<td>{esc(json.dumps(real))}</td>" if verified else ""
-    runners = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td><td>{t.values[0]:.3f}</td>"
-                      f"{verified_cell(t)}</tr>" for t in feasible_trials(study)[:10])
+
+    runners = "".join(
+        f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td><td>{t.values[0]:.3f}</td>{verified_cell(t)}</tr>"
+        for t in feasible_trials(study)[:10]
+    )
     failed = [t for t in closest_trials(study, spec.slos) if not is_feasible(t)]
-    why = "".join(f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td>"
-                  f"<td>{esc('; '.join(sla_misses(t.constraints, spec.slos)))}</td></tr>" for t in failed[:30])
-    crashed = "".join(f"<tr><td>{t.number}</td><td>{esc(t.user_attrs.get('error', 'unknown'))}</td></tr>"
-                      for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
-    title = (f"winner: trial {winner.number}, {knobs_text(winner)}" if winner else
-             f"no {'re-measured configuration' if measured else 'trial'} met the SLA"
-             + (f"; closest: trial {chosen.number}, {knobs_text(chosen)}" if chosen else ""))
+    why = "".join(
+        f"<tr><td>{t.number}</td><td>{esc(knobs_text(t))}</td>"
+        f"<td>{esc('; '.join(sla_misses(t.constraints, spec.slos)))}</td></tr>"
+        for t in failed[:30]
+    )
+    crashed = "".join(
+        f"<tr><td>{t.number}</td><td>{esc(t.user_attrs.get('error', 'unknown'))}</td></tr>"
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+    )
+    title = (
+        f"winner: trial {winner.number}, {knobs_text(winner)}"
+        if winner
+        else f"no {'re-measured configuration' if measured else 'trial'} met the SLA"
+        + (f"; closest: trial {chosen.number}, {knobs_text(chosen)}" if chosen else "")
+    )
     if measured:
         title += " (on re-measured figures)"
-    verified_note = ("" if verified else "<p>Not verified: these figures come from the backend named above "
-                     "only (verification re-measures the best trials on the real engine when the model runs "
-                     "on this machine, or relaunched with --backend launch).</p>")
+    verified_note = (
+        ""
+        if verified
+        else "<p>Not verified: these figures come from the backend named above "
+        "only (verification re-measures the best trials on the real engine when the model runs "
+        "on this machine, or relaunched with --backend launch).</p>"
+    )
     body = f"""<h1>chunkbench tune: {esc(study.study_name)}</h1><p><code>{esc(command)}</code></p>
 <p>{esc(spec.model)}, workload {esc(spec.workload.name)} at {spec.workload.rate} req/s, objective
 {spec.objective}, {esc(str(spec.backend))}, {len(study.trials)} trials.</p>
 <h2>{esc(title)}</h2>{f"<p><b>{esc(ahead)}</b></p>" if ahead else ""}
 <table><tr><th>SLA</th><th>measured</th><th></th></tr>{slo_rows}</table>
 {embedded_png(out_dir / "search.png")}
-{"<h2>How each knob moves the objective and the SLA metrics</h2>" + embedded_png(out_dir / "knobs.png")
- if knob_plot else ""}
+{
+        "<h2>How each knob moves the objective and the SLA metrics</h2>" + embedded_png(out_dir / "knobs.png")
+        if knob_plot
+        else ""
+    }
 <h2>What was not verified, and why</h2><ul>{"".join(f"<li>{esc(n)}</li>" for n in notes)}</ul>
 <h2>Feasible trials, best first</h2>{verified_note}<table><tr><th>trial</th><th>knobs</th><th>objective</th>
 {"<th>verified (re-measured)</th>" if verified else ""}</tr>{runners}</table>

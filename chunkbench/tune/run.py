@@ -12,14 +12,21 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chunkbench.bench.backends import EngineBackend
+from chunkbench.bench.workload import build_workload
 from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.tune.objectives import evaluate, get
 from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, results_table, write_outputs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
-from chunkbench.tune.verify import (VERIFY_REPEATS, State, add_to_report, best_distinct, print_remeasured,
-                                     verified_section, verify_top)
-from chunkbench.bench.workload import build_workload
+from chunkbench.tune.verify import (
+    VERIFY_REPEATS,
+    State,
+    add_to_report,
+    best_distinct,
+    print_remeasured,
+    verified_section,
+    verify_top,
+)
 
 console = Console()
 VERIFIED_FILE = "verified.json"  # --backend launch: the re-measured configurations (resume)
@@ -37,8 +44,10 @@ def no_trial_completed(study: optuna.Study) -> None:
     trials = study.get_trials(deepcopy=False)
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
     if failed and not any(t.state == optuna.trial.TrialState.COMPLETE for t in trials):
-        raise StudyFailed(f"no trial completed ({len(failed)} failed); the last, trial {failed[-1].number}: "
-                          f"{failed[-1].user_attrs.get('error', 'no error recorded')}")
+        raise StudyFailed(
+            f"no trial completed ({len(failed)} failed); the last, trial {failed[-1].number}: "
+            f"{failed[-1].user_attrs.get('error', 'no error recorded')}"
+        )
 
 
 def _worker(spec: TuneSpec, name: str, url: str, worker: int, out: Path) -> None:
@@ -49,9 +58,18 @@ def _worker(spec: TuneSpec, name: str, url: str, worker: int, out: Path) -> None
     run_study(spec, create_study(spec, name, storage, worker), storage, url, out=out)
 
 
-def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Path | None, verify: int,
-                    progress: bool = True, command: str = "chunkbench tune", jobs: int = 1,
-                    backend_note: str | None = None, repeats: int = VERIFY_REPEATS) -> Path:
+def tune_and_report(
+    spec: TuneSpec,
+    name: str,
+    storage_url: str | None,
+    out: Path | None,
+    verify: int,
+    progress: bool = True,
+    command: str = "chunkbench tune",
+    jobs: int = 1,
+    backend_note: str | None = None,
+    repeats: int = VERIFY_REPEATS,
+) -> Path:
     """Run the study; then re-measure its best: on the real engine (`verify` trials, a simulated search), or
     relaunched `repeats` times each (`verify` distinct configurations, --backend launch, where the winner is
     then picked on those measurements; not for pareto, whose front has no one winner)."""
@@ -66,8 +84,15 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
     done_before = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     if done_before:
         console.print(f"resuming study '{name}': {done_before} complete trials kept")
-    bar = Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
-                   TimeElapsedColumn(), disable=not progress, console=console)
+    bar = Progress(
+        TextColumn("[bold]tuning"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[best]}"),
+        TimeElapsedColumn(),
+        disable=not progress,
+        console=console,
+    )
     with bar:
         task = bar.add_task("tune", total=spec.n_trials, completed=done_before, best="")
 
@@ -80,8 +105,9 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
         # --jobs: more processes on the same storage; study_lock keeps the trial count exact. spawn, not fork:
         # this process already holds database connections and threads.
         context = multiprocessing.get_context("spawn")
-        workers = [context.Process(target=_worker, args=(spec, name, storage_url, w, out), daemon=True)
-                   for w in range(1, jobs)]
+        workers = [
+            context.Process(target=_worker, args=(spec, name, storage_url, w, out), daemon=True) for w in range(1, jobs)
+        ]
         for process in workers:
             process.start()
         run_study(spec, study, storage, storage_url, on_trial=on_trial, out=out)
@@ -94,17 +120,20 @@ def tune_and_report(spec: TuneSpec, name: str, storage_url: str | None, out: Pat
     remeasured: list[dict] = []
     if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py
         if get(spec.objective).one_winner:  # a front has no one winner to pick
-            remeasured = verify_top(spec, study, spec.backend, State(out / VERIFIED_FILE),
-                                    best_distinct(spec, study, verify), repeats)
+            remeasured = verify_top(
+                spec, study, spec.backend, State(out / VERIFIED_FILE), best_distinct(spec, study, verify), repeats
+            )
             verified = {r["trial"]: r["metrics"] for r in remeasured}
     elif verify:
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
         for trial in feasible_trials(study)[:verify]:
             console.print(f"verifying trial {trial.number} on the real engine ...")
-            verified[trial.number] = evaluate(spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(),
-                                              progress=progress).metrics
-    winner, lines = write_outputs(spec, study, out, verified, command, backend_note,
-                                  measured=remeasured[0] if remeasured else None)
+            verified[trial.number] = evaluate(
+                spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(), progress=progress
+            ).metrics
+    winner, lines = write_outputs(
+        spec, study, out, verified, command, backend_note, measured=remeasured[0] if remeasured else None
+    )
     if remeasured:
         add_to_report(out, verified_section(remeasured, "one run"))
         add_runs_to_csv(out, remeasured)

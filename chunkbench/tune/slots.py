@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from chunkbench.bench.backends import Backend
 from chunkbench.launch.process import check_not_stopping, stop_all_servers
@@ -60,8 +61,10 @@ class SlotRun:
                     self.stopping.set()
                     return
 
-        threads = [threading.Thread(target=slot, args=(i, b), daemon=True, name=f"slot-{i}")
-                   for i, b in enumerate(self.backends[:len(jobs)] if not slots else self.backends)]
+        threads = [
+            threading.Thread(target=slot, args=(i, b), daemon=True, name=f"slot-{i}")
+            for i, b in enumerate(self.backends[: len(jobs)] if not slots else self.backends)
+        ]
         for thread in threads:
             thread.start()
         try:

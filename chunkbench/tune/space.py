@@ -8,12 +8,14 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkbench.engine import policies as engine_policies
-from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, min_budget
-from chunkbench.engine.knobs import CHUNKED_ONLY, KNOBS as ENGINE_KNOBS, SEARCHABLE as KNOBS, VLLM_VERSION
-from chunkbench.errors import UserError, read_toml
 from chunkbench import sweeps
 from chunkbench.bench.workload import WorkloadSpec
+from chunkbench.engine import policies as engine_policies
+from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, min_budget
+from chunkbench.engine.knobs import CHUNKED_ONLY, VLLM_VERSION
+from chunkbench.engine.knobs import KNOBS as ENGINE_KNOBS
+from chunkbench.engine.knobs import SEARCHABLE as KNOBS
+from chunkbench.errors import UserError, read_toml
 
 SCHEDULE_FAMILIES = ("fixed", "decreasing", "linear")
 WORKLOAD_KEYS = tuple(f.name for f in dataclasses.fields(WorkloadSpec))
@@ -34,7 +36,7 @@ class SearchSpace:
     source: str = ""
 
     @classmethod
-    def load(cls, path: str | Path) -> "SearchSpace":
+    def load(cls, path: str | Path) -> SearchSpace:
         """A TOML file, or the name of a built-in space (default, latency, throughput)."""
         path = sweeps.resolve(path)
         data = read_toml(path, "--space")
@@ -68,14 +70,17 @@ class SearchSpace:
             raise UserError(f"{where}: 'enable_prefix_caching' values must be true or false")
         for family in self.values.get("chunk_schedule", ["fixed"]):
             if family not in SCHEDULE_FAMILIES:
-                raise UserError(f"{where}: unknown chunk_schedule family '{family}'; use "
-                                f"{', '.join(SCHEDULE_FAMILIES)}")
+                raise UserError(
+                    f"{where}: unknown chunk_schedule family '{family}'; use {', '.join(SCHEDULE_FAMILIES)}"
+                )
         for key in (k for k in KNOBS if ENGINE_KNOBS[k].type is int):
             required = 0 if key in CHUNKED_ONLY else 1  # the chunked policy's caps: 0 = no cap
             for v in self.values.get(key, []):
                 if not isinstance(v, int) or isinstance(v, bool) or v < required:
-                    raise UserError(f"{where}: '{key}' values must be whole numbers "
-                                    f"{'>= 1' if required else '>= 0 (0 = no cap)'}, got {v!r}")
+                    raise UserError(
+                        f"{where}: '{key}' values must be whole numbers "
+                        f"{'>= 1' if required else '>= 0 (0 = no cap)'}, got {v!r}"
+                    )
         for key in (k for k in KNOBS if ENGINE_KNOBS[k].type is float):  # 0 = off (a time target: tokens only)
             for v in self.values.get(key, []):
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
@@ -87,35 +92,42 @@ class SearchSpace:
         budgets = self.values.get("max_num_batched_tokens", [2048])
         tiles = [t for t in self.values.get("tile", [0]) if t]
         if tiles and min(tiles) > max(budgets):
-            raise UserError(f"{where}: contradictory: every tile ({min(tiles)}+) exceeds every budget "
-                            f"({max(budgets)})")
+            raise UserError(f"{where}: contradictory: every tile ({min(tiles)}+) exceeds every budget ({max(budgets)})")
 
-    def for_vllm(self) -> tuple["SearchSpace", str | None]:
-        """The space a launched vLLM can search, and a note on what was left out. vLLM (chunkbench/engine/knobs.py's VLLM_VERSION)
-        has no option for the chunkbench-only knobs (progressive schedules, tile, partial prefills, step-time
-        target, chunk count) nor the static and orca policies: a built-in space leaves them out, with the note;
-        the user's own space file naming them is refused in one line, before any launch."""
-        only = [k for k in self.values if k != "policy" and not ENGINE_KNOBS[k].vllm
-                and self.values[k] not in (["fixed"], [0])]  # a single 'off' value changes nothing
+    def for_vllm(self) -> tuple[SearchSpace, str | None]:
+        """The space a launched vLLM can search, and a note on what was left out. vLLM (chunkbench/engine/knobs.py's
+        VLLM_VERSION) has no option for the chunkbench-only knobs (progressive schedules, tile, partial prefills,
+        step-time target, chunk count) nor the static and orca policies: a built-in space leaves them out, with the
+        note; the user's own space file naming them is refused in one line, before any launch."""
+        only = [
+            k
+            for k in self.values
+            if k != "policy" and not ENGINE_KNOBS[k].vllm and self.values[k] not in (["fixed"], [0])
+        ]  # a single 'off' value changes nothing
         policies = [p for p in self.values.get("policy", []) if not engine_policies.get(p).in_vllm]
         if not only and not policies:
             return self, None
         what = ", ".join(only + [f"policy {p}" for p in policies])
         if not self.source.startswith(sweeps.BUILTIN):
-            raise UserError(f"--space {self.source}: no vLLM {VLLM_VERSION} option for {what} (chunkbench-only); "
-                            "leave it out of the space to tune a launched vLLM")
+            raise UserError(
+                f"--space {self.source}: no vLLM {VLLM_VERSION} option for {what} (chunkbench-only); "
+                "leave it out of the space to tune a launched vLLM"
+            )
         values = {k: v for k, v in self.values.items() if k not in only}
         if policies:
             values["policy"] = [p for p in values["policy"] if p not in policies] or ["chunked"]
-        return (dataclasses.replace(self, values=values),
-                f"vLLM {VLLM_VERSION} has no option for {what} (chunkbench-only): left out of the search")
+        return (
+            dataclasses.replace(self, values=values),
+            f"vLLM {VLLM_VERSION} has no option for {what} (chunkbench-only): left out of the search",
+        )
 
     def params(self, suggest) -> dict:
         """A point of the space: `suggest(name, choices)` picks each knob (an Optuna trial's
         suggest_categorical, or an enumerator). Chunk knobs are only asked for the chunked policy."""
         point = {"policy": suggest("policy", self.values.get("policy", ["chunked"]))}
-        point["max_num_batched_tokens"] = suggest("max_num_batched_tokens",
-                                                  self.values.get("max_num_batched_tokens", [2048]))
+        point["max_num_batched_tokens"] = suggest(
+            "max_num_batched_tokens", self.values.get("max_num_batched_tokens", [2048])
+        )
         point["max_num_seqs"] = suggest("max_num_seqs", self.values.get("max_num_seqs", [256]))
         if "enable_prefix_caching" in self.values:
             point["enable_prefix_caching"] = suggest("enable_prefix_caching", self.values["enable_prefix_caching"])
@@ -147,10 +159,13 @@ def engine_kwargs(point: dict, max_model_len: int) -> dict:
         kwargs["max_num_batched_tokens"] = max(budget, min_budget(point["policy"], max_model_len))
         return kwargs
     tile = point.get("tile") or None
-    kwargs.update(max_num_batched_tokens=budget, chunk_size=point.get("chunk_size") or None,
-                  chunk_schedule=chunk_schedule(point.get("chunk_schedule", "fixed"), budget),
-                  tile=tile if tile and tile <= budget else None,
-                  max_partial_prefills=point.get("max_partial_prefills") or None,
-                  step_time_target_ms=point.get("step_time_target_ms") or None,
-                  num_chunks=point.get("num_chunks") or None)
+    kwargs.update(
+        max_num_batched_tokens=budget,
+        chunk_size=point.get("chunk_size") or None,
+        chunk_schedule=chunk_schedule(point.get("chunk_schedule", "fixed"), budget),
+        tile=tile if tile and tile <= budget else None,
+        max_partial_prefills=point.get("max_partial_prefills") or None,
+        step_time_target_ms=point.get("step_time_target_ms") or None,
+        num_chunks=point.get("num_chunks") or None,
+    )
     return kwargs

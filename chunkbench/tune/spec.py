@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chunkbench.bench.backends import Backend
-from chunkbench.engine.config import EngineConfig
 from chunkbench.bench.slo import SLO
-from chunkbench.tune.space import SearchSpace
 from chunkbench.bench.workload import WorkloadSpec
+from chunkbench.engine.config import EngineConfig
+from chunkbench.tune.space import SearchSpace
 
 
 @dataclass

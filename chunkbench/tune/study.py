@@ -19,23 +19,23 @@ import threading
 import time
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
+from chunkbench.bench.slo import SLO
+from chunkbench.bench.workload import build_workload
 from chunkbench.engine.config import ConfigError
 from chunkbench.errors import Interrupted, StudyFailed, UserError
 from chunkbench.launch.process import STOPPING, LaunchError, check_not_stopping
-from chunkbench.bench.slo import SLO
 from chunkbench.tune.objectives import OBJECTIVES, Objective, evaluate, get
-from chunkbench.tune.space import engine_kwargs
 from chunkbench.tune.slots import SlotRun, slot_backends
+from chunkbench.tune.space import engine_kwargs
 from chunkbench.tune.spec import TuneSpec
-from chunkbench.bench.workload import build_workload
 
 HEARTBEAT_S, GRACE_S = 2, 8
 LAUNCH_FAILURES_IN_A_ROW = 3
@@ -52,8 +52,9 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
-                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                                  engine_kwargs={"pool_pre_ping": True})
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, engine_kwargs={"pool_pre_ping": True}
+                )
         except Exception as exc:  # sqlalchemy raises many kinds for a bad or unreachable URL
             if attempt + 1 < attempts and any(s in str(exc) for s in SCHEMA_RACE):
                 time.sleep(0.2 * (attempt + 1))
@@ -70,8 +71,13 @@ def create_study(spec: TuneSpec, name: str, storage: optuna.storages.RDBStorage,
     # Distinct processes on one study (`worker`: --jobs) sample differently, else they would ask the same points.
     seed = spec.seed + zlib.crc32(name.encode()) + 1_000_003 * worker
     objective = get(spec.objective)
-    study = optuna.create_study(storage=storage, study_name=name, sampler=objective.sampler(spec, seed),
-                                directions=list(objective.directions), load_if_exists=True)
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        sampler=objective.sampler(spec, seed),
+        directions=list(objective.directions),
+        load_if_exists=True,
+    )
     stored = study.user_attrs.get("objective")
     if stored and stored != spec.objective:
         raise UserError(f"--study {name}: it was created with --objective {stored}, not {spec.objective}")
@@ -118,16 +124,31 @@ class _Heartbeat(threading.Thread):
             self.storage.record_heartbeat(self.trial_id)
 
 
-def run_study(spec: TuneSpec, study: optuna.Study, storage: optuna.storages.RDBStorage, url: str,
-              on_trial=None, out: Path | None = None) -> None:
+def run_study(
+    spec: TuneSpec,
+    study: optuna.Study,
+    storage: optuna.storages.RDBStorage,
+    url: str,
+    on_trial=None,
+    out: Path | None = None,
+) -> None:
     """Run trials until the study holds `n_trials` complete ones (counting all processes), or the timeout,
     one trial loop per launch slot (tune/slots.py). A launched server's output is kept in
     out/trials/<n>/launch.log. LAUNCH_FAILURES_IN_A_ROW launches in a row that never come up end the study
     (StudyFailed): a broken --launch template, or a port held by another server, fails every trial alike."""
     workload_max_len = spec.base_config().scheduler.max_model_len
-    loop = _TrialLoop(spec, study, storage, url, build_workload(spec.workload, workload_max_len), workload_max_len,
-                      time.monotonic() + spec.timeout_s if spec.timeout_s else None, on_trial, out,
-                      SlotRun(slot_backends(spec.backend)))
+    loop = _TrialLoop(
+        spec,
+        study,
+        storage,
+        url,
+        build_workload(spec.workload, workload_max_len),
+        workload_max_len,
+        time.monotonic() + spec.timeout_s if spec.timeout_s else None,
+        on_trial,
+        out,
+        SlotRun(slot_backends(spec.backend)),
+    )
     with warnings.catch_warnings():
         # We drive trials with ask/tell and record heartbeats ourselves (see _Heartbeat), which Optuna flags.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -144,7 +165,8 @@ def fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorag
     if not running:
         return
     query = sqlalchemy.text("SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
-        sqlalchemy.bindparam("ids", expanding=True))
+        sqlalchemy.bindparam("ids", expanding=True)
+    )
     with storage.engine.connect() as connection:
         beating = {row[0] for row in connection.execute(query, {"ids": [t._trial_id for t in running]})}
     now = datetime.datetime.now()
@@ -208,8 +230,14 @@ class _TrialLoop:
             trial.set_user_attr("launch_log", str(log))
         try:
             point = spec.space.params(trial.suggest_categorical)
-            outcome = evaluate(spec, engine_kwargs(point, self.workload_max_len), self.workload, backend=backend,
-                               capacity_hint=_latest_capacity(self.study.get_trials(deepcopy=False)), log=log)
+            outcome = evaluate(
+                spec,
+                engine_kwargs(point, self.workload_max_len),
+                self.workload,
+                backend=backend,
+                capacity_hint=_latest_capacity(self.study.get_trials(deepcopy=False)),
+                log=log,
+            )
             if self.slots.interrupted.is_set():
                 raise Interrupted()
         except KeyboardInterrupt:  # its server was stopped under it: not a result
@@ -218,16 +246,22 @@ class _TrialLoop:
             raise
         except TRIAL_FAILURES as exc:
             interrupted = self.slots.interrupted.is_set() or STOPPING.is_set()
-            trial.set_user_attr("error", "interrupted (SIGINT or SIGTERM): not counted" if interrupted
-                                else f"{type(exc).__name__}: {exc}"[:1000])
+            trial.set_user_attr(
+                "error",
+                "interrupted (SIGINT or SIGTERM): not counted"
+                if interrupted
+                else f"{type(exc).__name__}: {exc}"[:1000],
+            )
             self.study.tell(trial, state=TrialState.FAIL)
             with self.lock:
                 self.failed_launches = self.failed_launches + 1 if isinstance(exc, LaunchError) else 0
                 failed = self.failed_launches
             if failed >= LAUNCH_FAILURES_IN_A_ROW and not interrupted:
-                raise StudyFailed(f"{failed} launched servers in a row never became healthy or could not be "
-                                  f"trusted, so the study stops (fix --launch and run again to resume); the "
-                                  f"last, trial {trial.number}: {exc}") from None
+                raise StudyFailed(
+                    f"{failed} launched servers in a row never became healthy or could not be "
+                    f"trusted, so the study stops (fix --launch and run again to resume); the "
+                    f"last, trial {trial.number}: {exc}"
+                ) from None
             return
         finally:
             heartbeat.stopped.set()
@@ -283,6 +317,7 @@ def closest_trials(study: optuna.Study, slos: list[SLO]) -> list[optuna.trial.Fr
     def key(t: optuna.trial.FrozenTrial) -> tuple[float, float]:
         v = t.values[0] if len(t.values) == 1 else None
         return headroom(t.constraints, limits), -v if v is not None and not math.isnan(v) else math.inf
+
     return sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=key)
 
 

@@ -4,8 +4,8 @@ winner picked on those measurements.
 
 Two tunes use it. `--presearch sim` checks its simulated best this way. A tune that launches every trial
 (`--backend launch`) does too, against the winner's curse: on a noisy server the best of 60 single runs is
-partly the luckiest run (a measured case: docs/measurements/presearch-stand-in.md). Each finished re-measurement is recorded in a JSON file in the study folder
-the moment it finishes, so a killed tune resumes without repeating it.
+partly the luckiest run (a measured case: docs/measurements/presearch-stand-in.md). Each finished re-measurement is
+recorded in a JSON file in the study folder the moment it finishes, so a killed tune resumes without repeating it.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from rich.console import Console
 from rich.table import Table
 
 from chunkbench.bench.backends import Backend
+from chunkbench.bench.workload import build_workload
 from chunkbench.files import write_json, write_text
 from chunkbench.tune.objectives import evaluate_runs, median_outcome
-from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.report import knobs_text, runs
+from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import TRIAL_FAILURES, closest_trials, feasible_trials, headroom, is_feasible
-from chunkbench.bench.workload import build_workload
 
 console = Console()
 
@@ -77,8 +77,9 @@ def distance(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial) -> float:
     return total
 
 
-def spread_over_ties(spec: TuneSpec, study: optuna.Study, k: int,
-                     tie: float = SIM_TIE) -> list[optuna.trial.FrozenTrial]:
+def spread_over_ties(
+    spec: TuneSpec, study: optuna.Study, k: int, tie: float = SIM_TIE
+) -> list[optuna.trial.FrozenTrial]:
     """The k configurations to launch when a simulator cannot rank them: its best, then, among the distinct
     feasible configurations whose simulated objective is within `tie` of the best, each time the one farthest
     from those chosen (farthest-point), so that the launches measure configurations that differ rather than
@@ -95,7 +96,7 @@ def spread_over_ties(spec: TuneSpec, study: optuna.Study, k: int,
         far = max(ties, key=lambda t: min(distance(t, c) for c in chosen))
         ties.remove(far)
         chosen.append(far)
-    return chosen + [t for t in ranked if t not in chosen][:k - len(chosen)]
+    return chosen + [t for t in ranked if t not in chosen][: k - len(chosen)]
 
 
 def split_runs(repeats: int, slots: int) -> list[int]:
@@ -104,8 +105,14 @@ def split_runs(repeats: int, slots: int) -> list[int]:
     return [repeats // parts + (i < repeats % parts) for i in range(parts)]
 
 
-def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: State,
-               candidates: list[optuna.trial.FrozenTrial], repeats: int = VERIFY_REPEATS) -> list[dict]:
+def verify_top(
+    spec: TuneSpec,
+    study: optuna.Study,
+    launch: Backend,
+    state: State,
+    candidates: list[optuna.trial.FrozenTrial],
+    repeats: int = VERIFY_REPEATS,
+) -> list[dict]:
     """Launch the candidate configurations (best_distinct, spread_over_ties), each measured `repeats` times and
     scored by the medians (objectives.median_outcome); with several slots its runs are split over launches on
     different slots, and every run names its slot. One whose server fails is said and left out. Rows best
@@ -113,9 +120,10 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
     the figures the search saw (simulated, or one run)."""
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     backends = slot_backends(launch)
-    todo = [t for t in candidates
-            if (r := state.data["verified"].get(knobs_text(t))) is None or runs(r) != repeats]  # not yet, or
-    jobs, pinned, parts_of = [], [], {}                                     # by another --verify-repeats
+    todo = [
+        t for t in candidates if (r := state.data["verified"].get(knobs_text(t))) is None or runs(r) != repeats
+    ]  # not yet, or
+    jobs, pinned, parts_of = [], [], {}  # by another --verify-repeats
     done: dict[int, list] = {}
     lock = threading.Lock()
 
@@ -129,8 +137,12 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             every = [run for p in parts for run in p]
             outcome = every[0] if len(every) == 1 else median_outcome(every)
             state.data["verified"][knobs_text(trial)] = {
-                "metrics": outcome.metrics, "values": outcome.values, "constraints": outcome.constraints,
-                "feasible": outcome.feasible, "repeats": outcome.repeats}
+                "metrics": outcome.metrics,
+                "values": outcome.values,
+                "constraints": outcome.constraints,
+                "feasible": outcome.feasible,
+                "repeats": outcome.repeats,
+            }
             state.save()
 
     for trial in todo:
@@ -141,26 +153,34 @@ def verify_top(spec: TuneSpec, study: optuna.Study, launch: Backend, state: Stat
             jobs.append(functools.partial(_remeasure, spec, trial, workload, count, folder / "launch.log", finished))
             pinned.append(len(pinned) % len(backends))
     SlotRun(backends).map(jobs, pinned)
-    results = [{"trial": t.number, "knobs": knobs_text(t), "searched": t.user_attrs["metrics"]}
-               | state.data["verified"][knobs_text(t)] for t in candidates if knobs_text(t) in state.data["verified"]
-               and runs(state.data["verified"][knobs_text(t)]) == repeats]
+    results = [
+        {"trial": t.number, "knobs": knobs_text(t), "searched": t.user_attrs["metrics"]}
+        | state.data["verified"][knobs_text(t)]
+        for t in candidates
+        if knobs_text(t) in state.data["verified"] and runs(state.data["verified"][knobs_text(t)]) == repeats
+    ]
     limits = {s.name: s.limit_ms for s in spec.slos}
     results.sort(key=lambda r: measured_rank(r, limits))
     return results
 
 
-def _remeasure(spec: TuneSpec, trial: optuna.trial.FrozenTrial, workload, count: int, log: Path, finished,
-               backend: Backend) -> None:
+def _remeasure(
+    spec: TuneSpec, trial: optuna.trial.FrozenTrial, workload, count: int, log: Path, finished, backend: Backend
+) -> None:
     """One launch of a re-measured configuration, `count` runs on it, handed to `finished` (None when its
     server failed: said)."""
     where = f" on {backend.slot}" if getattr(backend, "slot", None) is not None else ""
-    console.print(f"re-measuring trial {trial.number} ({knobs_text(trial)}) on a launched server{where} ...",
-                  soft_wrap=True)
+    console.print(
+        f"re-measuring trial {trial.number} ({knobs_text(trial)}) on a launched server{where} ...", soft_wrap=True
+    )
     try:
         runs_ = evaluate_runs(spec, trial.user_attrs["knobs"], workload, backend=backend, repeats=count, log=log)
     except TRIAL_FAILURES as exc:  # as a trial's: said, and the tune goes on
-        console.print(f"[yellow]warning:[/] trial {trial.number} could not be re-measured{where} "
-                      f"({type(exc).__name__}: {exc}); left out", soft_wrap=True)
+        console.print(
+            f"[yellow]warning:[/] trial {trial.number} could not be re-measured{where} "
+            f"({type(exc).__name__}: {exc}); left out",
+            soft_wrap=True,
+        )
         runs_ = None
     finished(trial, runs_)
 
@@ -176,8 +196,11 @@ def measured_rank(row: dict, limits: dict[str, float]) -> tuple:
 
 def compared(rows: list[dict]) -> list[tuple[str, str]]:
     """The figures shown searched against measured: the objective's (capacity or goodput), p99 TTFT, p99 ITL."""
-    first = (("capacity_rps", "capacity (req/s)") if any("capacity_rps" in r["metrics"] for r in rows)
-             else ("request_goodput", "goodput (req/s)"))
+    first = (
+        ("capacity_rps", "capacity (req/s)")
+        if any("capacity_rps" in r["metrics"] for r in rows)
+        else ("request_goodput", "goodput (req/s)")
+    )
     return [first, ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_itl_ms", "p99 ITL (ms)")]
 
 
@@ -190,8 +213,12 @@ def measured_range(row: dict, key: str) -> tuple[float, float] | None:
 def run_to_run_spread(verified: list[dict]) -> float | None:
     """The largest (highest - lowest) / median of a compared figure over one configuration's repeated runs."""
     figures = compared(verified)
-    spreads = [(span[1] - span[0]) / row["metrics"][key] for row in verified for key, _ in figures
-               if (span := measured_range(row, key)) and row["metrics"].get(key)]
+    spreads = [
+        (span[1] - span[0]) / row["metrics"][key]
+        for row in verified
+        for key, _ in figures
+        if (span := measured_range(row, key)) and row["metrics"].get(key)
+    ]
     return max(spreads, default=None)
 
 
@@ -201,8 +228,14 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
         return None
     if min(values) == max(values):
         return values[0], values[0]
-    result = scipy.stats.bootstrap((np.asarray(values, dtype=float),), np.median, confidence_level=confidence,
-                                   method="percentile", n_resamples=2000, random_state=0)
+    result = scipy.stats.bootstrap(
+        (np.asarray(values, dtype=float),),
+        np.median,
+        confidence_level=confidence,
+        method="percentile",
+        n_resamples=2000,
+        random_state=0,
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -218,19 +251,25 @@ def verdict(verified: list[dict]) -> str | None:
     key, label = compared(verified)[0]
     winner, runner = verified[0], verified[1]
     if winner["feasible"] and not runner["feasible"]:
-        return (f"winner ahead: trial {winner['trial']} met the SLAs on its measured medians, the runner-up "
-                f"(trial {runner['trial']}) did not")
+        return (
+            f"winner ahead: trial {winner['trial']} met the SLAs on its measured medians, the runner-up "
+            f"(trial {runner['trial']}) did not"
+        )
     w, r = winner["metrics"].get(key) or 0.0, runner["metrics"].get(key) or 0.0
     wi, ri = median_interval(run_values(winner, key)), median_interval(run_values(runner, key))
     if wi is None or ri is None:
-        return (f"winner ahead of trial {runner['trial']} by {w - r:.3f} on {label} in one run each: no "
-                "interval to judge it by (--verify-repeats 3 measures one)")
+        return (
+            f"winner ahead of trial {runner['trial']} by {w - r:.3f} on {label} in one run each: no "
+            "interval to judge it by (--verify-repeats 3 measures one)"
+        )
     span = f"95% intervals of the median {wi[0]:.3f}-{wi[1]:.3f} vs {ri[0]:.3f}-{ri[1]:.3f}"
     if wi[0] > ri[1]:
         return f"winner ahead of trial {runner['trial']} on {label}: {w:.3f} vs {r:.3f} ({span})"
     picked = "the higher median" if round(w, 9) != round(r, 9) else "more SLA headroom (equal medians)"
-    return (f"tied within the measured noise with trial {runner['trial']} on {label}: {w:.3f} vs {r:.3f} "
-            f"({span}); picked on {picked}")
+    return (
+        f"tied within the measured noise with trial {runner['trial']} on {label}: {w:.3f} vs {r:.3f} "
+        f"({span}); picked on {picked}"
+    )
 
 
 def slots_text(row: dict) -> str:
@@ -256,26 +295,42 @@ def change_pct(searched: float | None, measured: float | None, digits: int = 0) 
 def print_remeasured(verified: list[dict], searched: str) -> None:
     """The terminal's account: searched -> measured per configuration, the run-to-run spread, the winner."""
     runs_each, figures = repeat_count(verified), compared(verified)
-    table = Table(title=f"re-measured on launched servers: {searched} -> measured"
-                  + (f" (median of {runs_each} runs)" if runs_each > 1 else ""))
+    table = Table(
+        title=f"re-measured on launched servers: {searched} -> measured"
+        + (f" (median of {runs_each} runs)" if runs_each > 1 else "")
+    )
     where = any(slots_text(row) for row in verified)
     for column in ["trial", "knobs", *(label for _, label in figures), "SLAs met", *(["runs on"] if where else [])]:
         table.add_column(column, justify="left" if column in ("knobs", "runs on") else "right")
     for row in verified:
-        cells = ["-" if (s := row["searched"].get(key)) is None or (m := row["metrics"].get(key)) is None else
-                 f"{s:,.2f} -> {m:,.2f} ({change_pct(s, m)})" for key, _ in figures]
-        table.add_row(str(row["trial"]), row["knobs"], *cells, "yes" if row["feasible"] else "NO",
-                      *([slots_text(row)] if where else []))
+        cells = [
+            "-"
+            if (s := row["searched"].get(key)) is None or (m := row["metrics"].get(key)) is None
+            else f"{s:,.2f} -> {m:,.2f} ({change_pct(s, m)})"
+            for key, _ in figures
+        ]
+        table.add_row(
+            str(row["trial"]),
+            row["knobs"],
+            *cells,
+            "yes" if row["feasible"] else "NO",
+            *([slots_text(row)] if where else []),
+        )
     console.print(table)
     noise = run_to_run_spread(verified)
     if noise is not None:
-        console.print(f"measured: the median of {runs_each} runs per configuration; between runs of one "
-                      f"configuration a figure moved by up to {100 * noise:.0f}% (the server's own noise)",
-                      soft_wrap=True)
+        console.print(
+            f"measured: the median of {runs_each} runs per configuration; between runs of one "
+            f"configuration a figure moved by up to {100 * noise:.0f}% (the server's own noise)",
+            soft_wrap=True,
+        )
     if verified:
         winner = verified[0]
-        console.print(f"winner on measured figures: trial {winner['trial']} ({winner['knobs']})"
-                      + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"), soft_wrap=True)
+        console.print(
+            f"winner on measured figures: trial {winner['trial']} ({winner['knobs']})"
+            + ("" if winner["feasible"] else "; it MISSED the SLAs when measured"),
+            soft_wrap=True,
+        )
         said = verdict(verified)
         if said:
             console.print(said, soft_wrap=True)
@@ -287,21 +342,32 @@ def verified_section(verified: list[dict], searched: str, extra: str = "") -> st
     head = "".join(f"<th>{label}: {searched} / measured</th>" for _, label in figures)
     lines = ""
     for i, row in enumerate(verified):
-        cells = "".join(f"<td>{row['searched'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
-                        f"({change_pct(row['searched'].get(k), row['metrics'].get(k), 1)})"
-                        + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
-                        + (f"<br>95% CI of the median {ci[0]:,.2f}-{ci[1]:,.2f}"
-                           if (ci := median_interval(run_values(row, k))) else "")
-                        + "</td>" for k, _ in figures)
-        lines += (f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{html.escape(row['knobs'])}</td>"
-                  f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td><td>{html.escape(slots_text(row))}</td></tr>")
+        cells = "".join(
+            f"<td>{row['searched'].get(k, 0):,.2f} / {row['metrics'].get(k, 0):,.2f} "
+            f"({change_pct(row['searched'].get(k), row['metrics'].get(k), 1)})"
+            + (f"<br>runs {span[0]:,.2f}-{span[1]:,.2f}" if (span := measured_range(row, k)) else "")
+            + (
+                f"<br>95% CI of the median {ci[0]:,.2f}-{ci[1]:,.2f}"
+                if (ci := median_interval(run_values(row, k)))
+                else ""
+            )
+            + "</td>"
+            for k, _ in figures
+        )
+        lines += (
+            f"<tr><td>{row['trial']}{' (winner)' if i == 0 else ''}</td><td>{html.escape(row['knobs'])}</td>"
+            f"{cells}<td>{'yes' if row['feasible'] else 'NO'}</td><td>{html.escape(slots_text(row))}</td></tr>"
+        )
     said = verdict(verified)
-    return ("<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated runs "
-            "(--verify-repeats), each figure's median over them, the lowest and highest run and a bootstrap 95% "
-            "interval of the median below it. It is called ahead only when its interval clears the runner-up's."
-            f"{html.escape(extra)}</p>" + (f"<p><b>{html.escape(said)}</b></p>" if said else "")
-            + f"<table><tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th><th>runs on</th></tr>"
-            f"{lines}</table>")
+    return (
+        "<h2>Verified by launching</h2><p>The winner is the best on the measured figures: with repeated runs "
+        "(--verify-repeats), each figure's median over them, the lowest and highest run and a bootstrap 95% "
+        "interval of the median below it. It is called ahead only when its interval clears the runner-up's."
+        f"{html.escape(extra)}</p>"
+        + (f"<p><b>{html.escape(said)}</b></p>" if said else "")
+        + f"<table><tr><th>trial</th><th>knobs</th>{head}<th>SLAs met (measured)</th><th>runs on</th></tr>"
+        f"{lines}</table>"
+    )
 
 
 def add_to_report(out: Path, body: str) -> None:

@@ -42,9 +42,19 @@ def wrap(module) -> None:
             first = sum(q for q, context in chunks if q > 1 and context == 0)
             pairs = sum(q * context + q * (q + 1) // 2 for q, context in chunks if q > 1)
             decodes = sum(q == 1 for q, _ in chunks)
-            fields = (f"{start:.6f}", f"{end:.6f}", output.total_num_scheduled_tokens, len(output.num_scheduled_tokens),
-                      after.ru_minflt - before.ru_minflt, f"{1e3 * (after.ru_utime - before.ru_utime):.1f}",
-                      f"{1e3 * (after.ru_stime - before.ru_stime):.1f}", f"{rss_mb:.0f}", first, pairs, decodes)
+            fields = (
+                f"{start:.6f}",
+                f"{end:.6f}",
+                output.total_num_scheduled_tokens,
+                len(output.num_scheduled_tokens),
+                after.ru_minflt - before.ru_minflt,
+                f"{1e3 * (after.ru_utime - before.ru_utime):.1f}",
+                f"{1e3 * (after.ru_stime - before.ru_stime):.1f}",
+                f"{rss_mb:.0f}",
+                first,
+                pairs,
+                decodes,
+            )
             if not out:
                 path = os.path.join(os.environ["VLLM_STEP_LOG"], f"steps-{os.getpid()}.tsv")
                 out.append(open(path, "w", buffering=1))

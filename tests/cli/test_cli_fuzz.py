@@ -10,20 +10,83 @@ from hypothesis import strategies as st
 
 from tests.conftest import run_cli
 
-RUN_FLAGS = ["--rate", "--num-requests", "--duration", "--burstiness", "--time-scale", "--prompt-len", "--output-len",
-             "--arrival", "--workload", "--seed", "--prefix-len", "--num-prefixes", "--goodput", "--gpu",
-             "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--chunk-size", "--chunk-schedule",
-             "--tile", "--max-partial-prefills", "--block-size", "--num-blocks", "--gpu-memory-utilization",
-             "--cpu-kv-cache-gib", "--policy", "--warmup-steps", "--tensor-parallel-size", "--kv-cache-dtype"]
-TUNE_FLAGS = ["--sla-ttft", "--sla-tbt", "--sla-percentile", "--objective", "--space", "--rate", "--num-requests",
-              "--n-trials", "--timeout", "--max-sched-delay", "--study"]
+RUN_FLAGS = [
+    "--rate",
+    "--num-requests",
+    "--duration",
+    "--burstiness",
+    "--time-scale",
+    "--prompt-len",
+    "--output-len",
+    "--arrival",
+    "--workload",
+    "--seed",
+    "--prefix-len",
+    "--num-prefixes",
+    "--goodput",
+    "--gpu",
+    "--max-num-batched-tokens",
+    "--max-num-seqs",
+    "--max-model-len",
+    "--chunk-size",
+    "--chunk-schedule",
+    "--tile",
+    "--max-partial-prefills",
+    "--block-size",
+    "--num-blocks",
+    "--gpu-memory-utilization",
+    "--cpu-kv-cache-gib",
+    "--policy",
+    "--warmup-steps",
+    "--tensor-parallel-size",
+    "--kv-cache-dtype",
+]
+TUNE_FLAGS = [
+    "--sla-ttft",
+    "--sla-tbt",
+    "--sla-percentile",
+    "--objective",
+    "--space",
+    "--rate",
+    "--num-requests",
+    "--n-trials",
+    "--timeout",
+    "--max-sched-delay",
+    "--study",
+]
 
 VALUES = st.one_of(
     st.integers(-100, 3000).map(str),
     st.floats(allow_nan=True, allow_infinity=True, width=32).map(repr),
-    st.sampled_from(["nan", "inf", "-inf", "", "0", "-1", "1e30", "1e-300", "fixed:0", "uniform:5:1", "normal:10:-1",
-                     "lognormal:nan:1", "zipf:1:10", "p90:300ms", "ttft:nan", "2048,0", "chunked", "gamma",
-                     "trace", "fp8", "h100-sxm", "../x", "a\nb", "\x00", "☃"]),
+    st.sampled_from(
+        [
+            "nan",
+            "inf",
+            "-inf",
+            "",
+            "0",
+            "-1",
+            "1e30",
+            "1e-300",
+            "fixed:0",
+            "uniform:5:1",
+            "normal:10:-1",
+            "lognormal:nan:1",
+            "zipf:1:10",
+            "p90:300ms",
+            "ttft:nan",
+            "2048,0",
+            "chunked",
+            "gamma",
+            "trace",
+            "fp8",
+            "h100-sxm",
+            "../x",
+            "a\nb",
+            "\x00",
+            "☃",
+        ]
+    ),
     st.text(max_size=12),
 )
 
@@ -41,16 +104,45 @@ def check(args, capsys, bound_s=30.0):
 @given(flag=st.sampled_from(RUN_FLAGS), value=VALUES)
 def test_run_takes_any_value_of_any_flag(flag, value, capsys, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    check(["run", "--backend", "sim", "--model", "llama-3-8b", "--num-requests", "5", "--no-progress",
-           "--out", str(out), flag, value], capsys)
+    check(
+        [
+            "run",
+            "--backend",
+            "sim",
+            "--model",
+            "llama-3-8b",
+            "--num-requests",
+            "5",
+            "--no-progress",
+            "--out",
+            str(out),
+            flag,
+            value,
+        ],
+        capsys,
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=st.text(alphabet="chunkedstaiorbg:=,0123456789-", max_size=30))
 def test_compare_takes_any_policy_spec(spec, capsys, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    check(["compare", spec, "--backend", "sim", "--model", "llama-3-8b", "--num-requests", "5", "--no-progress",
-           "--out", str(out)], capsys)
+    check(
+        [
+            "compare",
+            spec,
+            "--backend",
+            "sim",
+            "--model",
+            "llama-3-8b",
+            "--num-requests",
+            "5",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
 
 
 @pytest.mark.slow
@@ -60,6 +152,27 @@ def test_tune_takes_any_value_of_any_flag(flag, value, capsys, tmp_path_factory)
     # --timeout 10: a valid but large value (--n-trials 3000, --num-requests 3000) is a long tune, not a hang;
     # without it one such draw ran for minutes. With it they take 16-21 s here (trials stop starting at 10 s).
     out = tmp_path_factory.mktemp("tune")
-    check(["tune", "--backend", "sim", "--model", "llama-3-8b", "--sla-ttft", "2s", "--n-trials", "2",
-           "--num-requests", "10", "--timeout", "10", "--no-progress", "--out", str(out), flag, value], capsys,
-          bound_s=90.0)
+    check(
+        [
+            "tune",
+            "--backend",
+            "sim",
+            "--model",
+            "llama-3-8b",
+            "--sla-ttft",
+            "2s",
+            "--n-trials",
+            "2",
+            "--num-requests",
+            "10",
+            "--timeout",
+            "10",
+            "--no-progress",
+            "--out",
+            str(out),
+            flag,
+            value,
+        ],
+        capsys,
+        bound_s=90.0,
+    )

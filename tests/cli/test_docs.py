@@ -67,8 +67,9 @@ def docs_commands() -> list[tuple[str, str]]:
     for page in sorted((REPO / "docs").rglob("*.md")):
         for line in fenced_commands(page.read_text()):
             line = re.sub(r"\[(--[^\]]+)\]", r"\1", line.removesuffix("&").strip())
-            found.append((str(page.relative_to(REPO)),
-                          shlex.join(PLACEHOLDERS.get(word, word) for word in shlex.split(line))))
+            found.append(
+                (str(page.relative_to(REPO)), shlex.join(PLACEHOLDERS.get(word, word) for word in shlex.split(line)))
+            )
     return found
 
 
@@ -77,8 +78,14 @@ def test_each_docs_command_parses(page, line):
     assert parse(line).command.name == line.split()[1]
 
 
-@pytest.mark.parametrize("line", ["chunkbench tune --model llama-3-8b --sla-ttfx 300ms",
-                                  "chunkbench compare continuous --num-requests twelve", "chunkbench tunes"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "chunkbench tune --model llama-3-8b --sla-ttfx 300ms",
+        "chunkbench compare continuous --num-requests twelve",
+        "chunkbench tunes",
+    ],
+)
 def test_a_wrong_command_fails_to_parse(line):
     with pytest.raises(TyperException):
         parse(line)
@@ -96,8 +103,9 @@ def rendered_help(args: list[str], monkeypatch) -> str:
 
 def test_the_cli_reference_is_what_help_says(monkeypatch):
     commands = docs_hooks._commands()
-    assert {name for name, _ in commands} >= {f"chunkbench {c}" for c in
-                                               ("run", "compare", "tune", "gate", "serve", "bench", "kernels check")}
+    assert {name for name, _ in commands} >= {
+        f"chunkbench {c}" for c in ("run", "compare", "tune", "gate", "serve", "bench", "kernels check")
+    }
     for name, command in commands:
         text = rendered_help(name.split()[1:], monkeypatch)
         assert " ".join(command.help.split()) in text, name
@@ -109,8 +117,10 @@ def test_the_cli_reference_is_what_help_says(monkeypatch):
 
 
 def test_help_text_is_paragraphs_not_source_lines():
-    assert cli.reflow("one line\n    wrapped here\n\nsecond paragraph\nwrapped") == \
-        "one line wrapped here\n\nsecond paragraph wrapped"
+    assert (
+        cli.reflow("one line\n    wrapped here\n\nsecond paragraph\nwrapped")
+        == "one line wrapped here\n\nsecond paragraph wrapped"
+    )
     assert cli.reflow("\b\nkept\nas is") == "\b\nkept\nas is"
     for name, command in docs_hooks._commands():
         assert all("\n" not in p for p in command.help.split("\n\n")), name
@@ -127,7 +137,7 @@ def test_a_warning_is_one_line_in_the_tools_voice(capsys):
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             for _ in range(2):
-                warnings.warn("1 of 12 requests were clipped\nto max_model_len (2048)", UserWarning)
+                warnings.warn("1 of 12 requests were clipped\nto max_model_len (2048)", UserWarning, stacklevel=1)
         err = capsys.readouterr().err
     finally:
         warnings.showwarning = saved
@@ -136,7 +146,12 @@ def test_a_warning_is_one_line_in_the_tools_voice(capsys):
 
 def test_the_docs_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "chunkbench tune" in (tmp_path / "reference" / "cli" / "index.html").read_text()

@@ -14,8 +14,7 @@ import networkx as nx
 
 from tests.conftest import REPO
 
-PACKAGES = {"chunkbench": REPO / "chunkbench",
-            "chunkbench.sweeps": REPO / "sweeps"}
+PACKAGES = {"chunkbench": REPO / "chunkbench", "chunkbench.sweeps": REPO / "sweeps"}
 MOST_LINES = 330  # the house style's ~300, with a little room
 
 
@@ -35,8 +34,12 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     tree = ast.parse(path.read_text())
-    annotations_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                        and ast.unparse(block.test).endswith("TYPE_CHECKING") for n in ast.walk(block)}
+    annotations_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for n in ast.walk(block)
+    }
     for node in ast.walk(tree):
         if id(node) in annotations_only:
             continue
@@ -46,7 +49,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
@@ -76,8 +79,11 @@ def test_no_top_level_folder_shadows_an_installed_package():
     kernels/ hid Hugging Face's `kernels`, which transformers 5.25 imports, and every model load failed."""
     installed = importlib.metadata.packages_distributions()
     folders = {p.parent.name for p in REPO.glob("*/__init__.py")}
-    shadowing = {name: installed[name] for name in folders
-                 if any(dist.lower() != "chunkbench" for dist in installed.get(name, []))}
+    shadowing = {
+        name: installed[name]
+        for name in folders
+        if any(dist.lower() != "chunkbench" for dist in installed.get(name, []))
+    }
     assert not shadowing, f"top-level folders named like installed packages: {shadowing}"
 
 
@@ -101,8 +107,11 @@ DATED = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\bissues? \d+\b", re.I)
 def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
     """(line, text) of every comment and docstring of a Python file."""
     text = path.read_text()
-    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-             if tok.type == tokenize.COMMENT]
+    found = [
+        (tok.start[0], tok.string)
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    ]
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             doc = ast.get_docstring(node, clean=False)
@@ -114,6 +123,10 @@ def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
 def test_no_dates_or_issue_numbers_in_comments_and_docstrings():
     """What was measured when lives in docs/measurements/ with its command; the code says what and why."""
     paths = [p for folder in ("chunkbench", "tests", "scripts", "sweeps") for p in (REPO / folder).rglob("*.py")]
-    found = [f"{path.relative_to(REPO)}:{line}" for path in paths for line, text in comments_and_docstrings(path)
-             if DATED.search(text)]
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in paths
+        for line, text in comments_and_docstrings(path)
+        if DATED.search(text)
+    ]
     assert not found, f"dates or issue numbers in comments or docstrings: {found}"

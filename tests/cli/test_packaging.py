@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from tests.conftest import REPO, free_port
 
 SERVING_NEEDS = ("safetensors", "transformers", "jinja2")
@@ -24,17 +25,38 @@ def installed(tmp_path_factory):
     """A fresh venv with the wheel built from this checkout: (its bin folder, the wheel)."""
     tmp_path = tmp_path_factory.mktemp("wheel")
     dist, venv = tmp_path / "dist", tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(REPO)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dist),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
+    )
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     (wheel,) = dist.glob("chunkbench-*.whl")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300
+    )
     # The dependencies (torch, optuna, ...) come from this test's environment, appended after the new venv's
     # own packages by a path file: no network, and chunkbench itself resolves to the installed wheel.
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "chunkbench_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv / "bin", wheel, site
 
@@ -44,12 +66,31 @@ def test_a_wheel_installed_in_a_fresh_venv_tunes_from_another_directory(installe
     bin_dir, _, site = installed
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = subprocess.run([str(bin_dir / "python"), "-c", "import chunkbench; print(chunkbench.__file__)"],
-                           cwd=elsewhere, capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import chunkbench; print(chunkbench.__file__)"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(site)), where
-    done = subprocess.run([str(bin_dir / "chunkbench"), "tune", "--model", "llama-3-8b", "--sla-ttft", "300ms",
-                           "--n-trials", "5", "--no-progress"], cwd=elsewhere, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            str(bin_dir / "chunkbench"),
+            "tune",
+            "--model",
+            "llama-3-8b",
+            "--sla-ttft",
+            "300ms",
+            "--n-trials",
+            "5",
+            "--no-progress",
+        ],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     (out,) = (elsewhere / "results" / "tune").iterdir()  # the study's folder, named after model and workload
     assert (out / "vllm.yaml").exists() and (out / "report.html").exists()
@@ -76,14 +117,31 @@ def test_a_wheel_without_extras_serves_a_hugging_face_directory(installed, tmp_p
     for name in SERVING_NEEDS:  # required by the wheel itself, not behind an extra
         assert name in required and "extra ==" not in required[name], required.get(name)
     model = tmp_path / "tiny-llama"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "tiny_llama.py"), str(model)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "tiny_llama.py"), str(model)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([str(bin_dir / "chunkbench"), "serve", "--model", str(model), "--port", str(port),
-                                    "--max-model-len", "256"], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [
+                str(bin_dir / "chunkbench"),
+                "serve",
+                "--model",
+                str(model),
+                "--port",
+                str(port),
+                "--max-model-len",
+                "256",
+            ],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -95,8 +153,11 @@ def test_a_wheel_without_extras_serves_a_hugging_face_directory(installed, tmp_p
         assert process.poll() is None, log.read_text()[-3000:]
         done = httpx.post(base + "/v1/completions", json={"prompt": "the city", "max_tokens": 4}, timeout=60)
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4, done.text
-        chat = httpx.post(base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                               "max_tokens": 3}, timeout=60)
+        chat = httpx.post(
+            base + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            timeout=60,
+        )
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 3, chat.text
         assert "Traceback" not in log.read_text()
     finally:

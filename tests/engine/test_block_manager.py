@@ -14,16 +14,32 @@ BLOCK = 4
 
 
 def request(rid: str, tokens: int) -> Request:
-    return Request(request_id=rid, prompt_token_ids=[1] * tokens, sampling=SamplingParams(), eos_token_id=None,
-                   arrival_time=0.0)
+    return Request(
+        request_id=rid, prompt_token_ids=[1] * tokens, sampling=SamplingParams(), eos_token_id=None, arrival_time=0.0
+    )
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(st.tuples(st.sampled_from(["admit", "grow", "free"]), st.integers(0, 7), st.integers(1, 12),
-                              st.lists(st.integers(0, 5), max_size=4)), max_size=60))
-@example(ops=[("admit", 0, 1, []), ("free", 0, 1, []),  # block 0, uncached, freed to the front: [0, 1, 2, 3, 4, 5]
-              ("admit", 1, 2, [1, 2, 3, 4]), ("free", 1, 1, []),  # four stale entries of cached hits, freed back
-              ("admit", 2, 2, [2, 3, 4])])  # seven stale: compacted, keeping the order
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "grow", "free"]),
+            st.integers(0, 7),
+            st.integers(1, 12),
+            st.lists(st.integers(0, 5), max_size=4),
+        ),
+        max_size=60,
+    )
+)
+@example(
+    ops=[
+        ("admit", 0, 1, []),
+        ("free", 0, 1, []),  # block 0, uncached, freed to the front: [0, 1, 2, 3, 4, 5]
+        ("admit", 1, 2, [1, 2, 3, 4]),
+        ("free", 1, 1, []),  # four stale entries of cached hits, freed back
+        ("admit", 2, 2, [2, 3, 4]),
+    ]
+)  # seven stale: compacted, keeping the order
 def test_free_list_order_matches_an_ordered_dict(ops):
     num_blocks = 6  # small, so reused free blocks pile up stale entries past num_blocks (the compaction)
     bm = BlockManager(num_blocks, BLOCK, enable_caching=True)
@@ -49,7 +65,7 @@ def test_free_list_order_matches_an_ordered_dict(ops):
                 if refs[b] == 0:
                     del model[b]
                 refs[b] += 1
-            taken = bm.block_tables[rid][len(hits):]
+            taken = bm.block_tables[rid][len(hits) :]
             assert taken == [model.popitem(last=False)[0] for _ in taken]  # the least recently freed, in order
             assert bm.num_free == before - len(taken) - sum(1 for b in hits if refs[b] == 1)
             for b in taken:

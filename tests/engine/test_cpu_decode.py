@@ -12,13 +12,25 @@ pytestmark = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compi
 
 def attend(batch, direct: bool) -> torch.Tensor:
     """The batch attended through a plan with or without the kernel; one sentinel row (7.0) past the batch."""
-    plan = plan_ref(batch.cu_seqlens_q, batch.seqused_k, batch.block_table, batch.k_cache.shape[1],
-                    direct_decodes=direct)
+    plan = plan_ref(
+        batch.cu_seqlens_q, batch.seqused_k, batch.block_table, batch.k_cache.shape[1], direct_decodes=direct
+    )
     assert (plan.direct is not None) == (direct and any(batch.cu_seqlens_q.diff() == 1))
     out = torch.full((batch.q.shape[0] + 1, *batch.q.shape[1:]), 7.0)
     scale = batch.q.shape[2] ** -0.5
-    return paged_attention_ref(batch.q, batch.k_cache, batch.v_cache, out, batch.cu_seqlens_q, batch.seqused_k,
-                               batch.block_table, batch.max_seqlen_q, batch.max_seqlen_k, scale, plan=plan)
+    return paged_attention_ref(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        out,
+        batch.cu_seqlens_q,
+        batch.seqused_k,
+        batch.block_table,
+        batch.max_seqlen_q,
+        batch.max_seqlen_k,
+        scale,
+        plan=plan,
+    )
 
 
 @pytest.mark.parametrize("shape", [DECODES, MIXED, [(1, k) for k in (1, 15, 16, 17, 130, 131, 700)]])
@@ -49,9 +61,11 @@ def test_a_wrong_length_is_caught(monkeypatch):
     batch = make_batch(DECODES[1:], 8, 2, 64, torch.float32, "cpu")
     ref = attend(batch, direct=False)
     real = cpu_decode.decode_attention
-    monkeypatch.setattr(cpu_decode, "decode_attention",
-                        lambda q, kc, vc, out, rows, table, lens, scale: real(q, kc, vc, out, rows, table, lens - 1,
-                                                                              scale))
+    monkeypatch.setattr(
+        cpu_decode,
+        "decode_attention",
+        lambda q, kc, vc, out, rows, table, lens, scale: real(q, kc, vc, out, rows, table, lens - 1, scale),
+    )
     with pytest.raises(AssertionError):
         torch.testing.assert_close(attend(batch, direct=True), ref, **TOLERANCE[torch.float32])
 

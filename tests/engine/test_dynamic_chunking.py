@@ -14,8 +14,8 @@ from chunkbench.engine.outputs import SchedulerOutput, StepResult
 from chunkbench.engine.request import SamplingParams
 from chunkbench.engine.shape import StepShape
 from chunkbench.engine.step_time import MIN_CHUNK_TOKENS, OnlineCorrection, StepTimer
-
-from tests.engine.test_equivalence import MAX_TOKENS, assert_same, prompts, run as run_reference
+from tests.engine.test_equivalence import MAX_TOKENS, assert_same, prompts
+from tests.engine.test_equivalence import run as run_reference
 
 
 def linear_cost(step: StepShape) -> float:
@@ -31,8 +31,10 @@ class CostExecutor:
         self.truth = truth
 
     def execute(self, output: SchedulerOutput) -> StepResult:
-        return StepResult(sampled={c.request_id: 1 for c in output.chunks if c.sample},
-                          seconds=self.truth(StepShape.from_output(output)))
+        return StepResult(
+            sampled={c.request_id: 1 for c in output.chunks if c.sample},
+            seconds=self.truth(StepShape.from_output(output)),
+        )
 
 
 def engine_with(cost, truth=linear_cost, num_blocks=2000, **knobs) -> LLMEngine:
@@ -41,6 +43,7 @@ def engine_with(cost, truth=linear_cost, num_blocks=2000, **knobs) -> LLMEngine:
 
 
 # ---- identical tokens on the real model ----
+
 
 @pytest.fixture(scope="module")
 def reference():
@@ -51,8 +54,12 @@ def reference():
 @pytest.mark.parametrize("target_ms,online", [(20.0, False), (20.0, True)])
 def test_time_budget_gives_identical_greedy_tokens(reference, target_ms, online):
     cost = OnlineCorrection(linear_cost) if online else linear_cost  # online: real measured times move it
-    engine = LLMEngine(EngineConfig.create("tiny", policy="chunked", num_blocks=1024, max_num_batched_tokens=512,
-                                           step_time_target_ms=target_ms), step_cost=cost)
+    engine = LLMEngine(
+        EngineConfig.create(
+            "tiny", policy="chunked", num_blocks=1024, max_num_batched_tokens=512, step_time_target_ms=target_ms
+        ),
+        step_cost=cost,
+    )
     requests = [engine.add_request(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts()]
     cut = 0
     while engine.has_unfinished():
@@ -70,6 +77,7 @@ def test_num_chunks_gives_identical_greedy_tokens(reference, num_chunks):
 
 
 # ---- the scheduler packs what the cost allows ----
+
 
 def test_packs_exactly_the_tokens_the_cost_allows():
     # 3 decodes with 100-token contexts, then one long prompt: the step gets 1 + 0.1 * tokens ms.
@@ -91,9 +99,13 @@ def test_packs_exactly_the_tokens_the_cost_allows():
     assert linear_cost(shape) <= 0.020 + 1e-12
 
 
-@given(target_ms=st.floats(0.5, 50), contexts=st.lists(st.integers(0, 4000), max_size=8),
-       prefills=st.lists(st.tuples(st.integers(1, 500), st.integers(0, 2000)), max_size=3),
-       n_max=st.integers(1, 4000), context=st.integers(0, 4000))
+@given(
+    target_ms=st.floats(0.5, 50),
+    contexts=st.lists(st.integers(0, 4000), max_size=8),
+    prefills=st.lists(st.tuples(st.integers(1, 500), st.integers(0, 2000)), max_size=3),
+    n_max=st.integers(1, 4000),
+    context=st.integers(0, 4000),
+)
 @settings(max_examples=200, deadline=None)
 def test_fit_is_the_largest_chunk_within_the_target(target_ms, contexts, prefills, n_max, context):
     def cost(step):  # superlinear in the chunk: causal attention
@@ -115,15 +127,26 @@ def test_fit_is_the_largest_chunk_within_the_target(target_ms, contexts, prefill
 
 # ---- prefills never starve ----
 
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 600), st.integers(1, 30)), min_size=1,
-                         max_size=20),
-       target_ms=st.sampled_from([0.01, 1.0, 2.0, 5.0, 40.0]), budget=st.sampled_from([16, 64, 512]),
-       num_chunks=st.sampled_from([None, 1, 4]), tile=st.sampled_from([None, 8]))
+@given(
+    requests=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 600), st.integers(1, 30)), min_size=1, max_size=20),
+    target_ms=st.sampled_from([0.01, 1.0, 2.0, 5.0, 40.0]),
+    budget=st.sampled_from([16, 64, 512]),
+    num_chunks=st.sampled_from([None, 1, 4]),
+    tile=st.sampled_from([None, 8]),
+)
 def test_prefills_never_starve(requests, target_ms, budget, num_chunks, tile):
     """Even a target below the cost of the decodes alone leaves each step a minimum prompt chunk."""
-    engine = engine_with(linear_cost, num_blocks=600, step_time_target_ms=target_ms, max_num_batched_tokens=budget,
-                         num_chunks=num_chunks, tile=tile, max_model_len=640)
+    engine = engine_with(
+        linear_cost,
+        num_blocks=600,
+        step_time_target_ms=target_ms,
+        max_num_batched_tokens=budget,
+        num_chunks=num_chunks,
+        tile=tile,
+        max_model_len=640,
+    )
     pending = sorted(requests)
     total = sum(p + o for _, p, o in requests)
     step = 0
@@ -161,6 +184,7 @@ def test_target_without_a_cost_model_is_refused():
 
 # ---- the online correction ----
 
+
 def test_online_correction_converges_and_steps_then_hold_the_target():
     """The real steps take 2.5x (with 10% noise) what the profile says; after a few dozen prefill steps the
     correction has learnt the ratio and steps stay within the target."""
@@ -171,7 +195,7 @@ def test_online_correction_converges_and_steps_then_hold_the_target():
 
     cost = OnlineCorrection(linear_cost, alpha=0.1)
     engine = engine_with(cost, truth, step_time_target_ms=30.0, max_num_batched_tokens=4096, max_model_len=2048)
-    for i in range(40):
+    for _ in range(40):
         engine.add_request([2] * 1500, SamplingParams(max_tokens=8))
     late = []
     while engine.has_unfinished():
@@ -193,6 +217,7 @@ def test_online_correction_ignores_outliers_and_decode_only_steps():
 
 # ---- the tuner ----
 
+
 def test_dynamic_space_searches_the_time_target_and_num_chunks():
     from chunkbench.tune.space import SearchSpace, engine_kwargs
 
@@ -210,11 +235,16 @@ def test_server_configs_carry_the_best_fixed_budget_and_the_gain():
     from chunkbench.tune.report import server_trial
 
     study = optuna.create_study(direction="maximize")
-    for value, knobs in [(30.0, {"max_num_batched_tokens": 8192, "step_time_target_ms": 45.0}),
-                         (24.0, {"max_num_batched_tokens": 1024, "step_time_target_ms": None}),
-                         (20.0, {"max_num_batched_tokens": 2048, "step_time_target_ms": None})]:
-        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"knobs": {"policy": "chunked", **knobs}},
-                                                  system_attrs={"constraints": [0.0]}))
+    for value, knobs in [
+        (30.0, {"max_num_batched_tokens": 8192, "step_time_target_ms": 45.0}),
+        (24.0, {"max_num_batched_tokens": 1024, "step_time_target_ms": None}),
+        (20.0, {"max_num_batched_tokens": 2048, "step_time_target_ms": None}),
+    ]:
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=value, user_attrs={"knobs": {"policy": "chunked", **knobs}}, system_attrs={"constraints": [0.0]}
+            )
+        )
     trials = study.get_trials()
 
     class Spec:
@@ -227,6 +257,7 @@ def test_server_configs_carry_the_best_fixed_budget_and_the_gain():
 
 
 # ---- defaults fitted to the device ----
+
 
 class FakeCost:
     def predict(self, step):
@@ -249,11 +280,12 @@ def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
     kept, knobs, notes = fit_to_device(FakeBackend(), config, {"num_requests": None}, 3, True, requests)
     decode8 = FakeCost().predict(StepShape((), (512,) * 8, 8))
     assert knobs["step_time_target_ms"] == round(TARGET_DECODE_MULTIPLE * decode8 * 1000) > decode8 * 1000
-    assert 8 <= len(kept) < 100 and kept == requests[:len(kept)]
+    assert 8 <= len(kept) < 100 and kept == requests[: len(kept)]
     assert any("--step-time-target" in n for n in notes) and any("--num-requests" in n for n in notes)
     # What the user sets stays: a budget means no target, a request count means all requests.
-    kept, knobs, _ = fit_to_device(FakeBackend(), config, {"num_requests": 100, "max_num_batched_tokens": 512}, 3,
-                                   True, requests)
+    kept, knobs, _ = fit_to_device(
+        FakeBackend(), config, {"num_requests": 100, "max_num_batched_tokens": 512}, 3, True, requests
+    )
     assert kept == requests and knobs == {}
 
 

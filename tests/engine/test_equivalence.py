@@ -67,9 +67,11 @@ def assert_same(tokens, reference, name):
     for i, (got, want) in enumerate(zip(tokens, expected)):
         if got != want:
             pos = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
-            pytest.fail(f"{name}: request {i} (prompt {PROMPT_LENS[i]} tokens) differs at output {pos}: "
-                        f"{got[pos]} vs {want[pos]}; smallest top-2 logit margin of the request "
-                        f"{margins.get(str(i)):.2e}")
+            pytest.fail(
+                f"{name}: request {i} (prompt {PROMPT_LENS[i]} tokens) differs at output {pos}: "
+                f"{got[pos]} vs {want[pos]}; smallest top-2 logit margin of the request "
+                f"{margins.get(str(i)):.2e}"
+            )
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -97,8 +99,11 @@ def test_seeded_sampling_does_not_depend_on_batching():
 
 
 def test_chunk_schedule_and_tile_shape_the_steps():
-    engine = LLMEngine(EngineConfig.create("tiny", policy="chunked", max_num_batched_tokens=512,
-                                           chunk_schedule="256,64,16", num_blocks=256))
+    engine = LLMEngine(
+        EngineConfig.create(
+            "tiny", policy="chunked", max_num_batched_tokens=512, chunk_schedule="256,64,16", num_blocks=256
+        )
+    )
     engine.add_request(list(range(700)), SamplingParams(max_tokens=2))
     chunks = []
     while engine.has_unfinished():
@@ -108,8 +113,9 @@ def test_chunk_schedule_and_tile_shape_the_steps():
     # 256, then 64, then 16 repeated: 700 = 256 + 64 + 23*16 + 12, then one decode.
     assert chunks == [256, 64] + [16] * 23 + [12, 1]
 
-    engine = LLMEngine(EngineConfig.create("tiny", policy="chunked", max_num_batched_tokens=100, tile=16,
-                                           num_blocks=256))
+    engine = LLMEngine(
+        EngineConfig.create("tiny", policy="chunked", max_num_batched_tokens=100, tile=16, num_blocks=256)
+    )
     engine.add_request(list(range(300)), SamplingParams(max_tokens=4))
     steps = []
     while engine.has_unfinished():
@@ -139,8 +145,12 @@ def test_engine_rejects_only_the_impossible_request():
     assert too_long.error == "prompt has 600 tokens, more than max_model_len (512)"
     assert too_big.finish_reason == "length" and too_big.num_tokens == 512  # stops at max_model_len
     assert empty.error == "prompt is empty"
-    assert {r.request_id for r in finished} == {ok.request_id, too_long.request_id, too_big.request_id,
-                                                 empty.request_id}
+    assert {r.request_id for r in finished} == {
+        ok.request_id,
+        too_long.request_id,
+        too_big.request_id,
+        empty.request_id,
+    }
     small_cache = LLMEngine(EngineConfig.create("tiny", num_blocks=4))
     huge = small_cache.add_request(list(range(100)), SamplingParams(max_tokens=4))
     assert huge.error == "needs 7 KV blocks for 103 tokens, the cache has 4"

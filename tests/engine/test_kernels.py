@@ -4,8 +4,15 @@ against a naive einsum."""
 import pytest
 import torch
 
-from chunkbench.kernels.check import (BATCHES, BLOCK_SIZE, CHUNKS, HEAD_DIMS, HEAD_LAYOUTS, compare_to_reference,
-                                     make_batch)
+from chunkbench.kernels.check import (
+    BATCHES,
+    BLOCK_SIZE,
+    CHUNKS,
+    HEAD_DIMS,
+    HEAD_LAYOUTS,
+    compare_to_reference,
+    make_batch,
+)
 from chunkbench.kernels.reference import paged_attention_ref, write_kv_ref
 from chunkbench.kernels.triton_attention import paged_attention, write_kv
 
@@ -21,8 +28,7 @@ def test_batch_kinds(name, shape, dtype):
 @pytest.mark.parametrize("num_heads, num_kv_heads", HEAD_LAYOUTS)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gqa_groups_and_head_dims(num_heads, num_kv_heads, head_dim):
-    compare_to_reference([(1, 37), (5, 18), (33, 33), (1, 300)], num_heads, num_kv_heads, head_dim,
-                         device=DEVICE)
+    compare_to_reference([(1, 37), (5, 18), (33, 33), (1, 300)], num_heads, num_kv_heads, head_dim, device=DEVICE)
 
 
 def test_a_wrong_kernel_is_caught(monkeypatch):
@@ -46,12 +52,13 @@ def test_reference_matches_naive_attention():
         pos = torch.arange(k_len)
         k = torch.stack([k_cache[table[i, p // BLOCK_SIZE], p % BLOCK_SIZE] for p in pos]).repeat_interleave(4, 1)
         v = torch.stack([v_cache[table[i, p // BLOCK_SIZE], p % BLOCK_SIZE] for p in pos]).repeat_interleave(4, 1)
-        qi = q[cu[i]:cu[i + 1]]
+        qi = q[cu[i] : cu[i + 1]]
         scores = torch.einsum("qhd,khd->hqk", qi, k) * 0.3
         visible = pos[None, :] <= (k_len - q_len + torch.arange(q_len))[:, None]
         weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-        torch.testing.assert_close(out[cu[i]:cu[i + 1]], torch.einsum("hqk,khd->qhd", weights, v),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out[cu[i] : cu[i + 1]], torch.einsum("hqk,khd->qhd", weights, v), atol=1e-5, rtol=1e-5
+        )
 
 
 @pytest.mark.parametrize("num_kv_heads, head_dim", [(2, 64), (3, 80), (1, 128)])
@@ -60,8 +67,8 @@ def test_write_kv_matches_a_python_scatter(num_kv_heads, head_dim):
     num_tokens, q_size = 9, 4 * head_dim
     row = num_kv_heads * head_dim
     qkv = torch.randn(num_tokens, q_size + 2 * row, generator=gen).to(DEVICE)
-    key = qkv[:, q_size:q_size + row].view(num_tokens, num_kv_heads, head_dim)  # strided views, as in a model
-    value = qkv[:, q_size + row:].view(num_tokens, num_kv_heads, head_dim)
+    key = qkv[:, q_size : q_size + row].view(num_tokens, num_kv_heads, head_dim)  # strided views, as in a model
+    value = qkv[:, q_size + row :].view(num_tokens, num_kv_heads, head_dim)
     slots = torch.tensor([5, 17, -1, 0, 63, 32, -1, 40, 1], device=DEVICE)
     caches = {}
     for name, fn in (("triton", write_kv), ("ref", write_kv_ref)):
@@ -80,8 +87,9 @@ def test_write_kv_matches_a_python_scatter(num_kv_heads, head_dim):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 needs CUDA: the Triton interpreter computes "
-                    "garbage for bf16")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="bf16 needs CUDA: the Triton interpreter computes garbage for bf16"
+)
 @pytest.mark.parametrize("name, shape", BATCHES.items())
 def test_bf16_on_cuda(name, shape):
     compare_to_reference(shape, num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16, device="cuda")
@@ -93,7 +101,13 @@ def test_engine_with_triton_backend_gives_the_torch_tokens():
     prompts = [[(7 * i + 3 * j) % 4096 for j in range(n)] for i, n in enumerate([5, 40, 70])]
     outputs = {}
     for backend in ("torch", "triton"):
-        llm = LLM("tiny", policy="chunked", max_num_batched_tokens=32, num_blocks=64,
-                  attention_backend=backend, dtype="float32")
+        llm = LLM(
+            "tiny",
+            policy="chunked",
+            max_num_batched_tokens=32,
+            num_blocks=64,
+            attention_backend=backend,
+            dtype="float32",
+        )
         outputs[backend] = llm.generate(prompts, max_tokens=8)
     assert outputs["triton"] == outputs["torch"]

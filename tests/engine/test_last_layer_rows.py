@@ -13,8 +13,17 @@ from chunkbench.engine.request import SamplingParams
 
 
 def chunk(name: str, tokens: int, start: int, blocks: list[int], sample: bool) -> ScheduledChunk:
-    return ScheduledChunk(name, [(7 * start + 13 * i + len(name)) % 4096 for i in range(tokens)], start, blocks,
-                          sample, is_decode=tokens == 1, sampling=SamplingParams(), sample_index=0, sample_seed=0)
+    return ScheduledChunk(
+        name,
+        [(7 * start + 13 * i + len(name)) % 4096 for i in range(tokens)],
+        start,
+        blocks,
+        sample,
+        is_decode=tokens == 1,
+        sampling=SamplingParams(),
+        sample_index=0,
+        sample_seed=0,
+    )
 
 
 def forward(executor: ModelExecutor, chunks: list[ScheduledChunk], only_sampled: bool):
@@ -31,12 +40,15 @@ def forward(executor: ModelExecutor, chunks: list[ScheduledChunk], only_sampled:
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_sampled_rows_match_the_whole_step_and_every_token_is_cached(backend):
-    executor = ModelExecutor(EngineConfig.create("tiny", num_blocks=32, block_size=16, dtype="float32",
-                                                 attention_backend=backend))
-    step = [chunk("a", 40, 0, [0, 1, 2], sample=False),  # a prompt's first chunk: samples nothing
-            chunk("b", 23, 0, [3, 4], sample=True),  # a whole prompt
-            chunk("c", 9, 17, [5, 6], sample=True),  # a last chunk over cached context
-            chunk("d", 1, 30, [7, 8], sample=True)]  # a decode
+    executor = ModelExecutor(
+        EngineConfig.create("tiny", num_blocks=32, block_size=16, dtype="float32", attention_backend=backend)
+    )
+    step = [
+        chunk("a", 40, 0, [0, 1, 2], sample=False),  # a prompt's first chunk: samples nothing
+        chunk("b", 23, 0, [3, 4], sample=True),  # a whole prompt
+        chunk("c", 9, 17, [5, 6], sample=True),  # a last chunk over cached context
+        chunk("d", 1, 30, [7, 8], sample=True),
+    ]  # a decode
     whole, rows, whole_cache = forward(executor, step, only_sampled=False)
     sampled, _, sampled_cache = forward(executor, step, only_sampled=True)
     assert rows.tolist() == [40 + 22, 40 + 23 + 8, 40 + 23 + 9]

@@ -1,12 +1,12 @@
-"""The CPU's pre-packed linear weights (chunkbench/engine/model.py `pack_for_cpu`): the same products as the dense weights
-within fp32 rounding, used for steps of every size, and not made where they do not apply."""
+"""The CPU's pre-packed linear weights (chunkbench/engine/model.py `pack_for_cpu`): the same products as the dense
+weights within fp32 rounding, used for steps of every size, and not made where they do not apply."""
 
 import pytest
 import torch
 
 from chunkbench.engine import model as model_module
-from chunkbench.engine.model_config import ModelConfig
 from chunkbench.engine.model import build_model
+from chunkbench.engine.model_config import ModelConfig
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -20,8 +20,12 @@ def test_packed_products_equal_the_dense_ones_at_every_step_size(monkeypatch):
     assert model.lm_head_packed is not None and set(model.model.layers[0].mlp.packed) == {"gate_up", "down"}
     calls = []
     pointwise = torch.ops.mkldnn._linear_pointwise
-    monkeypatch.setattr(model_module.torch.ops.mkldnn, "_linear_pointwise",
-                        lambda x, *a: calls.append(x.shape[0]) or pointwise(x, *a), raising=False)
+    monkeypatch.setattr(
+        model_module.torch.ops.mkldnn,
+        "_linear_pointwise",
+        lambda x, *a: calls.append(x.shape[0]) or pointwise(x, *a),
+        raising=False,
+    )
     for rows in (1, 32, 128, 129, 2048):
         hidden = torch.randn(rows, model.config.hidden_size)
         calls.clear()

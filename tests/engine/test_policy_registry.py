@@ -43,9 +43,25 @@ SIM = ["--model", "llama-3-8b", "--backend", "sim", "--gpu", "h100-sxm", "--no-p
 
 
 def test_a_registered_policy_runs_in_compare(toy, tmp_path, capsys):
-    code, stdout, _ = run_cli(["compare", toy, "continuous", *SIM, "--workload", "rag-mix", "--num-requests", "20",
-                               "--rate", "2", "--out", str(tmp_path / "c"), "--json", str(tmp_path / "c.json")],
-                              capsys)
+    code, stdout, _ = run_cli(
+        [
+            "compare",
+            toy,
+            "continuous",
+            *SIM,
+            "--workload",
+            "rag-mix",
+            "--num-requests",
+            "20",
+            "--rate",
+            "2",
+            "--out",
+            str(tmp_path / "c"),
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+        capsys,
+    )
     assert code == 0, stdout
     runs = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert runs[toy]["completed"] == 20 and runs["continuous"]["completed"] == 20
@@ -55,11 +71,28 @@ def test_a_registered_policy_runs_in_compare(toy, tmp_path, capsys):
 
 def test_a_registered_policy_is_searched_by_a_simulated_tune(toy, tmp_path, capsys):
     space = tmp_path / "space.toml"
-    space.write_text(f'[workload]\nname = "chat"\nrate = 2.0\nnum_requests = 30\n\n[space]\n'
-                     f'policy = ["{toy}", "chunked"]\nmax_num_batched_tokens = [2048, 8192]\nmax_num_seqs = [64]\n')
+    space.write_text(
+        f'[workload]\nname = "chat"\nrate = 2.0\nnum_requests = 30\n\n[space]\n'
+        f'policy = ["{toy}", "chunked"]\nmax_num_batched_tokens = [2048, 8192]\nmax_num_seqs = [64]\n'
+    )
     out = tmp_path / "t"
-    code, stdout, _ = run_cli(["tune", *SIM, "--space", str(space), "--objective", "goodput", "--n-trials", "4",
-                               "--verify-top", "0", "--out", str(out)], capsys)
+    code, stdout, _ = run_cli(
+        [
+            "tune",
+            *SIM,
+            "--space",
+            str(space),
+            "--objective",
+            "goodput",
+            "--n-trials",
+            "4",
+            "--verify-top",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, stdout
     assert DecodeFirst.steps > 0  # a trial ran it
     trials = (out / "trials.csv").read_text()

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine, VirtualClock
 from chunkbench.engine.request import SamplingParams
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from tests.engine.test_scheduler_properties import EchoExecutor
 
 SYSTEM = [random.Random(7).randrange(4096) for _ in range(90)]  # 5 full blocks of 16, and 10 tokens more
@@ -34,13 +34,18 @@ def generate(caching: bool, **kwargs):
     return outputs, engine
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(policy="chunked", max_num_batched_tokens=16),
-    dict(policy="chunked", max_num_batched_tokens=24),  # cached prefix ends inside a chunk
-    dict(policy="chunked", max_num_batched_tokens=64, chunk_schedule="40,8"),
-    dict(policy="continuous"), dict(policy="orca"), dict(policy="static"),
-    dict(policy="chunked", max_num_batched_tokens=32, num_blocks=14),  # evictions and reuse
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(policy="chunked", max_num_batched_tokens=16),
+        dict(policy="chunked", max_num_batched_tokens=24),  # cached prefix ends inside a chunk
+        dict(policy="chunked", max_num_batched_tokens=64, chunk_schedule="40,8"),
+        dict(policy="continuous"),
+        dict(policy="orca"),
+        dict(policy="static"),
+        dict(policy="chunked", max_num_batched_tokens=32, num_blocks=14),  # evictions and reuse
+    ],
+)
 def test_same_tokens_with_and_without_caching(kwargs):
     off, _ = generate(False, **kwargs)
     on, engine = generate(True, **kwargs)
@@ -54,8 +59,11 @@ def test_same_tokens_with_and_without_caching(kwargs):
 
 
 def test_batched_requests_share_blocks_while_running():
-    engine = LLMEngine(EngineConfig.create("tiny", policy="chunked", max_num_batched_tokens=256, num_blocks=64,
-                                           enable_prefix_caching=True))
+    engine = LLMEngine(
+        EngineConfig.create(
+            "tiny", policy="chunked", max_num_batched_tokens=256, num_blocks=64, enable_prefix_caching=True
+        )
+    )
     first = engine.add_request(SYSTEM + [1, 2, 3], SamplingParams(max_tokens=30))
     engine.step()  # the first request's prompt is computed and its 5 full blocks cached
     second = engine.add_request(SYSTEM + [4, 5], SamplingParams(max_tokens=30))
@@ -70,18 +78,30 @@ def test_batched_requests_share_blocks_while_running():
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 3), st.integers(1, 150),
-                                   st.integers(1, 20)), min_size=1, max_size=20),
-       policy=st.sampled_from(["static", "continuous", "orca", "chunked"]),
-       budget=st.sampled_from([8, 32, 512]), num_blocks=st.integers(24, 60))
+@given(
+    requests=st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 3), st.integers(1, 150), st.integers(1, 20)),
+        min_size=1,
+        max_size=20,
+    ),
+    policy=st.sampled_from(["static", "continuous", "orca", "chunked"]),
+    budget=st.sampled_from([8, 32, 512]),
+    num_blocks=st.integers(24, 60),
+)
 def test_cache_invariants_under_random_traffic(requests, policy, budget, num_blocks):
     """Reference counts match the tables, no block in use is on the free list (so none is evicted while read),
     cached prefixes really hold those tokens, and at the end every block is free (cached or not)."""
     max_model_len = 360
     if policy != "chunked":
         budget = max_model_len
-    config = EngineConfig.create("tiny", policy=policy, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                                 num_blocks=num_blocks, enable_prefix_caching=True)
+    config = EngineConfig.create(
+        "tiny",
+        policy=policy,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        enable_prefix_caching=True,
+    )
     engine = LLMEngine(config, executor=EchoExecutor(num_blocks), clock=VirtualClock())
     bm = engine.block_manager
     prefixes = [[random.Random(g).randrange(4096) for _ in range(200)] for g in range(4)]
@@ -104,7 +124,7 @@ def test_cache_invariants_under_random_traffic(requests, policy, budget, num_blo
             assert bm.block_hash[block] == h
         for request in engine.scheduler.running:  # every cached block it holds matches its own prefix hashes
             table = tables[request.request_id]
-            for i, h in enumerate(request.block_hashes[:request.num_computed_tokens // bm.block_size]):
+            for i, h in enumerate(request.block_hashes[: request.num_computed_tokens // bm.block_size]):
                 if bm.block_hash[table[i]] is not None:
                     assert bm.block_hash[table[i]] == h
     assert bm.num_used_blocks == 0 and len(bm.free_list()) == num_blocks
@@ -112,8 +132,9 @@ def test_cache_invariants_under_random_traffic(requests, policy, budget, num_blo
 
 
 def test_shared_prefix_workloads():
-    reqs = build_workload(WorkloadSpec(name="synthetic", num_requests=6, prefix_len=64, num_prefixes=2,
-                                       prompt_len="fixed:10"))
+    reqs = build_workload(
+        WorkloadSpec(name="synthetic", num_requests=6, prefix_len=64, num_prefixes=2, prompt_len="fixed:10")
+    )
     assert [r.prompt_len for r in reqs] == [74] * 6
     assert [r.shared[0] for r in reqs] == [(2_000_000, 64), (2_000_001, 64)] * 3
     turns = build_workload(WorkloadSpec(name="multi-turn", num_requests=8, rate=1.0))
@@ -122,14 +143,22 @@ def test_shared_prefix_workloads():
         by_conversation.setdefault(r.shared[0][0], []).append(r)
     for conversation in by_conversation.values():
         for earlier, later in zip(conversation, conversation[1:]):  # each turn extends the previous one
-            assert later.shared[:len(earlier.shared)] == earlier.shared and later.prompt_len > earlier.prompt_len
+            assert later.shared[: len(earlier.shared)] == earlier.shared and later.prompt_len > earlier.prompt_len
 
 
 def test_a_prompt_left_waiting_keeps_its_cache_hit():
     """continuous: a prompt that does not fit the rest of this step's budget is admitted next step with
     its cached prefix, not recomputed from scratch."""
-    engine = LLMEngine(EngineConfig.create("tiny", policy="continuous", max_num_batched_tokens=256,
-                                           max_model_len=256, num_blocks=128, enable_prefix_caching=True))
+    engine = LLMEngine(
+        EngineConfig.create(
+            "tiny",
+            policy="continuous",
+            max_num_batched_tokens=256,
+            max_model_len=256,
+            num_blocks=128,
+            enable_prefix_caching=True,
+        )
+    )
     engine.add_request(SYSTEM + [1] * 10, SamplingParams(max_tokens=1))
     while engine.has_unfinished():
         engine.step()

@@ -20,30 +20,45 @@ class EchoExecutor:
 
 
 requests_strategy = st.lists(
-    st.tuples(st.integers(0, 40),  # arrival step
-              st.integers(1, 300),  # prompt tokens
-              st.integers(1, 40)),  # output tokens
-    min_size=1, max_size=25)
+    st.tuples(
+        st.integers(0, 40),  # arrival step
+        st.integers(1, 300),  # prompt tokens
+        st.integers(1, 40),
+    ),  # output tokens
+    min_size=1,
+    max_size=25,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=requests_strategy,
-       policy=st.sampled_from(["static", "continuous", "orca", "chunked"]),
-       budget=st.sampled_from([1, 7, 16, 64, 512]),
-       max_num_seqs=st.integers(1, 8),
-       num_blocks=st.integers(22, 80),
-       chunk_schedule=st.sampled_from([None, "64,16", "5"]),
-       tile=st.sampled_from([None, 8]),
-       max_partial_prefills=st.sampled_from([None, 1, 2]))
-def test_every_request_finishes_within_budget_and_seats(requests, policy, budget, max_num_seqs, num_blocks,
-                                                        chunk_schedule, tile, max_partial_prefills):
+@given(
+    requests=requests_strategy,
+    policy=st.sampled_from(["static", "continuous", "orca", "chunked"]),
+    budget=st.sampled_from([1, 7, 16, 64, 512]),
+    max_num_seqs=st.integers(1, 8),
+    num_blocks=st.integers(22, 80),
+    chunk_schedule=st.sampled_from([None, "64,16", "5"]),
+    tile=st.sampled_from([None, 8]),
+    max_partial_prefills=st.sampled_from([None, 1, 2]),
+)
+def test_every_request_finishes_within_budget_and_seats(
+    requests, policy, budget, max_num_seqs, num_blocks, chunk_schedule, tile, max_partial_prefills
+):
     max_model_len = 340  # 22 blocks of 16 hold the longest request, so every request is servable
     if policy != "chunked":
         budget = max(budget, max_model_len)
     tile = tile if tile is None or tile <= budget else None
-    config = EngineConfig.create("tiny", policy=policy, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
-                                 max_model_len=max_model_len, chunk_schedule=chunk_schedule, tile=tile,
-                                 max_partial_prefills=max_partial_prefills, num_blocks=num_blocks)
+    config = EngineConfig.create(
+        "tiny",
+        policy=policy,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        chunk_schedule=chunk_schedule,
+        tile=tile,
+        max_partial_prefills=max_partial_prefills,
+        num_blocks=num_blocks,
+    )
     engine = LLMEngine(config, executor=EchoExecutor(num_blocks), clock=VirtualClock())
     pending = sorted(requests)
     added = []
@@ -70,7 +85,7 @@ def test_every_request_finishes_within_budget_and_seats(requests, policy, budget
         if policy != "chunked":
             for c in out.chunks:  # whole prompts only
                 assert c.is_decode or c.sample
-    for request, (_, prompt, output) in zip(added, sorted(requests)):
+    for request, (_, _, output) in zip(added, sorted(requests)):
         assert request.error is None
         assert request.num_output_tokens == output
     assert engine.block_manager.num_used_blocks == 0

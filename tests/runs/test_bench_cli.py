@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from chunkbench.bench.runs import compare, config_for_policy, parse_policy_spec
-from chunkbench.errors import UserError
 from chunkbench.bench.workload import WorkloadSpec, build_workload
+from chunkbench.errors import UserError
 from tests.conftest import run_cli
 from tests.serving.scripted_server import DONE, ScriptedServer, tok, usage
 
@@ -17,17 +17,48 @@ TINY = ["--model", "tiny", "--num-blocks", "512", "--max-model-len", "1024", "--
 
 def test_run_writes_summary_and_parquet(tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, _ = run_cli(["run", *TINY, "--workload", "chat", "--num-requests", "8", "--rate", "50",
-                               "--max-num-batched-tokens", "128", "--goodput", "ttft:60000", "--out", str(out),
-                               "--json", str(tmp_path / "s.json")], capsys)
+    code, stdout, _ = run_cli(
+        [
+            "run",
+            *TINY,
+            "--workload",
+            "chat",
+            "--num-requests",
+            "8",
+            "--rate",
+            "50",
+            "--max-num-batched-tokens",
+            "128",
+            "--goodput",
+            "ttft:60000",
+            "--out",
+            str(out),
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+        capsys,
+    )
     assert code == 0, stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 8 and summary["failed"] == 0
     assert summary["config"]["scheduler"]["max_num_batched_tokens"] == 128
-    for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-                "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "std_e2el_ms", "p90_scheduling_delay_ms",
-                "sla_attainment_pct", "num_stalls", "longest_stall_ms", "num_preemptions", "peak_kv_blocks",
-                "max_output_tokens_per_s"):
+    for key in (
+        "request_throughput",
+        "request_goodput",
+        "output_throughput",
+        "total_token_throughput",
+        "mean_ttft_ms",
+        "median_tpot_ms",
+        "p99_itl_ms",
+        "std_e2el_ms",
+        "p90_scheduling_delay_ms",
+        "sla_attainment_pct",
+        "num_stalls",
+        "longest_stall_ms",
+        "num_preemptions",
+        "peak_kv_blocks",
+        "max_output_tokens_per_s",
+    ):
         assert key in summary
     assert summary["sla_attainment_pct"] == 100.0
     requests = pd.read_parquet(out / "requests.parquet")
@@ -40,9 +71,26 @@ def test_run_writes_summary_and_parquet(tmp_path, capsys):
 
 def test_compare_runs_the_same_requests_through_each_policy(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code, stdout, _ = run_cli(["compare", "static", "continuous", "chunked:budget=64,schedule=32,16", *TINY,
-                               "--workload", "rag-mix", "--num-requests", "6", "--rate", "20", "--out", str(out),
-                               "--json", str(tmp_path / "c.json")], capsys)
+    code, stdout, _ = run_cli(
+        [
+            "compare",
+            "static",
+            "continuous",
+            "chunked:budget=64,schedule=32,16",
+            *TINY,
+            "--workload",
+            "rag-mix",
+            "--num-requests",
+            "6",
+            "--rate",
+            "20",
+            "--out",
+            str(out),
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+        capsys,
+    )
     assert code == 0, stdout
     runs = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert list(runs) == ["static", "continuous", "chunked:budget=64,schedule=32,16"]
@@ -51,8 +99,9 @@ def test_compare_runs_the_same_requests_through_each_policy(tmp_path, capsys):
     frames = [pd.read_parquet(p / "requests.parquet") for p in sorted(out.iterdir()) if p.is_dir()]
     assert len(frames) == 3
     for frame in frames[1:]:
-        pd.testing.assert_frame_equal(frame[["prompt_len", "output_len", "arrival_time"]],
-                                      frames[0][["prompt_len", "output_len", "arrival_time"]])
+        pd.testing.assert_frame_equal(
+            frame[["prompt_len", "output_len", "arrival_time"]], frames[0][["prompt_len", "output_len", "arrival_time"]]
+        )
     for name in ("report.html", "ttft_cdf.png", "itl_cdf.png", "timeline.png", "comparison.md"):
         assert (out / name).stat().st_size > 1000 or name == "comparison.md"
     assert "<table>" in (out / "report.html").read_text()
@@ -60,14 +109,18 @@ def test_compare_runs_the_same_requests_through_each_policy(tmp_path, capsys):
 
 def test_policy_specs():
     assert parse_policy_spec("chunked:budget=512,schedule=2048,1024,512,tile=16") == (
-        "chunked", {"policy": "chunked", "max_num_batched_tokens": 512, "chunk_schedule": (2048, 1024, 512),
-                    "tile": 16})
+        "chunked",
+        {"policy": "chunked", "max_num_batched_tokens": 512, "chunk_schedule": (2048, 1024, 512), "tile": 16},
+    )
     assert parse_policy_spec("orca") == ("orca", {"policy": "orca"})
     base = dict(model="tiny", max_num_batched_tokens=256, max_model_len=1024)
     assert config_for_policy(base, "continuous").scheduler.max_num_batched_tokens == 2048
     assert config_for_policy(base, "chunked").scheduler.max_num_batched_tokens == 256
-    for bad, message in [("chunked:size=5", "unknown knob 'size'"), ("chunked:budget=x", "whole number"),
-                         ("chunked:budget", "not key=value")]:
+    for bad, message in [
+        ("chunked:size=5", "unknown knob 'size'"),
+        ("chunked:budget=x", "whole number"),
+        ("chunked:budget", "not key=value"),
+    ]:
         with pytest.raises(UserError, match=message):
             parse_policy_spec(bad)
 
@@ -77,16 +130,19 @@ def test_compare_needs_a_policy():
         compare({"model": "tiny"}, [], build_workload(WorkloadSpec(num_requests=1)))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "--workload", "nope"], "unknown workload 'nope'"),
-    (["run", "--policy", "fifo"], "--policy must be one of"),
-    (["compare", "static", "fifo"], "--policy must be one of"),
-    (["run", "--rate", "0"], "--rate must be > 0"),
-    (["run", "--rate", "-2"], "--rate must be > 0"),
-    (["run", "--workload", "/no/such.csv"], "no such file"),
-    (["run", "--goodput", "ttft=300"], "--goodput"),
-    (["run", "--goodput", "itl:30"], "unknown metric 'itl'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--workload", "nope"], "unknown workload 'nope'"),
+        (["run", "--policy", "fifo"], "--policy must be one of"),
+        (["compare", "static", "fifo"], "--policy must be one of"),
+        (["run", "--rate", "0"], "--rate must be > 0"),
+        (["run", "--rate", "-2"], "--rate must be > 0"),
+        (["run", "--workload", "/no/such.csv"], "no such file"),
+        (["run", "--goodput", "ttft=300"], "--goodput"),
+        (["run", "--goodput", "itl:30"], "unknown metric 'itl'"),
+    ],
+)
 def test_bench_user_errors(args, message, capsys):
     code, _, err = run_cli([*args, "--model", "tiny", "--no-progress"], capsys)
     assert code == 2 and err.count("\n") == 1 and message in err, err
@@ -110,8 +166,18 @@ def test_malformed_trace_file_is_a_user_error(tmp_path, capsys):
 
 # ---------- chunkbench bench against a scripted server (tests/serving/scripted_server.py) ----------
 
-BENCH = ["--workload", "synthetic", "--prompt-len", "fixed:8", "--output-len", "fixed:3", "--num-requests", "4",
-         "--rate", "50"]
+BENCH = [
+    "--workload",
+    "synthetic",
+    "--prompt-len",
+    "fixed:8",
+    "--output-len",
+    "fixed:3",
+    "--num-requests",
+    "4",
+    "--rate",
+    "50",
+]
 SCRIPT = [0.01, tok(), 0.01, tok(), 0.01, tok(), usage(3), DONE]
 
 
@@ -134,9 +200,28 @@ def test_bench_bounds_prompt_ids_by_the_servers_detokenize_and_sends_no_sampling
 
 def test_bench_sampling_flags_warmups_and_save_result_layout(tmp_path, capsys):
     with ScriptedServer({3: SCRIPT}, card={"id": "org/m", "vocab_size": 1000}) as server:
-        code, stdout, _ = run_cli(["bench", "--endpoint", server.url, *BENCH, "--out", str(tmp_path / "o"),
-                                   "--temperature", "0", "--top-k", "4", "--num-warmups", "2", "--save-result",
-                                   "--result-dir", str(tmp_path / "r"), "--max-concurrency", "2"], capsys)
+        code, stdout, _ = run_cli(
+            [
+                "bench",
+                "--endpoint",
+                server.url,
+                *BENCH,
+                "--out",
+                str(tmp_path / "o"),
+                "--temperature",
+                "0",
+                "--top-k",
+                "4",
+                "--num-warmups",
+                "2",
+                "--save-result",
+                "--result-dir",
+                str(tmp_path / "r"),
+                "--max-concurrency",
+                "2",
+            ],
+            capsys,
+        )
     assert code == 0, stdout
     warm, timed = server.served[:2], server.served[2:]  # 2 warm-ups, both request 0's body, before the run
     assert len(timed) == 4 and warm[0].body == warm[1].body and sum(warm[0].body == s.body for s in timed) == 1
@@ -144,13 +229,41 @@ def test_bench_sampling_flags_warmups_and_save_result_layout(tmp_path, capsys):
     (path,) = (tmp_path / "r").iterdir()
     assert path.name.startswith("openai-50.0qps-concurrency2-m-") and path.suffix == ".json"
     result = json.loads(path.read_text())
-    stats = {f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "client_queue_time", "e2el_including_client_queue")
-             for s in ("mean", "median", "std", "p99")}
-    assert set(result) == {"date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
-                           "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
-                           "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
-                           "output_throughput", "total_token_throughput", "latencies", "queue_times",
-                           "max_output_tokens_per_s", "max_concurrent_requests", "rtfx"} | stats
+    stats = {
+        f"{s}_{m}_ms"
+        for m in ("ttft", "tpot", "itl", "client_queue_time", "e2el_including_client_queue")
+        for s in ("mean", "median", "std", "p99")
+    }
+    assert (
+        set(result)
+        == {
+            "date",
+            "endpoint_type",
+            "backend",
+            "label",
+            "model_id",
+            "tokenizer_id",
+            "num_prompts",
+            "request_rate",
+            "burstiness",
+            "max_concurrency",
+            "duration",
+            "completed",
+            "failed",
+            "total_input_tokens",
+            "total_output_tokens",
+            "request_throughput",
+            "request_goodput",
+            "output_throughput",
+            "total_token_throughput",
+            "latencies",
+            "queue_times",
+            "max_output_tokens_per_s",
+            "max_concurrent_requests",
+            "rtfx",
+        }
+        | stats
+    )
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert result["completed"] == summary["completed"] == 4 and result["total_output_tokens"] == 12
     assert result["mean_ttft_ms"] == summary["mean_ttft_ms"] and result["request_goodput"] is None

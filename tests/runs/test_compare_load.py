@@ -13,12 +13,12 @@ import pytest
 
 from chunkbench.bench.backends import Backend
 from chunkbench.bench.capacity import BISECTIONS, base_rate, resolution_pct
-from chunkbench.engine.config import EngineConfig
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.load_sweep import common_rate, run_at_common_rate, sweep_policy, verdict
 from chunkbench.bench.metrics import RequestRecord
 from chunkbench.bench.slo import parse_slas
 from chunkbench.bench.workload import WorkloadSpec, build_workload
+from chunkbench.engine.config import EngineConfig
 
 CAPACITY = {"static": 1.3, "continuous": 2.0, "chunked": 5.0}  # req/s meeting the TBT SLA
 SATURATION = 4.0  # req/s, every policy, all requests at once: chunked's capacity is above it
@@ -36,12 +36,20 @@ class KnownBackend(Backend):
             self.runs += 1
             rate = base_rate(workload)
             itl = 0.010 if rate <= CAPACITY[config.scheduler.policy] else 0.500
-            records = [RequestRecord(w.prompt_len, TOKENS, w.arrival_time,
-                                     [w.arrival_time + 0.01 + i * itl for i in range(TOKENS)],
-                                     first_scheduled_time=w.arrival_time) for w in workload]
+            records = [
+                RequestRecord(
+                    w.prompt_len,
+                    TOKENS,
+                    w.arrival_time,
+                    [w.arrival_time + 0.01 + i * itl for i in range(TOKENS)],
+                    first_scheduled_time=w.arrival_time,
+                )
+                for w in workload
+            ]
             end = max(r.token_times[-1] for r in records)
             duration = len(workload) / SATURATION if rate > 1e6 else end
             return RunResult(records, [], duration, 0)
+
         yield serve
 
 
@@ -50,8 +58,17 @@ WORKLOAD = build_workload(WorkloadSpec(name="synthetic", num_requests=40, rate=1
 
 
 def sweep(policy: str, backend: Backend, bisections: int = BISECTIONS, rates=(), count=None):
-    return sweep_policy(policy, EngineConfig.create("tiny", policy=policy), backend, WORKLOAD, SLOS, 2000.0,
-                        list(rates), bisections, count)
+    return sweep_policy(
+        policy,
+        EngineConfig.create("tiny", policy=policy),
+        backend,
+        WORKLOAD,
+        SLOS,
+        2000.0,
+        list(rates),
+        bisections,
+        count,
+    )
 
 
 @pytest.mark.parametrize("bisections", [1, 2, 5])

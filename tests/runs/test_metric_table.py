@@ -12,7 +12,7 @@ README = REPO / "docs" / "concepts" / "metrics.md"
 def readme_table() -> str:
     text = README.read_text()
     start = text.index("| metric | definition | unit |")
-    return text[start:text.index("\n\n", start)]
+    return text[start : text.index("\n\n", start)]
 
 
 def covered(key: str) -> bool:
@@ -29,11 +29,18 @@ def test_the_readme_table_is_the_metric_table():
 
 def test_every_summary_key_is_in_the_table():
     engine = RequestRecord(10, 3, 0.0, [0.5, 0.7, 1.0], first_scheduled_time=0.1, paused_gaps=(2,))
-    endpoint = RequestRecord(10, 3, 0.0, [0.5, 0.7, 1.0], send_time=0.2, num_output_tokens=3,
-                             output_token_source="usage")
+    endpoint = RequestRecord(
+        10, 3, 0.0, [0.5, 0.7, 1.0], send_time=0.2, num_output_tokens=3, output_token_source="usage"
+    )
     steps = [StepRecord(0.0, 0.05, 0, 1, 1, 0, 3, num_paused_decodes=1), StepRecord(0.1, 0.5, 30, 0, 2, 0, 4)]
     keys = set(summarize([engine], steps, 1.0, {"ttft": 300.0}, num_kv_blocks=8, extra_percentiles=[99.9]))
     keys |= set(summarize([endpoint], [], 1.0, {"tpot": 50.0}))
-    assert {"num_paused_decodes", "num_slow_steps", "slow_step_threshold_ms", "stall_threshold_ms",
-            "p99_client_queue_time_ms", "p99.9_ttft_ms"} <= keys
+    assert {
+        "num_paused_decodes",
+        "num_slow_steps",
+        "slow_step_threshold_ms",
+        "stall_threshold_ms",
+        "p99_client_queue_time_ms",
+        "p99.9_ttft_ms",
+    } <= keys
     assert [k for k in sorted(keys) if not covered(k)] == []

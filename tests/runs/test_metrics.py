@@ -3,19 +3,29 @@
 import numpy as np
 import pytest
 
-from chunkbench.errors import UserError
 from chunkbench.bench.metrics import RequestRecord, StepRecord, summarize
-from chunkbench.bench.token_gaps import peak_per_second
 from chunkbench.bench.slo import parse_goodput
+from chunkbench.bench.token_gaps import peak_per_second
+from chunkbench.errors import UserError
 
 # r1: arrives at 0, first scheduled at 0.1, tokens at 0.5, 0.7, 1.0. r2: arrives at 1.0, one token at 1.2.
-R1 = RequestRecord(prompt_len=10, output_len=3, arrival_time=0.0, token_times=[0.5, 0.7, 1.0],
-                   first_scheduled_time=0.1, num_paused_decodes=2, paused_gaps=(2,))  # paused twice before 1.0
+R1 = RequestRecord(
+    prompt_len=10,
+    output_len=3,
+    arrival_time=0.0,
+    token_times=[0.5, 0.7, 1.0],
+    first_scheduled_time=0.1,
+    num_paused_decodes=2,
+    paused_gaps=(2,),
+)  # paused twice before 1.0
 R2 = RequestRecord(prompt_len=20, output_len=1, arrival_time=1.0, token_times=[1.2], first_scheduled_time=1.05)
 FAILED = RequestRecord(prompt_len=5000, output_len=4, arrival_time=0.3, token_times=[], error="too long")
-STEPS = [StepRecord(0.0, 0.05, 0, 2, 2, 0, 3), StepRecord(0.1, 0.05, 0, 1, 1, 0, 5, num_preempted=1),
-         StepRecord(0.2, 0.10, 0, 1, 1, 0, 4, num_paused_decodes=1),
-         StepRecord(0.3, 0.40, 30, 1, 2, 0, 4, num_paused_decodes=1)]
+STEPS = [
+    StepRecord(0.0, 0.05, 0, 2, 2, 0, 3),
+    StepRecord(0.1, 0.05, 0, 1, 1, 0, 5, num_preempted=1),
+    StepRecord(0.2, 0.10, 0, 1, 1, 0, 4, num_paused_decodes=1),
+    StepRecord(0.3, 0.40, 30, 1, 2, 0, 4, num_paused_decodes=1),
+]
 
 
 def approx(value):
@@ -24,8 +34,7 @@ def approx(value):
 
 @pytest.fixture
 def summary():
-    return summarize([R1, R2, FAILED], STEPS, duration_s=1.2, goodput_ms={"ttft": 400, "tpot": 300},
-                     num_kv_blocks=10)
+    return summarize([R1, R2, FAILED], STEPS, duration_s=1.2, goodput_ms={"ttft": 400, "tpot": 300}, num_kv_blocks=10)
 
 
 def test_throughput_keys(summary):
@@ -104,9 +113,11 @@ def test_window_and_goodput_parsing():
 def test_pooled_itls_are_each_requests_gaps_in_order():
     from chunkbench.bench.token_gaps import pooled_itls, token_times
 
-    done = [RequestRecord(prompt_len=1, output_len=3, arrival_time=0.0, token_times=[0.1, 0.3, 0.6]),
-            RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[5.0]),
-            RequestRecord(prompt_len=1, output_len=2, arrival_time=0.0, token_times=[0.2, 0.25])]
+    done = [
+        RequestRecord(prompt_len=1, output_len=3, arrival_time=0.0, token_times=[0.1, 0.3, 0.6]),
+        RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[5.0]),
+        RequestRecord(prompt_len=1, output_len=2, arrival_time=0.0, token_times=[0.2, 0.25]),
+    ]
     expected = np.concatenate([np.diff(r.token_times) for r in done])
     assert pooled_itls(done, token_times(done)).tolist() == expected.tolist()
     empty = RequestRecord(prompt_len=1, output_len=1, arrival_time=0.0, token_times=[])
@@ -116,7 +127,10 @@ def test_pooled_itls_are_each_requests_gaps_in_order():
 
 def test_peaks_of_requests_far_apart_need_no_dense_array():
     # --rate 1e-12 put arrivals 1e12 s apart: one bucket per second of the run asked for 24.8 TiB
-    far = [RequestRecord(prompt_len=1, output_len=2, arrival_time=t, token_times=[t + 0.1, t + 0.2]) for t in (0.0, 1e12, 3e20)]
+    far = [
+        RequestRecord(prompt_len=1, output_len=2, arrival_time=t, token_times=[t + 0.1, t + 0.2])
+        for t in (0.0, 1e12, 3e20)
+    ]
     assert peak_per_second(far) == (2, 1)
 
 
@@ -178,7 +192,8 @@ def test_the_collector_is_restored_after_a_paused_block():
     assert gc.get_freeze_count() == 0
 
 
-# ---------- the server's /metrics (chunkbench/bench/server_metrics.py) against histograms whose answer is known ----------
+# # ---------- the server's /metrics (chunkbench/bench/server_metrics.py) against histograms whose answer is known
+# ----------
 
 VLLM_QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, float("inf"))  # vLLM's first ones, le in s
 
@@ -190,10 +205,12 @@ def queue_samples(per_bucket: dict[float, int], total_s: float, success: dict[st
     for bound in VLLM_QUEUE_BUCKETS:
         running += per_bucket.get(bound, 0)
         buckets.append(({"le": str(bound) if bound != float("inf") else "+Inf"}, float(running)))
-    return {"vllm:request_queue_time_seconds_bucket": buckets,
-            "vllm:request_queue_time_seconds_count": [({}, float(running))],
-            "vllm:request_queue_time_seconds_sum": [({}, total_s)],
-            "vllm:request_success_total": [({"finished_reason": r}, float(n)) for r, n in (success or {}).items()]}
+    return {
+        "vllm:request_queue_time_seconds_bucket": buckets,
+        "vllm:request_queue_time_seconds_count": [({}, float(running))],
+        "vllm:request_queue_time_seconds_sum": [({}, total_s)],
+        "vllm:request_success_total": [({"finished_reason": r}, float(n)) for r, n in (success or {}).items()],
+    }
 
 
 def test_a_light_load_queue_time_is_its_mean_and_bounds_not_the_first_bucket_s_middle():
@@ -209,10 +226,15 @@ def test_a_light_load_queue_time_is_its_mean_and_bounds_not_the_first_bucket_s_m
     sources = figures["scheduling_delay_sources"]
     assert sources["mean"] == "server: _sum/_count" and sources["median"].startswith("upper bound: the client's TTFT")
     assert figures["server_requests"] == 8 and figures["server_requests_by_finished_reason"] == {
-        "abort": 2, "length": 8, "stop": 0}
+        "abort": 2,
+        "length": 8,
+        "stop": 0,
+    }
     no_ttft = server_figures(before, after)
-    assert no_ttft["median_scheduling_delay_ms"] == approx(300.0) and "(0, 0.3]" in no_ttft[
-        "scheduling_delay_sources"]["median"]
+    assert (
+        no_ttft["median_scheduling_delay_ms"] == approx(300.0)
+        and "(0, 0.3]" in no_ttft["scheduling_delay_sources"]["median"]
+    )
 
 
 def test_a_percentile_in_a_resolving_bucket_is_interpolated_and_one_past_the_last_is_a_lower_bound():
@@ -237,6 +259,9 @@ def test_the_kv_cache_a_vllm_server_holds_is_read_from_its_cache_config_gauge():
     assert kv_cache_tokens(gauge) == 524160  # the tier's vLLM 0.32: 4,096 blocks of 128, one the null block
     assert server_figures({}, queue_samples({0.3: 1}, 0.01) | gauge)["server_kv_cache_tokens"] == 524160
     assert "server_kv_cache_tokens" not in server_figures({}, queue_samples({0.3: 1}, 0.01))
-    for labels in ({"block_size": "16", "num_gpu_blocks": "None"}, {"num_gpu_blocks": "9"},
-                   {"block_size": "16", "num_gpu_blocks": "1"}):  # not yet sized, half said, only the null block
+    for labels in (
+        {"block_size": "16", "num_gpu_blocks": "None"},
+        {"num_gpu_blocks": "9"},
+        {"block_size": "16", "num_gpu_blocks": "1"},
+    ):  # not yet sized, half said, only the null block
         assert kv_cache_tokens({"vllm:cache_config_info": [(labels, 1.0)]}) is None

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from chunkbench.errors import UserError
 from chunkbench.bench.metrics import RequestRecord
 from chunkbench.bench.timeline import timeline_html
 from chunkbench.bench.workload import WorkloadSpec, build_workload
+from chunkbench.errors import UserError
 from tests.conftest import REPO, run_cli
 from tests.serving.scripted_server import DONE, ScriptedServer, chat_tok, usage
 
@@ -28,8 +28,15 @@ def counts(name: str, **fields) -> list[tuple[int, int]]:
 def test_random_draws_vllm_s_lengths_in_its_order():
     """vLLM's get_sampling_params for the same seed: uniform integers in [floor(m(1-r)), ceil(m(1+r))],
     inputs then outputs from one default_rng(seed); the prefix is added to every prompt."""
-    got = counts("random", num_requests=50, random_input_len=100, random_output_len=10, random_range_ratio=0.3,
-                 prefix_len=7, seed=3)
+    got = counts(
+        "random",
+        num_requests=50,
+        random_input_len=100,
+        random_output_len=10,
+        random_range_ratio=0.3,
+        prefix_len=7,
+        seed=3,
+    )
     rng = np.random.default_rng(3)
     inputs, outputs = rng.integers(70, 131, 50), rng.integers(7, 14, 50)
     assert got == [(int(i) + 7, int(o)) for i, o in zip(inputs, outputs)]
@@ -37,9 +44,17 @@ def test_random_draws_vllm_s_lengths_in_its_order():
 
 
 def test_prefix_repetition_shares_each_prefix_and_shuffles_as_vllm():
-    requests = build_workload(WorkloadSpec(name="prefix_repetition", num_requests=23, seed=5,
-                                           prefix_repetition_num_prefixes=4, prefix_repetition_prefix_len=32,
-                                           prefix_repetition_suffix_len=8, prefix_repetition_output_len=6))
+    requests = build_workload(
+        WorkloadSpec(
+            name="prefix_repetition",
+            num_requests=23,
+            seed=5,
+            prefix_repetition_num_prefixes=4,
+            prefix_repetition_prefix_len=32,
+            prefix_repetition_suffix_len=8,
+            prefix_repetition_output_len=6,
+        )
+    )
     assert len(requests) == 20 and {(r.prompt_len, r.output_len) for r in requests} == {(40, 6)}
     groups = [g for g in range(4) for _ in range(5)]
     random.Random(5).shuffle(groups)
@@ -55,7 +70,8 @@ def test_burstgpt_takes_gpt4_rows_with_a_response_as_vllm_samples_them():
     rows = frame[(frame["Model"] == "GPT-4") & (frame["Response tokens"] > 0)]
     sampled = rows.sample(n=40, random_state=2)
     assert counts(f"burstgpt:{path}", num_requests=40, seed=2) == list(
-        zip(sampled["Request tokens"], sampled["Response tokens"]))
+        zip(sampled["Request tokens"], sampled["Response tokens"])
+    )
     replayed = build_workload(WorkloadSpec(name=f"burstgpt:{path}", num_requests=5, arrival="trace"))
     first = rows.head(5)
     assert [r.arrival_time for r in replayed] == list((first["Timestamp"] - first["Timestamp"].min()).astype(float))
@@ -76,8 +92,9 @@ def test_custom_and_hf_count_prompt_tokens_and_take_outputs_as_asked():
 def test_timed_trace_expands_hash_ids_into_blocks_with_shared_prefixes():
     """Mooncake's rows: 512-token blocks, the last cut to the input length; equal ids, equal segments."""
     rows = [json.loads(x) for x in MOONCAKE.read_text().splitlines()[:30]]
-    requests = build_workload(WorkloadSpec(name=f"timed_trace:{MOONCAKE}", num_requests=30, time_scale=0.001,
-                                           timed_trace_chunk_hash_size=512))
+    requests = build_workload(
+        WorkloadSpec(name=f"timed_trace:{MOONCAKE}", num_requests=30, time_scale=0.001, timed_trace_chunk_hash_size=512)
+    )
     for row, r in zip(rows, requests):
         assert r.prompt_len == min(row["input_length"], 512 * len(row["hash_ids"]))
         assert r.output_len == row["output_length"] and r.arrival_time == row["timestamp"] * 0.001
@@ -107,36 +124,68 @@ def test_timed_trace_prefix_cache_hit_rate_is_the_share_of_repeated_blocks(tmp_p
     expected = 100 * hit / sum(r["in"] for r in rows)
     assert expected > 10
     out = tmp_path / "run"
-    code, stdout, _ = run_cli(["run", "--model", "tiny", "--backend", "engine", "--num-blocks", "512",
-                               "--max-model-len", "1024", "--no-progress", "--warmup-steps", "0",
-                               "--enable-prefix-caching", "--workload", f"timed_trace:{path}",
-                               "--timed-trace-label-timestamp", "ts", "--timed-trace-label-input-length", "in",
-                               "--timed-trace-label-output-length", "out", "--timed-trace-label-hash-ids", "ids",
-                               "--out", str(out)], capsys)
+    code, stdout, _ = run_cli(
+        [
+            "run",
+            "--model",
+            "tiny",
+            "--backend",
+            "engine",
+            "--num-blocks",
+            "512",
+            "--max-model-len",
+            "1024",
+            "--no-progress",
+            "--warmup-steps",
+            "0",
+            "--enable-prefix-caching",
+            "--workload",
+            f"timed_trace:{path}",
+            "--timed-trace-label-timestamp",
+            "ts",
+            "--timed-trace-label-input-length",
+            "in",
+            "--timed-trace-label-output-length",
+            "out",
+            "--timed-trace-label-hash-ids",
+            "ids",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prefix_cache_hit_rate_pct"] == pytest.approx(expected, abs=1e-9)
 
 
-@pytest.mark.parametrize("name, error", [
-    ("timed_trace", "timed_trace:PATH"), ("random:x.csv", "'random'"), ("burstgpt:/no/such.csv", "no such file"),
-])
+@pytest.mark.parametrize(
+    "name, error",
+    [
+        ("timed_trace", "timed_trace:PATH"),
+        ("random:x.csv", "'random'"),
+        ("burstgpt:/no/such.csv", "no such file"),
+    ],
+)
 def test_dataset_names_and_paths_are_checked(name, error):
     with pytest.raises(UserError, match=error):
         build_workload(WorkloadSpec(name=name))
 
 
 def test_bad_dataset_files_are_one_line_errors(tmp_path, capsys):
-    bad = {"timed_trace": '{"timestamp": 0, "input_length": 3.5, "output_length": 2, "hash_ids": [1]}\n',
-           "custom": '{"text": "no prompt field"}\n',
-           "burstgpt": "Timestamp,Model,Request tokens\n1,GPT-4,5\n"}
+    bad = {
+        "timed_trace": '{"timestamp": 0, "input_length": 3.5, "output_length": 2, "hash_ids": [1]}\n',
+        "custom": '{"text": "no prompt field"}\n',
+        "burstgpt": "Timestamp,Model,Request tokens\n1,GPT-4,5\n",
+    }
     for kind, text in bad.items():
         path = tmp_path / f"{kind}.data"
         path.write_text(text)
         code, _, err = run_cli(["run", "--model", "tiny", "--workload", f"{kind}:{path}", "--no-progress"], capsys)
         assert code == 2 and err.count("\n") == 1 and err.startswith("chunkbench: error: --workload"), (kind, err)
-    code, _, err = run_cli(["run", "--model", "tiny", "--workload", "random", "--random-range-ratio", "1",
-                            "--no-progress"], capsys)
+    code, _, err = run_cli(
+        ["run", "--model", "tiny", "--workload", "random", "--random-range-ratio", "1", "--no-progress"], capsys
+    )
     assert code == 2 and "--random-range-ratio" in err
 
 
@@ -146,13 +195,41 @@ def test_a_vllm_bench_serve_command_line_runs_with_chunkbench_bench(tmp_path, ca
     script = [0.01, chat_tok("x", "assistant"), 0.01, chat_tok(), 0.01, chat_tok(), usage(3), DONE]
     with ScriptedServer({3: script}, card={"id": "m", "vocab_size": 1000}) as server:
         base = server.url.removesuffix("/v1")
-        code, stdout, _ = run_cli(["bench", "--backend", "openai-chat", "--base-url", base, "--endpoint",
-                                   "/v1/chat/completions", "--served-model-name", "m", "--dataset-name", "random",
-                                   "--random-input-len", "12", "--random-output-len", "3", "--num-prompts", "4",
-                                   "--request-rate", "50", "--trust-remote-code", "--ignore-eos",
-                                   "--disable-tqdm", "--plot-timeline", "--timeline-itl-thresholds", "5,20",
-                                   "--save-result", "--result-dir", str(tmp_path / "r"), "--out",
-                                   str(tmp_path / "o")], capsys)
+        code, stdout, _ = run_cli(
+            [
+                "bench",
+                "--backend",
+                "openai-chat",
+                "--base-url",
+                base,
+                "--endpoint",
+                "/v1/chat/completions",
+                "--served-model-name",
+                "m",
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "12",
+                "--random-output-len",
+                "3",
+                "--num-prompts",
+                "4",
+                "--request-rate",
+                "50",
+                "--trust-remote-code",
+                "--ignore-eos",
+                "--disable-tqdm",
+                "--plot-timeline",
+                "--timeline-itl-thresholds",
+                "5,20",
+                "--save-result",
+                "--result-dir",
+                str(tmp_path / "r"),
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            capsys,
+        )
     assert code == 0, stdout
     assert len(server.served) == 4 and all(s.path == "/v1/chat/completions" for s in server.served)
     assert all(s.body["model"] == "m" and s.body["max_completion_tokens"] == 3 for s in server.served)
@@ -186,17 +263,19 @@ def check_timeline(text: str, requests: int) -> None:
     tags = Tags()
     tags.feed(text)
     assert tags.errors == [] and tags.stack == [], (tags.errors, tags.stack)
-    svg = ElementTree.fromstring(text[text.index("<svg"):text.index("</svg>") + 6])
+    svg = ElementTree.fromstring(text[text.index("<svg") : text.index("</svg>") + 6])
     groups = svg.findall("{http://www.w3.org/2000/svg}g")
     assert len(groups) == requests and all(g.find("{http://www.w3.org/2000/svg}title") is not None for g in groups)
 
 
 def test_timeline_colours_each_gap_by_the_thresholds():
-    records = [RequestRecord(8, 4, 0.0, [0.1, 0.11, 0.14, 0.25], send_time=0.0),  # gaps 10, 30, 110 ms
-               RequestRecord(8, 4, 0.05, [], error="boom", send_time=0.05, end_time=0.2)]
+    records = [
+        RequestRecord(8, 4, 0.0, [0.1, 0.11, 0.14, 0.25], send_time=0.0),  # gaps 10, 30, 110 ms
+        RequestRecord(8, 4, 0.05, [], error="boom", send_time=0.05, end_time=0.2),
+    ]
     text = timeline_html(records, (20.0, 50.0), "t")
     check_timeline(text, requests=2)
-    svg = ElementTree.fromstring(text[text.index("<svg"):text.index("</svg>") + 6])
+    svg = ElementTree.fromstring(text[text.index("<svg") : text.index("</svg>") + 6])
     first, second = svg.findall("{http://www.w3.org/2000/svg}g")
     fills = [r.get("fill") for r in first.findall("{http://www.w3.org/2000/svg}rect")]
     assert fills == ["#b0b0b0", "#2ca02c", "#ff7f0e", "#d62728"]  # wait, < 20 ms, <= 50 ms, > 50 ms

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from chunkbench.errors import UserError
 from chunkbench.bench.arrivals import sample_arrivals
 from chunkbench.bench.lengths import sample_lengths
 from chunkbench.bench.workload import NAMED, WorkloadSpec, build_workload, clip_to_model
+from chunkbench.errors import UserError
 
 
 @pytest.mark.parametrize("name", [*NAMED, "synthetic"])
@@ -83,34 +83,48 @@ def test_user_files(tmp_path):
     reqs = build_workload(WorkloadSpec(name=str(jsonl), arrival="constant", rate=2.0))
     assert [(r.prompt_len, r.arrival_time) for r in reqs] == [(7, 0.0), (9, 0.5)]
     sharegpt = tmp_path / "sg.json"
-    sharegpt.write_text(json.dumps([
-        {"id": "a", "conversations": [{"from": "human", "value": "x" * 400}, {"from": "gpt", "value": "y" * 80}]},
-        {"id": "b", "conversations": [{"from": "human", "value": "only a question"}]}]))
+    sharegpt.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [{"from": "human", "value": "x" * 400}, {"from": "gpt", "value": "y" * 80}],
+                },
+                {"id": "b", "conversations": [{"from": "human", "value": "only a question"}]},
+            ]
+        )
+    )
     reqs = build_workload(WorkloadSpec(name=str(sharegpt)))
     assert [(r.prompt_len, r.output_len) for r in reqs] == [(100, 20)]  # 4 characters per token
 
 
-@pytest.mark.parametrize("spec, message", [
-    (WorkloadSpec(name="nope"), "unknown workload 'nope'"),
-    (WorkloadSpec(name="chat", rate=0), "--rate must be > 0"),
-    (WorkloadSpec(name="chat", rate=-1, arrival="gamma"), "--rate must be > 0"),
-    (WorkloadSpec(name="/no/such/file.csv"), "no such file"),
-    (WorkloadSpec(name="synthetic", prompt_len="gauss:5"), "unknown distribution 'gauss'"),
-    (WorkloadSpec(name="synthetic", prompt_len="uniform:9:5"), "LO <= HI"),
-    (WorkloadSpec(name="synthetic", output_len="fixed:x"), "non-numeric"),
-    (WorkloadSpec(name="chat", arrival="trace"), "has no timestamps"),
-    (WorkloadSpec(name="chat", num_requests=0), "--num-requests"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (WorkloadSpec(name="nope"), "unknown workload 'nope'"),
+        (WorkloadSpec(name="chat", rate=0), "--rate must be > 0"),
+        (WorkloadSpec(name="chat", rate=-1, arrival="gamma"), "--rate must be > 0"),
+        (WorkloadSpec(name="/no/such/file.csv"), "no such file"),
+        (WorkloadSpec(name="synthetic", prompt_len="gauss:5"), "unknown distribution 'gauss'"),
+        (WorkloadSpec(name="synthetic", prompt_len="uniform:9:5"), "LO <= HI"),
+        (WorkloadSpec(name="synthetic", output_len="fixed:x"), "non-numeric"),
+        (WorkloadSpec(name="chat", arrival="trace"), "has no timestamps"),
+        (WorkloadSpec(name="chat", num_requests=0), "--num-requests"),
+    ],
+)
 def test_bad_workloads(spec, message):
     with pytest.raises(UserError, match=message):
         build_workload(spec)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("prompt_len,output_len\n10,abc\n", "non-numeric"),
-    ("a,b\n1,2\n", "no prompt_len column"),
-    ("prompt_len,output_len\n10,0\n", "non-positive"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("prompt_len,output_len\n10,abc\n", "non-numeric"),
+        ("a,b\n1,2\n", "no prompt_len column"),
+        ("prompt_len,output_len\n10,0\n", "non-positive"),
+    ],
+)
 def test_malformed_trace_files(tmp_path, content, message):
     path = tmp_path / "bad.csv"
     path.write_text(content)

@@ -16,6 +16,7 @@ def test_a_trace_takes_its_first_rows_unless_shuffled(tmp_path):
     shuffled = outputs(shuffle=True, seed=1)
     assert shuffled != [1, 2, 3, 4, 5] and shuffled == outputs(shuffle=True, seed=1)  # seeded
     assert shuffled == sorted(shuffled) and shuffled != outputs(shuffle=True, seed=2)  # time order kept
-    arrivals = [r.arrival_time for r in build_workload(WorkloadSpec(name=str(path), num_requests=5, shuffle=True,
-                                                                   seed=1))]
+    arrivals = [
+        r.arrival_time for r in build_workload(WorkloadSpec(name=str(path), num_requests=5, shuffle=True, seed=1))
+    ]
     assert arrivals == [0.5 * (o - 1) for o in shuffled]  # the trace's own times, as given (vLLM's timed_trace)

@@ -76,7 +76,8 @@ class ScriptedServer:
     def __enter__(self) -> ScriptedServer:
         self.thread.start()
         self.server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop).result(timeout=10)
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop
+        ).result(timeout=10)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
         return self
 
@@ -132,16 +133,20 @@ class ScriptedServer:
         elif path == "/detokenize" and self.vocab_size is not None:
             code, answer = 200, {"prompt": "".join("x" for t in body.get("tokens", []) if 4 <= t < self.vocab_size)}
         text = json.dumps(answer)
-        writer.write(f"HTTP/1.1 {code} Scripted\r\ncontent-type: application/json\r\ncontent-length: "
-                     f"{len(text)}\r\n\r\n{text}".encode())
+        writer.write(
+            f"HTTP/1.1 {code} Scripted\r\ncontent-type: application/json\r\ncontent-length: "
+            f"{len(text)}\r\n\r\n{text}".encode()
+        )
         await writer.drain()
 
     async def _play(self, served: Served, script: list, writer: asyncio.StreamWriter) -> bool:
         """Play one response; False when the connection was dropped."""
         if isinstance(script[0], tuple):
             _, code, text = script[0]
-            writer.write(f"HTTP/1.1 {code} Scripted\r\ncontent-type: text/plain\r\ncontent-length: "
-                         f"{len(text)}\r\n\r\n{text}".encode())
+            writer.write(
+                f"HTTP/1.1 {code} Scripted\r\ncontent-type: text/plain\r\ncontent-length: "
+                f"{len(text)}\r\n\r\n{text}".encode()
+            )
             await writer.drain()
             served.ended = time.perf_counter()
             return True

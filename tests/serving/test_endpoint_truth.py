@@ -22,10 +22,10 @@ import pytest
 
 from chunkbench.bench.client import bench_endpoint
 from chunkbench.bench.harness import RunResult
-from chunkbench.files import write_json, write_parquet
-from chunkbench.bench.runs import requests_frame
 from chunkbench.bench.metrics import PERCENTILES, pct_key, summarize
+from chunkbench.bench.runs import requests_frame
 from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.files import write_json, write_parquet
 from tests.serving.scripted_server import DONE, DROP, ScriptedServer, chat_tok, is_choice, tok, usage
 
 TOL_S = 0.040
@@ -41,8 +41,9 @@ def fine_gil_switching():
 
 def bench(scripts: dict[int, list], arrivals: dict[int, float] | None = None, **kwargs):
     """Run one request per script key (its output_len is the key) and summarize it."""
-    workload = [WorkloadRequest(prompt_len=8, output_len=key, arrival_time=(arrivals or {}).get(key, 0.0))
-                for key in scripts]
+    workload = [
+        WorkloadRequest(prompt_len=8, output_len=key, arrival_time=(arrivals or {}).get(key, 0.0)) for key in scripts
+    ]
     with ScriptedServer(scripts) as server:
         result = asyncio.run(bench_endpoint(server.url, workload, 1000, **kwargs))  # vLLM's defaults: no warm-up
     return workload, result, summarize(result.records, [], result.duration), server
@@ -66,7 +67,7 @@ def client_view(workload, result, server, max_concurrency: int | None, timeout_s
         s = served[w.output_len]
         send = max(w.arrival_time, min(free))
         done_at = [t for t, item in s.sent if item == DONE]
-        end = (done_at[0] - result.start if done_at else s.ended - result.start if s.ended else send + timeout_s)
+        end = done_at[0] - result.start if done_at else s.ended - result.start if s.ended else send + timeout_s
         free[free.index(min(free))] = end
         view.append((send, end))
     return view
@@ -83,26 +84,40 @@ def expected(workload, result, server, ok_keys, max_concurrency=None, timeout_s=
             s = served[w.output_len]
             script = server.scripts[w.output_len]
             counts = [i["usage"]["completion_tokens"] for i in script if isinstance(i, dict) and "usage" in i]
-            texts = sum(bool(i["choices"][0].get("text") or i["choices"][0].get("delta", {}).get("content"))
-                        for i in script if is_choice(i))
-            done.append((send, [t - start for t in s.choice_times], counts[-1] if counts else texts,
-                         w.arrival_time))
+            texts = sum(
+                bool(i["choices"][0].get("text") or i["choices"][0].get("delta", {}).get("content"))
+                for i in script
+                if is_choice(i)
+            )
+            done.append((send, [t - start for t in s.choice_times], counts[-1] if counts else texts, w.arrival_time))
     duration = max(end for _, end in view)
     tokens = sum(n for _, _, n, _ in done)
     itls = [g for _, times, _, _ in done for g in np.diff(times)]
-    out = {"completed": len(done), "failed": len(workload) - len(done), "duration": duration,
-           "total_input_tokens": 8 * len(done), "total_output_tokens": tokens,
-           "request_throughput": len(done) / duration, "request_goodput": len(done) / duration,
-           "output_throughput": tokens / duration, "total_token_throughput": (tokens + 8 * len(done)) / duration,
-           "sla_attainment_pct": 100.0 if done else 0.0, "num_preemptions": 0, "peak_kv_blocks": 0,
-           "cached_prompt_tokens": 0, "computed_prompt_tokens": 8 * len(done), "prefix_cache_hit_rate_pct": 0.0,
-           "prefix_cache_request_hit_rate_pct": 0.0, "num_steps": 0}
+    out = {
+        "completed": len(done),
+        "failed": len(workload) - len(done),
+        "duration": duration,
+        "total_input_tokens": 8 * len(done),
+        "total_output_tokens": tokens,
+        "request_throughput": len(done) / duration,
+        "request_goodput": len(done) / duration,
+        "output_throughput": tokens / duration,
+        "total_token_throughput": (tokens + 8 * len(done)) / duration,
+        "sla_attainment_pct": 100.0 if done else 0.0,
+        "num_preemptions": 0,
+        "peak_kv_blocks": 0,
+        "cached_prompt_tokens": 0,
+        "computed_prompt_tokens": 8 * len(done),
+        "prefix_cache_hit_rate_pct": 0.0,
+        "prefix_cache_request_hit_rate_pct": 0.0,
+        "num_steps": 0,
+    }
     origin = min((send for send, *_ in done), default=0.0)
     buckets = np.zeros(int(duration) + 2)
     active = np.zeros(int(duration) + 2)
     for send, times, _, _ in done:
         np.add.at(buckets, np.floor(np.subtract(times, origin)).astype(int), 1)
-        active[int(send - origin):int(times[-1] - origin) + 1] += 1
+        active[int(send - origin) : int(times[-1] - origin) + 1] += 1
     out |= {"max_output_tokens_per_s": int(buckets.max()), "max_concurrent_requests": int(active.max())}
     out |= stats("ttft", [times[0] - send for send, times, _, _ in done])
     out |= stats("tpot", [(times[-1] - times[0]) / (n - 1) for send, times, n, _ in done if n > 1])
@@ -114,8 +129,9 @@ def expected(workload, result, server, ok_keys, max_concurrency=None, timeout_s=
     out |= stats("scheduling_delay", [times[0] - send for send, times, _, _ in done])  # TTFT, the proxy
     out["scheduling_delay_source"] = "ttft-proxy"
     if done:
-        out["output_token_source"] = ("usage" if any("usage" in i for i in server.scripts[min(ok_keys)]
-                                                     if isinstance(i, dict)) else "chunks")
+        out["output_token_source"] = (
+            "usage" if any("usage" in i for i in server.scripts[min(ok_keys)] if isinstance(i, dict)) else "chunks"
+        )
     threshold = 5 * np.median(itls) if itls else None
     stalls = [g for g in itls if threshold and g > threshold]
     out |= {"num_stalls": len(stalls), "longest_stall_ms": 1000.0 * max(stalls, default=0.0)}
@@ -138,7 +154,6 @@ def assert_matches(summary: dict, truth: dict) -> None:
             assert summary[key] == value, key
 
 
-
 def endpoint_requests_frame(result):
     return requests_frame(RunResult(result.records, [], result.duration, 0))
 
@@ -147,6 +162,7 @@ def save_endpoint_run(result, payload, out_dir):
     """What `chunkbench bench` writes: requests.parquet, then summary.json (NaN/Infinity refused)."""
     write_parquet(endpoint_requests_frame(result), out_dir / "requests.parquet")
     write_json(payload, out_dir / "summary.json")
+
 
 def test_max_concurrency_latencies_start_at_the_send_and_the_wait_is_client_queue_time():
     # Three requests due at once, one slot: each is 80 ms to a first chunk, then an empty chunk and a
@@ -168,13 +184,15 @@ def test_without_usage_the_text_chunks_are_counted():
 
 
 def test_failures_are_counted_and_kept_and_the_run_goes_on(tmp_path):
-    scripts = {21: [0.08, tok(), 0.08, tok(), usage(2), DONE],
-               22: [0.08, tok(), 0.08, {"error": {"message": "boom", "code": 500}}, DONE],
-               23: [0.08, tok(), "data: {not json", 0.08, tok(), DONE],
-               24: [("status", 500, "internal trouble")],
-               25: [0.08, tok(), 0.08, DROP],
-               26: [0.08, tok(), 1.0, tok(), DONE],  # past the 0.4 s timeout
-               27: [0.08, tok()]}  # a complete body without [DONE]
+    scripts = {
+        21: [0.08, tok(), 0.08, tok(), usage(2), DONE],
+        22: [0.08, tok(), 0.08, {"error": {"message": "boom", "code": 500}}, DONE],
+        23: [0.08, tok(), "data: {not json", 0.08, tok(), DONE],
+        24: [("status", 500, "internal trouble")],
+        25: [0.08, tok(), 0.08, DROP],
+        26: [0.08, tok(), 1.0, tok(), DONE],  # past the 0.4 s timeout
+        27: [0.08, tok()],
+    }  # a complete body without [DONE]
     workload, result, summary, server = bench(scripts, timeout_s=0.4)
     errors = dict(zip(scripts, result.errors))
     assert errors[21] is None and "boom" in errors[22] and "not JSON" in errors[23]
@@ -217,17 +235,27 @@ def test_endpoint_stalls_are_gaps_above_five_times_the_median_itl():
 
 def test_chat_with_an_api_key_and_headers(monkeypatch):
     # vLLM's chat server sends a role chunk with empty content first: it is the first event.
-    script = [0.08, chat_tok("", role="assistant"), 0.08, chat_tok("hi"), 0.08, chat_tok(" there"),
-              usage(2, prompt_tokens=30), DONE]
-    workload, result, summary, server = bench({7: script}, api="chat", api_key="sk-test",
-                                              headers={"X-Trace": "t1"})
+    script = [
+        0.08,
+        chat_tok("", role="assistant"),
+        0.08,
+        chat_tok("hi"),
+        0.08,
+        chat_tok(" there"),
+        usage(2, prompt_tokens=30),
+        DONE,
+    ]
+    workload, result, summary, server = bench({7: script}, api="chat", api_key="sk-test", headers={"X-Trace": "t1"})
     served = server.served[0]
     assert served.path == "/v1/chat/completions" and served.headers["authorization"] == "Bearer sk-test"
     assert served.headers["x-trace"] == "t1" and served.body["stream_options"] == {"include_usage": True}
     assert len(served.body["messages"][0]["content"].split()) == 8 and served.body["max_completion_tokens"] == 7
     truth = expected(workload, result, server, {7})
-    truth |= {"total_input_tokens": 30, "computed_prompt_tokens": 30,  # the server's prompt count, as vLLM
-              "total_token_throughput": 32 / truth["duration"]}
+    truth |= {
+        "total_input_tokens": 30,
+        "computed_prompt_tokens": 30,  # the server's prompt count, as vLLM
+        "total_token_throughput": 32 / truth["duration"],
+    }
     assert_matches(summary, truth)
     monkeypatch.setenv("OPENAI_API_KEY", "env-key")
     _, _, _, server = bench({7: script})

@@ -34,8 +34,12 @@ PROMPT = "the first school of the city"
 def tiny_hf_dir(path, chat_template: bool = True):
     """scripts/tiny_llama.py's model (about 5 s to write)."""
     flags = [] if chat_template else ["--no-chat-template"]
-    subprocess.run([sys.executable, str(REPO / "scripts" / "tiny_llama.py"), str(path), *flags], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "tiny_llama.py"), str(path), *flags],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return path
 
 
@@ -60,8 +64,9 @@ def hf_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(hf_dir):
-    app = create_app(EngineConfig.create(str(hf_dir), max_model_len=MAX_MODEL_LEN, num_blocks=256,
-                                         max_num_batched_tokens=128))
+    app = create_app(
+        EngineConfig.create(str(hf_dir), max_model_len=MAX_MODEL_LEN, num_blocks=256, max_num_batched_tokens=128)
+    )
     with serving(app) as url:
         yield url, app
 
@@ -77,41 +82,63 @@ def post(url: str, path: str, body: dict) -> httpx.Response:
 
 # ---- the OpenAI SDK ----
 
+
 def test_openai_sdk_completions_stop_where_stop_says_streaming_or_not(client):
     full = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0)
     text = full.choices[0].text
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 24 and len(text) > 10
-    stop = text[len(text) // 2:len(text) // 2 + 3]
-    stopped = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0,
-                                        stop=[stop], seed=3)
-    assert stopped.choices[0].text == text[:text.index(stop)] and stopped.choices[0].finish_reason == "stop"
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    stopped = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], seed=3
+    )
+    assert stopped.choices[0].text == text[: text.index(stop)] and stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens < 24
-    chunks = list(client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0,
-                                            stop=stop, stream=True, stream_options={"include_usage": True}))
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == text[:text.index(stop)]
+    chunks = list(
+        client.completions.create(
+            model="tiny-llama",
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stop=stop,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text[: text.index(stop)]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == stopped.usage.completion_tokens
 
 
 def test_openai_sdk_chat_streaming_or_not(client):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
-    full = client.chat.completions.create(model="tiny-llama", messages=messages, max_completion_tokens=20,
-                                          temperature=0)
+    full = client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_completion_tokens=20, temperature=0
+    )
     text = full.choices[0].message.content
     assert full.choices[0].message.role == "assistant" and full.usage.completion_tokens == 20
-    stop = text[len(text) // 2:len(text) // 2 + 2]
-    chunks = list(client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=20,
-                                                 temperature=0, stop=[stop], stream=True,
-                                                 stream_options={"include_usage": True}))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text[:text.index(stop)]
-    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.prompt_tokens == \
-        full.usage.prompt_tokens
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llama",
+            messages=messages,
+            max_tokens=20,
+            temperature=0,
+            stop=[stop],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text[: text.index(stop)]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
 
 
 def test_openai_sdk_seed_makes_sampling_repeatable(client):
     def draw(seed):
-        return client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=16, temperature=1.0,
-                                         seed=seed).choices[0].text
+        return (
+            client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=16, temperature=1.0, seed=seed)
+            .choices[0]
+            .text
+        )
 
     assert draw(5) == draw(5)
     assert len({draw(seed) for seed in range(4)}) > 1  # different seeds, different samples
@@ -119,26 +146,54 @@ def test_openai_sdk_seed_makes_sampling_repeatable(client):
 
 # ---- vLLM's request shapes ----
 
+
 def test_what_vllms_client_sends_is_served_and_unknown_fields_are_logged_once(server, caplog):
     url, _ = server
-    body = {"model": "tiny-llama", "prompt": PROMPT, "repetition_penalty": 1.0, "max_tokens": 4, "logprobs": None,
-            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "stop": None, "presence_penalty": 0, "frequency_penalty": 0.0, "top_k": -1, "min_tokens": 0, "echo": False,
-            "best_of": 1, "n": 1, "min_p": 0.0, "a_field_nobody_knows": {"x": [1]}}
+    body = {
+        "model": "tiny-llama",
+        "prompt": PROMPT,
+        "repetition_penalty": 1.0,
+        "max_tokens": 4,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "stop": None,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "top_k": -1,
+        "min_tokens": 0,
+        "echo": False,
+        "best_of": 1,
+        "n": 1,
+        "min_p": 0.0,
+        "a_field_nobody_knows": {"x": [1]},
+    }
     with caplog.at_level(logging.WARNING, logger="chunkbench.serving.server"):
         for _ in range(2):
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
                 assert response.status_code == 200
-                events = [json.loads(line[6:]) for line in response.iter_lines()
-                          if line.startswith("data: ") and line != "data: [DONE]"]
+                events = [
+                    json.loads(line[6:])
+                    for line in response.iter_lines()
+                    if line.startswith("data: ") and line != "data: [DONE]"
+                ]
     assert [e["usage"]["completion_tokens"] for e in events] == [1, 2, 3, 4, 4]  # continuous, then the total
     assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-1]["choices"] == []
     logged = [r.getMessage() for r in caplog.records if "a_field_nobody_knows" in r.getMessage()]
     assert len(logged) == 1  # once, not per request
 
 
-@pytest.mark.parametrize("field, value", [("presence_penalty", 0.5), ("repetition_penalty", 1.2), ("logprobs", 2),
-                                          ("best_of", 2), ("logit_bias", {"5": 10}), ("n", 2)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("presence_penalty", 0.5),
+        ("repetition_penalty", 1.2),
+        ("logprobs", 2),
+        ("best_of", 2),
+        ("logit_bias", {"5": 10}),
+        ("n", 2),
+    ],
+)
 def test_a_known_field_that_would_change_the_result_is_a_400_naming_it(server, field, value):
     response = post(server[0], "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, field: value})
     assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
@@ -146,11 +201,17 @@ def test_a_known_field_that_would_change_the_result_is_a_400_naming_it(server, f
 
 def test_chat_content_parts_are_the_text_joined_and_other_parts_are_a_400(server):
     url, _ = server
-    as_string = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello\nworld"}],
-                                                   "max_tokens": 6, "temperature": 0}).json()
+    as_string = post(
+        url,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hello\nworld"}], "max_tokens": 6, "temperature": 0},
+    ).json()
     parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]
-    as_parts = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": parts}],
-                                                  "max_tokens": 6, "temperature": 0}).json()
+    as_parts = post(
+        url,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": parts}], "max_tokens": 6, "temperature": 0},
+    ).json()
     assert as_parts["choices"][0]["message"] == as_string["choices"][0]["message"]
     assert as_parts["usage"] == as_string["usage"]
     image = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
@@ -183,6 +244,7 @@ def test_a_model_without_a_chat_template_answers_chat_with_a_400(tmp_path):
 
 # ---- the sampling extensions, against a greedy run of the same request ----
 
+
 def greedy_ids(server, **extra) -> tuple[dict, list[int]]:
     url, app = server
     body = post(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, **extra}).json()
@@ -195,10 +257,10 @@ def test_stop_token_ids_end_at_the_first_such_token_and_min_tokens_masks_it(serv
     token = ids[k]
     first = ids.index(token)
     body, stopped = greedy_ids(server, stop_token_ids=[token])
-    assert stopped == ids[:first + 1] and body["usage"]["completion_tokens"] == first + 1
+    assert stopped == ids[: first + 1] and body["usage"]["completion_tokens"] == first + 1
     assert body["choices"][0]["finish_reason"] == "stop" and body["choices"][0]["stop_reason"] == token
     body, masked = greedy_ids(server, stop_token_ids=[token], min_tokens=first + 2)
-    assert masked[:first] == ids[:first] and token not in masked[:first + 2] and len(masked) >= first + 2
+    assert masked[:first] == ids[:first] and token not in masked[: first + 2] and len(masked) >= first + 2
 
 
 def test_top_k_1_samples_the_greedy_tokens_and_echo_prepends_the_prompt(server):
@@ -211,8 +273,17 @@ def test_top_k_1_samples_the_greedy_tokens_and_echo_prepends_the_prompt(server):
 
 def test_min_tokens_masks_eos_in_the_sampler_and_in_the_stop_check():
     sampling = SamplingParams(max_tokens=8, min_tokens=2, stop_token_ids=(4,))
-    chunk = ScheduledChunk(request_id="r", token_ids=[1], start_pos=0, block_table=[0], sample=True, is_decode=True,
-                           sampling=sampling, sample_index=0, sample_seed=0)
+    chunk = ScheduledChunk(
+        request_id="r",
+        token_ids=[1],
+        start_pos=0,
+        block_table=[0],
+        sample=True,
+        is_decode=True,
+        sampling=sampling,
+        sample_index=0,
+        sample_seed=0,
+    )
     logits = torch.tensor([[0.0, 9.0, 8.0, 1.0, 7.0]])  # EOS (1) first, then 2, then stop id 4
     assert sample(logits, [chunk], eos_token_id=1) == [2]
     late = ScheduledChunk("r", [1], 0, [0], True, True, sampling, sample_index=2, sample_seed=0)
@@ -226,6 +297,7 @@ def test_min_tokens_masks_eos_in_the_sampler_and_in_the_stop_check():
 
 # ---- limits, as vLLM states them ----
 
+
 def test_max_tokens_beyond_the_room_left_is_a_400_naming_both_numbers(server):
     url, _ = server
     prompt = list(range(10, 110))  # 100 tokens: 156 left under max_model_len 256
@@ -235,8 +307,11 @@ def test_max_tokens_beyond_the_room_left_is_a_400_naming_both_numbers(server):
     assert post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 156}).status_code == 200
     whole = post(url, "/v1/completions", {"prompt": list(range(10, 10 + MAX_MODEL_LEN)), "max_tokens": 1})
     assert whole.status_code == 400 and whole.json()["error"]["param"] == "prompt"
-    chat = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0,
-                                              "max_completion_tokens": 4})
+    chat = post(
+        url,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0, "max_completion_tokens": 4},
+    )
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_tokens"
     assert idle(server[1].state.engine) == 0
 
@@ -245,8 +320,9 @@ def test_405_keeps_allow_and_a_json_syntax_error_names_no_field(server):
     url, _ = server
     response = httpx.delete(url + "/health")
     assert response.status_code == 405 and response.headers["allow"] == "GET"
-    broken = httpx.post(url + "/v1/completions", content=b'{"prompt": "x",}',
-                        headers={"content-type": "application/json"})
+    broken = httpx.post(
+        url + "/v1/completions", content=b'{"prompt": "x",}', headers={"content-type": "application/json"}
+    )
     assert broken.status_code == 400 and broken.json()["error"]["param"] is None
     assert "not valid JSON" in broken.json()["error"]["message"]
 
@@ -254,8 +330,9 @@ def test_405_keeps_allow_and_a_json_syntax_error_names_no_field(server):
 def test_greedy_sampling_takes_torch_argmax_choice_on_ties_nan_and_all_inf_rows():
     """The CPU path's NumPy argmax (executor.sample) must pick what torch.argmax picks: the first maximum."""
     nan, inf = float("nan"), float("inf")
-    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [1.0, nan, 5.0, nan], [-inf, -inf, -inf, -inf],
-                           [0.0, 0.0, 0.0, 2.0]])
-    chunks = [ScheduledChunk(f"r{i}", [1], 0, [0], True, True, SamplingParams(max_tokens=2), sample_index=0,
-                             sample_seed=0) for i in range(len(logits))]
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [1.0, nan, 5.0, nan], [-inf, -inf, -inf, -inf], [0.0, 0.0, 0.0, 2.0]])
+    chunks = [
+        ScheduledChunk(f"r{i}", [1], 0, [0], True, True, SamplingParams(max_tokens=2), sample_index=0, sample_seed=0)
+        for i in range(len(logits))
+    ]
     assert sample(logits, chunks) == logits.argmax(dim=-1).tolist() == [1, 1, 0, 3]

@@ -54,12 +54,13 @@ def test_poisoned_requests_among_normal_load(server):
 
     async def run():
         gate = asyncio.Semaphore(32)
-        async with httpx.AsyncClient(base_url=url, timeout=60,
-                                     limits=httpx.Limits(max_connections=32)) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=32)) as client:
+
             async def one(path, content):
                 async with gate:
                     response = await client.post(path, content=content, headers={"content-type": "application/json"})
                     return response.status_code, response.text
+
             return await asyncio.gather(*(one(path, content) for _, path, content in requests))
 
     started = time.monotonic()
@@ -68,8 +69,9 @@ def test_poisoned_requests_among_normal_load(server):
     normal = [r for (poisoned, *_), r in zip(requests, results) if not poisoned]
     poisoned = [r for (poisoned, *_), r in zip(requests, results) if poisoned]
     assert len(normal) == 200 and len(poisoned) == 20
-    assert all(status == NORMAL_OK and "error" not in text for status, text in normal), \
-        [r for r in normal if r[0] != NORMAL_OK][:3]
+    assert all(status == NORMAL_OK and "error" not in text for status, text in normal), [
+        r for r in normal if r[0] != NORMAL_OK
+    ][:3]
     assert all(400 <= status < 500 for status, _ in poisoned), [s for s, _ in poisoned]
     assert idle(app.state.engine) == 0 and app.state.engine.healthy
     print(f"\n220 requests (20 poisoned) at concurrency 32: {elapsed:.1f} s")
@@ -77,9 +79,12 @@ def test_poisoned_requests_among_normal_load(server):
 
 CHARS = st.characters(exclude_categories=()) | st.sampled_from("\ud800\udfff\x00")  # lone surrogates often
 TEXT = st.text(CHARS, max_size=30)
-JSON_SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) | TEXT
-JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(CHARS, max_size=6), inner, max_size=4), max_leaves=12)
+JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | TEXT
+JSON = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(CHARS, max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def field(plausible):
@@ -87,15 +92,30 @@ def field(plausible):
     return st.integers(0, 3).flatmap(lambda k: JSON if k == 0 else plausible)
 
 
-COMMON = {"model": field(TEXT), "max_tokens": field(st.integers(-3, 6)), "temperature": field(st.floats(-1, 3)),
-          "top_p": field(st.floats(-0.5, 1.5)), "seed": field(st.integers()), "ignore_eos": field(st.booleans()),
-          "stream": field(st.booleans()), "n": field(st.just(1)), "user": field(TEXT),
-          "stream_options": field(st.fixed_dictionaries({"include_usage": field(st.booleans())}))}
+COMMON = {
+    "model": field(TEXT),
+    "max_tokens": field(st.integers(-3, 6)),
+    "temperature": field(st.floats(-1, 3)),
+    "top_p": field(st.floats(-0.5, 1.5)),
+    "seed": field(st.integers()),
+    "ignore_eos": field(st.booleans()),
+    "stream": field(st.booleans()),
+    "n": field(st.just(1)),
+    "user": field(TEXT),
+    "stream_options": field(st.fixed_dictionaries({"include_usage": field(st.booleans())})),
+}
 MESSAGE = st.fixed_dictionaries({"role": field(st.sampled_from(["user", "system"])), "content": field(TEXT)})
-FIELDS = {"/v1/completions": ("prompt", {**COMMON, "prompt": field(TEXT | st.lists(st.integers(-5, 600),
-                                                                                   max_size=20))}),
-          "/v1/chat/completions": ("messages", {**COMMON, "messages": field(st.lists(MESSAGE, min_size=1, max_size=3)),
-                                                "max_completion_tokens": field(st.integers(-2, 6))})}
+FIELDS = {
+    "/v1/completions": ("prompt", {**COMMON, "prompt": field(TEXT | st.lists(st.integers(-5, 600), max_size=20))}),
+    "/v1/chat/completions": (
+        "messages",
+        {
+            **COMMON,
+            "messages": field(st.lists(MESSAGE, min_size=1, max_size=3)),
+            "max_completion_tokens": field(st.integers(-2, 6)),
+        },
+    ),
+}
 
 
 @st.composite
@@ -125,8 +145,9 @@ def test_fuzzed_bodies_get_200_or_400_never_500(server, request):
 @given(content=st.binary(max_size=200))
 def test_fuzzed_raw_bytes_get_400_never_500(server, content):
     url, _ = server
-    response = httpx.post(url + "/v1/completions", content=content, headers={"content-type": "application/json"},
-                          timeout=30)
+    response = httpx.post(
+        url + "/v1/completions", content=content, headers={"content-type": "application/json"}, timeout=30
+    )
     assert response.status_code in (200, 400), (response.status_code, response.text[:300], content)
 
 

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from chunkbench import LLM
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.request import SamplingError, SamplingParams
-from chunkbench.serving.server import create_app
 from chunkbench.serving.limits import ServerLimits
+from chunkbench.serving.server import create_app
 from tests.conftest import free_port, run_cli
 from tests.serving.test_server import idle
 
@@ -27,11 +27,13 @@ from tests.serving.test_server import idle
 def running_server(limits: ServerLimits | None = None, max_model_len: int = 1024):
     """A real uvicorn server on loopback, with the limits' uvicorn settings, as `serve` should run it."""
     limits = limits or ServerLimits()
-    config = EngineConfig.create("tiny", policy="chunked", max_num_batched_tokens=128, max_model_len=max_model_len,
-                                 num_blocks=512)
+    config = EngineConfig.create(
+        "tiny", policy="chunked", max_num_batched_tokens=128, max_model_len=max_model_len, num_blocks=512
+    )
     app = create_app(config, limits=limits)
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="critical",
-                                       **limits.uvicorn_kwargs()))
+    uv = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="critical", **limits.uvicorn_kwargs())
+    )
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     while not uv.started:
@@ -55,14 +57,18 @@ def post(url: str, content: bytes, path: str = "/v1/completions", **kw) -> httpx
 
 # ---- 1a: sampling parameters are checked where requests enter ----
 
-@pytest.mark.parametrize("raw, param", [
-    (b'{"prompt": "hi", "max_tokens": 4, "temperature": NaN}', "temperature"),
-    (b'{"prompt": "hi", "max_tokens": 4, "temperature": Infinity}', "temperature"),
-    (b'{"prompt": "hi", "max_tokens": 4, "temperature": -0.5}', "temperature"),
-    (b'{"prompt": "hi", "max_tokens": 4, "temperature": 2.5}', "temperature"),
-    (b'{"prompt": "hi", "max_tokens": 4, "top_p": NaN}', "top_p"),
-    (b'{"prompt": "hi", "max_tokens": 4, "top_p": 0}', "top_p"),
-])
+
+@pytest.mark.parametrize(
+    "raw, param",
+    [
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": NaN}', "temperature"),
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": Infinity}', "temperature"),
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": -0.5}', "temperature"),
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": 2.5}', "temperature"),
+        (b'{"prompt": "hi", "max_tokens": 4, "top_p": NaN}', "top_p"),
+        (b'{"prompt": "hi", "max_tokens": 4, "top_p": 0}', "top_p"),
+    ],
+)
 def test_bad_sampling_numbers_get_400_naming_the_field(server, raw, param):
     url, app = server
     response = post(url, raw)
@@ -83,8 +89,12 @@ def test_sampling_params_checks_reach_llm_and_the_cli(capsys):
     assert SamplingParams(temperature=1e-300).temperature == 0.01  # as vLLM's _MAX_TEMP clamp
     tokens = LLM("tiny", max_model_len=256, num_blocks=64).generate([[1, 2, 3]], max_tokens=3, temperature=1e-45)
     assert len(tokens[0]) == 3
-    for kwargs, field in [({"temperature": math.nan}, "temperature"), ({"max_tokens": True}, "max_tokens"),
-                          ({"max_tokens": 2.0}, "max_tokens"), ({"seed": 1.5}, "seed")]:
+    for kwargs, field in [
+        ({"temperature": math.nan}, "temperature"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": 2.0}, "max_tokens"),
+        ({"seed": 1.5}, "seed"),
+    ]:
         with pytest.raises(SamplingError, match=field) as info:
             SamplingParams(**kwargs)
         assert info.value.param == field
@@ -94,23 +104,36 @@ def test_sampling_params_checks_reach_llm_and_the_cli(capsys):
 
 # ---- 2 and 5: strict types, field-named 400s, lone surrogates ----
 
-@pytest.mark.parametrize("path, raw, param", [
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}',
-     "max_completion_tokens"),
-    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "stream": "yes"}', "stream"),
-    ("/v1/completions", b'{"prompt": "hi", "max_tokens": true}', "max_tokens"),
-    ("/v1/completions", b'{"prompt": [1.0, 2.0], "max_tokens": 2}', "prompt.0"),
-    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "temperature": "1"}', "temperature"),
-    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "seed": 1.5}', "seed"),
-    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "n": 2}', "n"),
-    ("/v1/completions", b'{"prompt": "hi", "stream": true, "stream_options": {"include_usage": "yes"}}',
-     "stream_options.include_usage"),
-    ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 2}', "prompt"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\udfffb"}], "max_tokens": 2}',
-     "messages.0.content"),
-    ("/v1/completions", b'{"prompt": "hi", "\\ud800": 1}', None),
-    ("/v1/completions", b'{"prompt": "\xff\xfe", "max_tokens": 2}', None),
-])
+
+@pytest.mark.parametrize(
+    "path, raw, param",
+    [
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}',
+            "max_completion_tokens",
+        ),
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "stream": "yes"}', "stream"),
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": true}', "max_tokens"),
+        ("/v1/completions", b'{"prompt": [1.0, 2.0], "max_tokens": 2}', "prompt.0"),
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "temperature": "1"}', "temperature"),
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "seed": 1.5}', "seed"),
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "n": 2}', "n"),
+        (
+            "/v1/completions",
+            b'{"prompt": "hi", "stream": true, "stream_options": {"include_usage": "yes"}}',
+            "stream_options.include_usage",
+        ),
+        ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 2}', "prompt"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "a\\udfffb"}], "max_tokens": 2}',
+            "messages.0.content",
+        ),
+        ("/v1/completions", b'{"prompt": "hi", "\\ud800": 1}', None),
+        ("/v1/completions", b'{"prompt": "\xff\xfe", "max_tokens": 2}', None),
+    ],
+)
 def test_every_bad_field_is_a_400_naming_it(server, path, raw, param):
     url, _ = server
     response = post(url, raw, path)
@@ -121,6 +144,7 @@ def test_every_bad_field_is_a_400_naming_it(server, path, raw, param):
 
 # ---- 3: request size and time limits ----
 
+
 def test_a_body_over_the_limit_is_413_whether_declared_or_chunked(server):
     url, _ = server
     big = b'{"prompt": "' + b"a" * (10 * 2**20) + b'", "max_tokens": 2}'
@@ -129,6 +153,7 @@ def test_a_body_over_the_limit_is_413_whether_declared_or_chunked(server):
     def chunks():
         for _ in range(80):
             yield b"a" * 2**16
+
     response = httpx.post(url + "/v1/completions", content=chunks(), timeout=30)  # no Content-Length
     assert response.status_code == 413
     assert post(url, b'{"prompt": "hi", "max_tokens": 2}').status_code == 200
@@ -138,8 +163,9 @@ def test_a_long_prompt_is_refused_before_tokenizing_and_tokenizing_is_off_the_ev
     url, app = server
     threads = []
     encode = app.state.tokenizer.encode
-    monkeypatch.setattr(app.state.tokenizer, "encode", lambda text: threads.append(threading.current_thread())
-                        or encode(text))
+    monkeypatch.setattr(
+        app.state.tokenizer, "encode", lambda text: threads.append(threading.current_thread()) or encode(text)
+    )
     response = post(url, json.dumps({"prompt": "a" * (32 * 1024 + 1), "max_tokens": 2}).encode())
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt" and not threads
     assert post(url, b'{"prompt": "hi", "max_tokens": 2}').status_code == 200
@@ -154,25 +180,30 @@ def test_a_request_head_or_body_that_never_finishes_is_cut_off(server):
         started = time.monotonic()
         assert s.recv(1024) == b"" and time.monotonic() - started < 8  # closed by the 1 s head timeout
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 100\r\n\r\n{\"prompt\":")  # 90 bytes short
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"prompt":'
+        )  # 90 bytes short
         assert s.recv(1024).startswith(b"HTTP/1.1 408")
 
 
 # ---- 4: a non-streaming client that leaves aborts its request ----
 
+
 def test_non_streaming_request_is_aborted_when_its_client_leaves(server):
     url, app = server
     engine = app.state.engine
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1000, "ignore_eos": True},
-                   timeout=0.5)
+        httpx.post(
+            url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1000, "ignore_eos": True}, timeout=0.5
+        )
     assert idle(engine, timeout=20) == 0
     latest = list(engine.finished.values())[-1]
     assert latest.finish_reason == "abort" and latest.num_output_tokens < 1000
 
 
 # ---- 6 and 7: metrics ----
+
 
 def test_metrics_use_vllm_names_and_need_no_scrape_to_stay_bounded(server):
     url, app = server
@@ -190,18 +221,30 @@ def test_metrics_use_vllm_names_and_need_no_scrape_to_stay_bounded(server):
     # Every step is already in the histograms, with nothing queued for the next scrape to drain: two requests
     # of 3 tokens took at least 3 steps, and both per-step histograms saw each of them.
     deadline = time.monotonic() + 5  # the engine thread observes a step just after it returns
-    while (steps_seen("chunkbench:step_seconds_count") != steps_seen("vllm:iteration_tokens_total_count")
-           and time.monotonic() < deadline):
+    while (
+        steps_seen("chunkbench:step_seconds_count") != steps_seen("vllm:iteration_tokens_total_count")
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
     assert steps_seen("chunkbench:step_seconds_count") >= before + 3
     assert steps_seen("chunkbench:step_seconds_count") == steps_seen("vllm:iteration_tokens_total_count")
     assert len(getattr(engine, "step_seconds", ())) == 0
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)}
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-                 "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:prompt_tokens",
-                 "vllm:generation_tokens", "vllm:iteration_tokens_total", "vllm:num_preemptions",
-                 "vllm:request_success", "chunkbench:step_seconds"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:iteration_tokens_total",
+        "vllm:num_preemptions",
+        "vllm:request_success",
+        "chunkbench:step_seconds",
+    ):
         assert name in families, name
         assert all(s.labels["model_name"] == "tiny" for s in families[name].samples)
     success = sum(s.value for s in families["vllm:request_success"].samples if s.name.endswith("_total"))
@@ -212,6 +255,7 @@ def test_metrics_use_vllm_names_and_need_no_scrape_to_stay_bounded(server):
 
 
 # ---- 1b: a failing step fails its own requests; a dead loop says so ----
+
 
 def test_a_step_that_raises_fails_exactly_its_requests_and_the_engine_goes_on(monkeypatch):
     with running_server() as (url, app, _, _):
@@ -230,8 +274,12 @@ def test_a_step_that_raises_fails_exactly_its_requests_and_the_engine_goes_on(mo
 
         async def burst():
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                return await asyncio.gather(*(client.post("/v1/completions", json={
-                    "prompt": f"request {i}", "max_tokens": 3}) for i in range(6)))
+                return await asyncio.gather(
+                    *(
+                        client.post("/v1/completions", json={"prompt": f"request {i}", "max_tokens": 3})
+                        for i in range(6)
+                    )
+                )
 
         armed.set()
         responses = asyncio.run(burst())
@@ -243,8 +291,9 @@ def test_a_step_that_raises_fails_exactly_its_requests_and_the_engine_goes_on(mo
 
         # Mid-stream: the stream ends with an error event, and the engine still serves.
         failed.clear()
-        with httpx.stream("POST", url + "/v1/completions", json={"prompt": "x", "max_tokens": 200,
-                                                                "ignore_eos": True, "stream": True}) as r:
+        with httpx.stream(
+            "POST", url + "/v1/completions", json={"prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        ) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: {")
             armed.set()
@@ -261,8 +310,9 @@ def test_a_dead_engine_loop_fails_its_callers_says_503_and_the_server_still_stop
         result = {}
 
         def long_request():
-            result["response"] = httpx.post(url + "/v1/completions", json={
-                "prompt": "x", "max_tokens": 900, "ignore_eos": True}, timeout=60)
+            result["response"] = httpx.post(
+                url + "/v1/completions", json={"prompt": "x", "max_tokens": 900, "ignore_eos": True}, timeout=60
+            )
 
         caller = threading.Thread(target=long_request)
         caller.start()

@@ -21,8 +21,12 @@ from tests.serving.test_server_hardening import running_server
 EXAMPLES = int(os.environ.get("CHUNKBENCH_SCHEMA_EXAMPLES", "150"))  # bounded in the suite; raise it to hunt
 MAX_MODEL_LEN = 64  # short requests, whatever max_tokens they ask for
 # What a schema cannot state, so a schema-valid request may still get it (each message names both numbers).
-CROSS_FIELD = ("maximum context length", "more than this server takes", "more than max_model_len",
-               "min_tokens must be an integer from 0 to max_tokens")
+CROSS_FIELD = (
+    "maximum context length",
+    "more than this server takes",
+    "more than max_model_len",
+    "min_tokens must be an integer from 0 to max_tokens",
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +45,18 @@ def test_the_document_states_the_limits_and_answers(server):
     assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     body = doc["components"]["schemas"]["CompletionBody"]["properties"]
     ids, vocab = body["prompt"]["anyOf"][1], httpx.get(url + "/v1/models").json()["data"][0]["vocab_size"]
-    assert ids["maxItems"] == MAX_MODEL_LEN - 1 and ids["items"] == {"type": "integer", "minimum": 0,
-                                                                      "maximum": vocab - 1}
+    assert ids["maxItems"] == MAX_MODEL_LEN - 1 and ids["items"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": vocab - 1,
+    }
     assert body["prompt"]["anyOf"][0]["minLength"] == 1 and body["prompt"]["anyOf"][0]["maxLength"] == 512
     assert body["top_p"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
     assert body["temperature"]["anyOf"][0] == {"type": "number", "minimum": 0, "maximum": 2}
     assert body["max_tokens"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": MAX_MODEL_LEN - 1}
     assert body["repetition_penalty"]["anyOf"] == [{"const": 1.0}, {"type": "null"}]
     seed = body["seed"]["anyOf"][0]  # 2**63 - 1 reached FastAPI's document as the float 2**63, which is refused
-    assert -2**63 <= seed["minimum"] and seed["maximum"] <= 2**63 - 1, seed
+    assert -(2**63) <= seed["minimum"] and seed["maximum"] <= 2**63 - 1, seed
     assert "422" not in str(doc) and "2.0 is refused" in doc["info"]["description"]
 
 
@@ -65,8 +72,13 @@ def has_whole_float(value) -> bool:
 def cases(url: str):
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
     operations = [op.ok() for op in schema.get_all_operations()]
-    return st.one_of([op.as_strategy(generation_mode=mode) for op in operations
-                      for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)])
+    return st.one_of(
+        [
+            op.as_strategy(generation_mode=mode)
+            for op in operations
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+        ]
+    )
 
 
 def test_schemathesis_finds_the_server_doing_what_its_document_says(server):

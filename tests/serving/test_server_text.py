@@ -32,13 +32,16 @@ def test_a_character_split_over_tokens_comes_out_whole():
     assert out == ["", "é", "", "", "€"]  # nothing half-made, no replacement character
 
 
-@pytest.mark.parametrize("text, stop, include, expected, used", [
-    ("hello world, stop here", ["stop"], False, "hello world, ", 17),
-    ("hello world, stop here", ["stop"], True, "hello world, stop", 17),
-    ("hello world", ["xyz"], False, "hello world", 11),
-    ("aaab", ["ab", "aab"], False, "aa", 4),  # as vLLM: the first stop listed that the new text completes
-    ("na€ve", ["€"], False, "na", 5),  # found once the character is whole
-])
+@pytest.mark.parametrize(
+    "text, stop, include, expected, used",
+    [
+        ("hello world, stop here", ["stop"], False, "hello world, ", 17),
+        ("hello world, stop here", ["stop"], True, "hello world, stop", 17),
+        ("hello world", ["xyz"], False, "hello world", 11),
+        ("aaab", ["ab", "aab"], False, "aa", 4),  # as vLLM: the first stop listed that the new text completes
+        ("na€ve", ["€"], False, "na", 5),  # found once the character is whole
+    ],
+)
 def test_stop_strings_end_the_text_where_they_begin(text, stop, include, expected, used):
     pieces, stream, consumed = stream_all(text, stop, include)
     assert "".join(pieces) == expected and consumed == used

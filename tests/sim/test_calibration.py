@@ -2,16 +2,15 @@
 tests/data/gpu-profiles, see its ORIGIN.md) and published serving figures. Each threshold is the calibration's
 acceptance number, checked on the data so that a change to the model or the constants can fail it."""
 
-
 import pytest
 
 from chunkbench.bench.backends import SimBackend
+from chunkbench.calibration.gpu_kernels import PROFILES, fit, gpu_of, linear_errors, load_rows
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.errors import UserError
-from chunkbench.calibration.gpu_kernels import PROFILES, fit, gpu_of, linear_errors, load_rows
-from chunkbench.sim.kernel_constants import calibration_for
 from chunkbench.sim.engine_overhead import ENGINE_OVERHEAD_S, engine_overhead
 from chunkbench.sim.gpus import GPUS
+from chunkbench.sim.kernel_constants import calibration_for
 from chunkbench.sim.roofline import RooflineCostModel
 from chunkbench.sim.shape import StepShape
 from tests.conftest import REPO
@@ -59,8 +58,17 @@ def test_the_model_bends_before_the_knee():
             assert errors.max_abs_pct <= 15.0, (gpu, tokens, errors)
 
 
-LLAMA_2_7B = ModelConfig("llama-2-7b", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
-                         num_heads=32, num_kv_heads=32, head_dim=128, max_model_len=4096)  # Meta's config.json
+LLAMA_2_7B = ModelConfig(
+    "llama-2-7b",
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=128,
+    max_model_len=4096,
+)  # Meta's config.json
 
 
 def cpp_engine(gpu):

@@ -12,18 +12,23 @@ import pytest
 
 from chunkbench.bench.backend_choice import resolve
 from chunkbench.bench.backends import EngineBackend, SimBackend
+from chunkbench.bench.runs import compare, run_benchmark
+from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, build_workload
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import kv_bytes_per_token_per_gpu, kv_heads_per_gpu
 from chunkbench.errors import UserError
-from chunkbench.bench.runs import compare, run_benchmark
 from chunkbench.sim.gpus import GPUS
-from chunkbench.sim.roofline import (ALL_REDUCES_PER_LAYER, LINK_EFFICIENCY, STEP_OVERHEAD_S, RooflineCostModel,
-                                     ring_all_reduce_seconds)
 from chunkbench.sim.kernel_times import layer_gemms
+from chunkbench.sim.roofline import (
+    ALL_REDUCES_PER_LAYER,
+    LINK_EFFICIENCY,
+    STEP_OVERHEAD_S,
+    RooflineCostModel,
+    ring_all_reduce_seconds,
+)
 from chunkbench.sim.shape import StepShape
 from chunkbench.tune.emit import sglang_flags, vllm_yaml
-from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, build_workload
 
 SHAPES = {
     "prefill2048": StepShape(((2048, 0),), (), 1),
@@ -46,8 +51,9 @@ BEFORE_TP = {
 
 
 def roofline(model, gpu="h100-sxm", tp=1, kv_dtype_bytes=2):
-    return RooflineCostModel(ModelConfig.from_name(model), GPUS[gpu], tensor_parallel_size=tp,
-                             kv_dtype_bytes=kv_dtype_bytes)
+    return RooflineCostModel(
+        ModelConfig.from_name(model), GPUS[gpu], tensor_parallel_size=tp, kv_dtype_bytes=kv_dtype_bytes
+    )
 
 
 @pytest.mark.parametrize("model, gpu", BEFORE_TP)
@@ -71,8 +77,9 @@ def test_tp_divides_compute_and_adds_two_ring_all_reduces_per_layer(tp, shape):
     ring = 2 * (tp - 1) / tp * message / (h100.link_bandwidth * LINK_EFFICIENCY) + 2 * (tp - 1) * h100.link_latency
     assert ring_all_reduce_seconds(message, tp, h100) == pytest.approx(ring)
     # The same GPU with a free link: the difference is exactly the two all-reduces of each of the 80 layers.
-    free = RooflineCostModel(model, dataclasses.replace(h100, link_bandwidth=math.inf, link_latency=0.0),
-                             tensor_parallel_size=tp)
+    free = RooflineCostModel(
+        model, dataclasses.replace(h100, link_bandwidth=math.inf, link_latency=0.0), tensor_parallel_size=tp
+    )
     assert many.predict(step) - free.predict(step) == pytest.approx(ALL_REDUCES_PER_LAYER * 80 * ring, rel=1e-9)
     # The kernels' share shrinks with N, but less than 1/N: per-kernel floors, norms and residual adds over the
     # whole hidden state on every GPU, and narrower GEMMs further from their peak (the Vidur TP rows the
@@ -103,8 +110,10 @@ def test_a_model_too_large_for_one_gpu_is_told_how_many_it_needs():
 
 
 def test_kv_capacity_grows_with_gpus_and_doubles_with_fp8():
-    blocks = {tp: roofline("qwen2.5-72b", tp=tp).kv_blocks(EngineConfig.create("qwen2.5-72b", tensor_parallel_size=tp))
-              for tp in (4, 8)}
+    blocks = {
+        tp: roofline("qwen2.5-72b", tp=tp).kv_blocks(EngineConfig.create("qwen2.5-72b", tensor_parallel_size=tp))
+        for tp in (4, 8)
+    }
     assert blocks[8] > 2 * blocks[4]  # twice the memory, and the weights' share of it halves
     fp8 = EngineConfig.create("qwen2.5-72b", tensor_parallel_size=4, kv_cache_dtype="fp8")
     cost = RooflineCostModel.for_config(fp8, GPUS["h100-sxm"])
@@ -164,15 +173,25 @@ def test_100k_token_prompts_simulate_in_seconds():
 def test_chunking_cuts_the_activation_peak_of_long_documents():
     workload = build_workload(WorkloadSpec(name="long-doc", num_requests=12, rate=0.5), 32768)
     base = dict(model="qwen2.5-72b", tensor_parallel_size=4, max_model_len=32768)
-    continuous, chunked = compare(base, ["continuous", "chunked:budget=2048"], workload,
-                                  backend=SimBackend("h100-sxm"), progress=False)
+    continuous, chunked = compare(
+        base, ["continuous", "chunked:budget=2048"], workload, backend=SimBackend("h100-sxm"), progress=False
+    )
     assert chunked.summary["peak_activation_bytes"] <= 0.2 * continuous.summary["peak_activation_bytes"]
 
 
 # ---------- the formula against the CPU engine ----------
 
-MEASURED = ModelConfig("measured", vocab_size=4096, hidden_size=256, intermediate_size=1024, num_layers=2,
-                       num_heads=4, num_kv_heads=2, head_dim=64, max_model_len=4096)
+MEASURED = ModelConfig(
+    "measured",
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    max_model_len=4096,
+)
 
 
 def profiled_peak(fn) -> int:
@@ -205,19 +224,29 @@ def measure_next_step(engine) -> dict:
     return measured
 
 
-@pytest.mark.parametrize("steps", [
-    [(1024, 0)],  # one prefill chunk, plain causal: the MLP phase peaks
-    [(512, 1536)],  # a chunk over cached context: the gathered K/V and the mask
-    [(1500, 0)],  # longer than QUERY_BLOCK: masked in blocks
-])
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [(1024, 0)],  # one prefill chunk, plain causal: the MLP phase peaks
+        [(512, 1536)],  # a chunk over cached context: the gathered K/V and the mask
+        [(1500, 0)],  # longer than QUERY_BLOCK: masked in blocks
+    ],
+)
 def test_activation_formula_matches_the_cpu_engine_within_10_percent(steps):
     from chunkbench.engine.engine import LLMEngine
     from chunkbench.engine.request import SamplingParams
 
     q, ctx = steps[0]
-    engine = LLMEngine(EngineConfig(MEASURED, cache=EngineConfig.create(MEASURED, num_blocks=512).cache,
-                                    scheduler=EngineConfig.create(MEASURED, max_num_batched_tokens=max(q, ctx) or 1,
-                                                                  max_model_len=4096).scheduler, device="cpu"))
+    engine = LLMEngine(
+        EngineConfig(
+            MEASURED,
+            cache=EngineConfig.create(MEASURED, num_blocks=512).cache,
+            scheduler=EngineConfig.create(
+                MEASURED, max_num_batched_tokens=max(q, ctx) or 1, max_model_len=4096
+            ).scheduler,
+            device="cpu",
+        )
+    )
     engine.add_request(list(range(1, q + ctx + 1)), SamplingParams(max_tokens=2, ignore_eos=True))
     if ctx:
         engine.step()  # the context, computed in one step of `ctx` tokens
@@ -241,8 +270,11 @@ def test_activation_formula_matches_a_cpu_decode_step_with_and_without_the_c_ker
     try:
         if kernel == "1" and cpu_decode.library() is None:
             pytest.skip("no C compiler")
-        engine = LLMEngine(EngineConfig.create(MEASURED, num_blocks=1024, max_num_batched_tokens=8 * 1500,
-                                               max_model_len=4096, device="cpu"))
+        engine = LLMEngine(
+            EngineConfig.create(
+                MEASURED, num_blocks=1024, max_num_batched_tokens=8 * 1500, max_model_len=4096, device="cpu"
+            )
+        )
         for i in range(8):
             engine.add_request([1 + (i + t) % 4000 for t in range(1500)], SamplingParams(max_tokens=3, ignore_eos=True))
         engine.step()  # the prompts, in one step
@@ -250,8 +282,9 @@ def test_activation_formula_matches_a_cpu_decode_step_with_and_without_the_c_ker
         assert measured["shape"] == [(1, 1500)] * 8
         predicted = measured["result"].activation_bytes
         path = "flash" if kernel == "1" else None
-        assert predicted == step_activation_bytes(MEASURED, [], [1501] * 8, 8, 4, attention="reference",
-                                                  decode_attention=path)
+        assert predicted == step_activation_bytes(
+            MEASURED, [], [1501] * 8, 8, 4, attention="reference", decode_attention=path
+        )
         assert predicted == pytest.approx(measured["peak"], rel=0.10)
     finally:
         cpu_decode.library.cache_clear()

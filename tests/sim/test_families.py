@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from chunkbench.bench.backends import SimBackend
+from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.calibration.server import designs, fit, simulate_design
 from chunkbench.errors import UserError
 from chunkbench.sim import families
 from chunkbench.sim.cost_family import CostFamily
@@ -20,8 +22,6 @@ from chunkbench.sim.linear_cost import LINEAR, STEP_TERMS, LinearStepCost
 from chunkbench.sim.roofline_family import ROOFLINE
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.sim.shape import StepShape
-from chunkbench.calibration.server import designs, fit, simulate_design
-from chunkbench.bench.workload import WorkloadRequest
 from tests.tune.servers import make_spec
 
 
@@ -72,16 +72,25 @@ def runs_of(spec, truth: ServerCalibration) -> list[dict]:
     """The calibration runs as a server whose steps cost what `truth` says would give them."""
     runs = []
     for design in designs(spec):
-        run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload),
-               "take": design.take, "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted),
-               "tails": list(design.tails), "warmed_up": True}
+        run = {
+            "name": design.name,
+            "knobs": design.knobs,
+            "workload": dataclasses.asdict(design.workload),
+            "take": design.take,
+            "primer": design.primer,
+            "repeat": design.repeat,
+            "fitted": list(design.fitted),
+            "tails": list(design.tails),
+            "warmed_up": True,
+        }
         runs.append(run | simulate_design(truth, spec, run))
     return runs
 
 
 def test_a_registered_family_simulates_a_run_and_round_trips(toy, tmp_path):
-    calibration = ServerCalibration("cpu", family=toy.name, model="small", num_blocks=512,
-                                    coefficients={"step_s": 0.004})
+    calibration = ServerCalibration(
+        "cpu", family=toy.name, model="small", num_blocks=512, coefficients={"step_s": 0.004}
+    )
     assert calibration.cost_family is toy and calibration.label() == "toy: 4 ms a step"
     config = make_spec().base_config()
     with SimBackend(server_calibration=calibration).session(config) as serve:
@@ -111,14 +120,23 @@ def test_a_family_name_resolves_with_the_reference_device():
     assert set(families.names()) >= {"roofline", "linear", "linear-cpu"}
     with pytest.raises(UserError, match="unknown family 'cubic'; use roofline, linear or linear-cpu"):
         families.fit_name("cubic", "cpu")
+
     class Nameless(ConstantFamily):
         name = ""
+
     with pytest.raises(ValueError, match="needs a name"):
         families.register(Nameless())
 
 
-PLAIN = {"step_s": 2.0e-3, "prefill_step_s": 0.7e-3, "token_s": 30e-6, "pair_s": 15e-9, "seq_s": 50e-6,
-         "key_s": 20e-9, "latency_s": 5e-3}
+PLAIN = {
+    "step_s": 2.0e-3,
+    "prefill_step_s": 0.7e-3,
+    "token_s": 30e-6,
+    "pair_s": 15e-9,
+    "seq_s": 50e-6,
+    "key_s": 20e-9,
+    "latency_s": 5e-3,
+}
 
 
 def test_linear_on_a_gpu_has_none_of_the_cpu_servers_terms(tmp_path):
@@ -130,7 +148,7 @@ def test_linear_on_a_gpu_has_none_of_the_cpu_servers_terms(tmp_path):
     cost = gpu.cost_model(config)
     assert type(cost) is LinearStepCost and gpu.coefficients == PLAIN and gpu.step_overhead_s == PLAIN["step_s"]
     step = StepShape(((100, 0),), (300, 40), 3)
-    plain = (2.0e-3 + 0.7e-3 + 102 * 30e-6 + 5050 * 15e-9 + 3 * 50e-6 + 340 * 20e-9)
+    plain = 2.0e-3 + 0.7e-3 + 102 * 30e-6 + 5050 * 15e-9 + 3 * 50e-6 + 340 * 20e-9
     assert [cost.predict(step) for _ in range(3)] == pytest.approx([plain] * 3, rel=1e-12)
     assert cost.decode_step_cost(2)(340) == cost.predict(StepShape((), (300, 40), 2))
     assert "every" not in gpu.label() and "new to the server" not in gpu.label()
@@ -139,14 +157,30 @@ def test_linear_on_a_gpu_has_none_of_the_cpu_servers_terms(tmp_path):
     assert type(cpu) is CpuLinearStepCost
     assert cpu.predict(step) == pytest.approx(plain + 3e-3, rel=1e-12) and cpu.predict(step) == pytest.approx(plain)
     path = tmp_path / "gpu-linear.json"
-    path.write_text(json.dumps({"format": "chunkbench-server-calibration/1", "device": "h100-sxm",
-                                "family": "linear", "coefficients": cpu_terms}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "chunkbench-server-calibration/1",
+                "device": "h100-sxm",
+                "family": "linear",
+                "coefficients": cpu_terms,
+            }
+        )
+    )
     with pytest.raises(UserError, match="the linear family has no term new_step_s") as raised:
         ServerCalibration.load(path)
     assert "\n" not in str(raised.value)
     zeros = dict.fromkeys(CPU_LINEAR.terms + CPU_LINEAR.settings, 0) | PLAIN  # as the CPU family writes them
-    path.write_text(json.dumps({"format": "chunkbench-server-calibration/1", "device": "h100-sxm",
-                                "family": "linear", "coefficients": zeros}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "chunkbench-server-calibration/1",
+                "device": "h100-sxm",
+                "family": "linear",
+                "coefficients": zeros,
+            }
+        )
+    )
     assert ServerCalibration.load(path).coefficients == PLAIN
 
 

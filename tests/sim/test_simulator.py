@@ -2,18 +2,17 @@
 
 import pytest
 
-from tests.conftest import run_cli
-
 from chunkbench.bench.backends import EngineBackend, SimBackend
 from chunkbench.bench.runs import compare, run_benchmark
-from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel, features
-from chunkbench.sim.roofline import RooflineCostModel
-from chunkbench.engine.config import EngineConfig, ModelConfig
-from chunkbench.sim.shape import StepShape
-from chunkbench.errors import UserError
-from chunkbench.sim.gpus import GPUS
-from chunkbench.calibration.profile import profile_path, run_profile
 from chunkbench.bench.workload import WorkloadSpec, build_workload
+from chunkbench.calibration.profile import profile_path, run_profile
+from chunkbench.engine.config import EngineConfig, ModelConfig
+from chunkbench.errors import UserError
+from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel, features
+from chunkbench.sim.gpus import GPUS
+from chunkbench.sim.roofline import RooflineCostModel
+from chunkbench.sim.shape import StepShape
+from tests.conftest import run_cli
 
 LLAMA_8B = ModelConfig.from_name("llama-3-8b")
 H100 = SimBackend("h100-sxm")
@@ -66,17 +65,19 @@ def test_kv_capacity_from_gpu_memory():
     config = EngineConfig.create(LLAMA_8B, block_size=16, gpu_memory_utilization=0.9)
     activations = cost.profile_activation_bytes(config)
     assert 0.2e9 < activations < 0.3e9
-    assert cost.kv_blocks(config) == int((80e9 * 0.9 - LLAMA_8B.num_params * 2 - activations) // (2 * 32 * 16 * 1024 * 2))
+    assert cost.kv_blocks(config) == int(
+        (80e9 * 0.9 - LLAMA_8B.num_params * 2 - activations) // (2 * 32 * 16 * 1024 * 2)
+    )
     with pytest.raises(UserError, match="does not fit"):
         RooflineCostModel(ModelConfig.from_name("llama-3-70b"), GPUS["h100-sxm"]).kv_blocks(
-            EngineConfig.create("llama-3-70b", block_size=16, gpu_memory_utilization=0.9))
+            EngineConfig.create("llama-3-70b", block_size=16, gpu_memory_utilization=0.9)
+        )
 
 
 def test_chunked_beats_continuous_on_p99_itl_for_rag_mix():
     workload = build_workload(WorkloadSpec(name="rag-mix", num_requests=300, rate=5.0))
     base = dict(model="llama-3-8b")
-    continuous, chunked = compare(base, ["continuous", "chunked:budget=512"], workload, backend=H100,
-                                  progress=False)
+    continuous, chunked = compare(base, ["continuous", "chunked:budget=512"], workload, backend=H100, progress=False)
     assert chunked.summary["p99_itl_ms"] < continuous.summary["p99_itl_ms"]
     assert chunked.summary["longest_stall_ms"] < continuous.summary["longest_stall_ms"]
     assert chunked.summary["completed"] == continuous.summary["completed"] == 300
@@ -85,8 +86,9 @@ def test_chunked_beats_continuous_on_p99_itl_for_rag_mix():
 def test_fitted_model_recovers_known_costs_and_round_trips(tmp_path):
     costs = {"step": 0.002, "tokens": 1e-4, "prefill_attention_pairs": 3e-9, "decode_keys": 2e-7}
     true = [costs.get(name, 0.0) for name in FEATURE_NAMES]
-    shapes = [prefill(q, c) for q in (16, 64, 256, 1024) for c in (0, 512)] + \
-             [decodes(b, c) for b in (1, 8, 32) for c in (128, 2048)]
+    shapes = [prefill(q, c) for q in (16, 64, 256, 1024) for c in (0, 512)] + [
+        decodes(b, c) for b in (1, 8, 32) for c in (128, 2048)
+    ]
     seconds = [sum(w * f for w, f in zip(true, features(s))) for s in shapes]
     fitted = FittedCostModel.fit_steps(shapes, seconds, model_name="m", device="d", num_blocks=99)
     assert fitted.fit["max_abs_error_pct"] < 1.0
@@ -122,13 +124,23 @@ def test_profiled_simulator_tracks_the_real_engine(tmp_path):
     model can only average, and a median of 8 TTFTs flips between an idle and a busy engine. Even CPU time
     moves on this shared VM (one profile's repeated timings spread 67%): a miss, or a profile that fits worse
     than 15%, is retried with a fresh profile, three tries in all. A simulator off by 1.5x fails all three."""
-    config = EngineConfig.create("small", device="cpu", policy="chunked", max_num_batched_tokens=256,
-                                 max_model_len=2048)
-    workload = build_workload(WorkloadSpec(name="synthetic", num_requests=8, rate=0.5, seed=3,
-                                           prompt_len="lognormal:256:0.6:16:1024", output_len="fixed:48"), 2048)
+    config = EngineConfig.create(
+        "small", device="cpu", policy="chunked", max_num_batched_tokens=256, max_model_len=2048
+    )
+    workload = build_workload(
+        WorkloadSpec(
+            name="synthetic",
+            num_requests=8,
+            rate=0.5,
+            seed=3,
+            prompt_len="lognormal:256:0.6:16:1024",
+            output_len="fixed:48",
+        ),
+        2048,
+    )
     path = tmp_path / "cpu-small.json"
     misses = []
-    for attempt in range(3):
+    for _ in range(3):
         cost, _ = run_profile(config, repeats=3, max_chunk=256, progress=False, cpu_time=True)
         assert cost.idle_factor == 1.0  # CPU-time runs never sleep: nothing goes cold
         if cost.fit["mean_abs_error_pct"] >= 15:  # a profile taken in a noisy spell (once: timings spread 67%)
@@ -137,8 +149,11 @@ def test_profiled_simulator_tracks_the_real_engine(tmp_path):
         cost.save(path)
         real = run_benchmark(config, workload, backend=EngineBackend(cpu_time=True), progress=False).summary
         sim = run_benchmark(config, workload, backend=SimBackend(cost_model=str(path)), progress=False).summary
-        misses = [(key, real[key], sim[key]) for key in ("mean_ttft_ms", "output_throughput", "mean_itl_ms")
-                  if sim[key] != pytest.approx(real[key], rel=0.30)]
+        misses = [
+            (key, real[key], sim[key])
+            for key in ("mean_ttft_ms", "output_throughput", "mean_itl_ms")
+            if sim[key] != pytest.approx(real[key], rel=0.30)
+        ]
         if not misses:
             break
     assert not misses, misses
@@ -150,9 +165,26 @@ def test_profile_in_cpu_time_on_one_thread(tmp_path, capsys):
     threads = torch.get_num_threads()
     # 256-token chunks, the median of 3: a 64-token prefill of `tiny` is ~1 ms, and one repeat of it once fitted
     # no per-token cost at all (a 16- and a 64-token prefill predicted equal)
-    code, out, _ = run_cli(["profile", "--model", "tiny", "--device", "cpu", "--cpu-time", "--repeats", "3",
-                            "--max-chunk", "256", "--max-model-len", "512", "--no-progress",
-                            "--out", str(tmp_path / "p.json")], capsys)
+    code, out, _ = run_cli(
+        [
+            "profile",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--cpu-time",
+            "--repeats",
+            "3",
+            "--max-chunk",
+            "256",
+            "--max-model-len",
+            "512",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "p.json"),
+        ],
+        capsys,
+    )
     assert code == 0, out
     loaded = FittedCostModel.load(tmp_path / "p.json")
     assert loaded.idle_factor == 1.0 and loaded.predict(prefill(256)) > loaded.predict(prefill(16)) > 0

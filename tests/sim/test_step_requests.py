@@ -6,16 +6,23 @@ from collections import Counter
 import pandas as pd
 
 from chunkbench.bench.backends import SimBackend
-from chunkbench.engine.config import EngineConfig
 from chunkbench.bench.runs import run_benchmark, save_run
 from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.engine.config import EngineConfig
 
 
 def test_each_step_lists_its_requests_and_their_tokens(tmp_path):
     # Three requests at once, budget 64, chunk cap 40: the first steps are known by hand.
     workload = [WorkloadRequest(arrival_time=0.0, prompt_len=p, output_len=o) for p, o in [(100, 3), (30, 2), (10, 4)]]
-    config = EngineConfig.create("tiny", policy="chunked", max_num_batched_tokens=64, chunk_size=40, max_num_seqs=4,
-                                 num_blocks=64, max_model_len=512)
+    config = EngineConfig.create(
+        "tiny",
+        policy="chunked",
+        max_num_batched_tokens=64,
+        chunk_size=40,
+        max_num_seqs=4,
+        num_blocks=64,
+        max_model_len=512,
+    )
     run = run_benchmark(config, workload, backend=SimBackend("h100-sxm"), progress=False)
     save_run(run, tmp_path)
     steps = pd.read_parquet(tmp_path / "steps.parquet")

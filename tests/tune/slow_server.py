@@ -34,8 +34,11 @@ def main() -> None:
             with open(args.events, "a") as out:
                 out.write(f"{what} {args.port} {os.getpid()} {time.time():.6f}\n")
 
-    print(f"slow_server: pid {os.getpid()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} "
-          f"cpus={args.cpus} label={args.label}", flush=True)
+    print(
+        f"slow_server: pid {os.getpid()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} "
+        f"cpus={args.cpus} label={args.label}",
+        flush=True,
+    )
     time.sleep(args.startup)
 
     class Handler(BaseHTTPRequestHandler):
@@ -55,8 +58,14 @@ def main() -> None:
             if self.path == "/health":
                 self.reply(b"")
             elif self.path == "/v1/models":
-                card = {"id": "fake", "object": "model", "max_model_len": 4096, "vocab_size": 32000,
-                        "label": args.label, "pid": os.getpid()}
+                card = {
+                    "id": "fake",
+                    "object": "model",
+                    "max_model_len": 4096,
+                    "vocab_size": 32000,
+                    "label": args.label,
+                    "pid": os.getpid(),
+                }
                 self.reply(json.dumps({"object": "list", "data": [card]}).encode())
             elif self.path == "/metrics":
                 self.reply(b"", "text/plain")

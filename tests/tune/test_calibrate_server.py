@@ -15,14 +15,14 @@ import optuna
 import pytest
 
 from chunkbench.bench.backends import SimBackend
+from chunkbench.bench.workload import WorkloadRequest, build_workload
+from chunkbench.calibration.server import designs, fit, simulate_design
 from chunkbench.errors import UserError
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.sim.shape import StepShape
-from chunkbench.calibration.server import designs, fit, simulate_design
 from chunkbench.tune.presearch import presearch_tune
 from chunkbench.tune.report import knobs_text
 from chunkbench.tune.study import feasible_trials
-from chunkbench.bench.workload import WorkloadRequest, build_workload
 from tests.conftest import run_cli
 from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec
 
@@ -31,10 +31,17 @@ def truth_runs(spec, truth: ServerCalibration) -> list[dict]:
     """The calibration runs as a server whose step costs are `truth`'s would give them."""
     runs = []
     for design in designs(spec):
-        run = {"name": design.name, "knobs": design.knobs, "workload": dataclasses.asdict(design.workload),
-               "take": design.take, "primer": design.primer, "repeat": design.repeat, "fitted": list(design.fitted),
-               "tails": list(design.tails),
-               "warmed_up": True}  # as calibrate.run_design runs it: after its warm-up, on the same launch
+        run = {
+            "name": design.name,
+            "knobs": design.knobs,
+            "workload": dataclasses.asdict(design.workload),
+            "take": design.take,
+            "primer": design.primer,
+            "repeat": design.repeat,
+            "fitted": list(design.fitted),
+            "tails": list(design.tails),
+            "warmed_up": True,
+        }  # as calibrate.run_design runs it: after its warm-up, on the same launch
         runs.append(run | simulate_design(truth, spec, run))
     return runs
 
@@ -106,8 +113,16 @@ def test_a_saved_calibration_of_another_deployment_is_refused_or_warned_about(tm
     assert "warning:" in out and "--port 8001`" in out and "--port 8002 [/x]`" in out and other.launches == 2
     wrong = FakeServer(server_calibration=TRUTH)
     with pytest.raises(UserError, match="fitted to a server of small, not tiny: give --calibration a new path"):
-        presearch_tune(dataclasses.replace(spec, model="tiny"), "wrong", None, tmp_path / "c", 1, wrong,
-                       calibration_path=path, progress=False)
+        presearch_tune(
+            dataclasses.replace(spec, model="tiny"),
+            "wrong",
+            None,
+            tmp_path / "c",
+            1,
+            wrong,
+            calibration_path=path,
+            progress=False,
+        )
     assert wrong.launches == 0
 
 
@@ -130,13 +145,21 @@ class DriftingServer(FakeServer):
         factors = self.drift if self.launches == self.steady else (self.then,)
         self.launches += 1
         with contextlib.ExitStack() as stack:
-            serves = [stack.enter_context(SimBackend(server_calibration=dataclasses.replace(
-                self.server_calibration, step_overhead_s=f * self.server_calibration.step_overhead_s)).session(config))
-                for f in factors]
+            serves = [
+                stack.enter_context(
+                    SimBackend(
+                        server_calibration=dataclasses.replace(
+                            self.server_calibration, step_overhead_s=f * self.server_calibration.step_overhead_s
+                        )
+                    ).session(config)
+                )
+                for f in factors
+            ]
             runs = itertools.count()  # the timed runs take the factors in turn; a trial's warm-up, the first
 
             def serve(*args, **kwargs):
                 return serves[0 if kwargs.get("label") == "warm-up" else next(runs) % len(serves)](*args, **kwargs)
+
             yield serve
 
 
@@ -207,8 +230,9 @@ def test_presearch_flags_are_checked(tmp_path, capsys):
     assert code == 2 and "--backend launch" in err
     code, _, err = run_cli(["tune", "--model", "tiny", "--presearch", "fast", "--out", str(tmp_path)], capsys)
     assert code == 2 and "--presearch must be none or sim" in err
-    code, _, err = run_cli(["tune", "--model", "tiny", "--calibration", str(tmp_path / "c.json"),
-                            "--out", str(tmp_path)], capsys)
+    code, _, err = run_cli(
+        ["tune", "--model", "tiny", "--calibration", str(tmp_path / "c.json"), "--out", str(tmp_path)], capsys
+    )
     assert code == 2 and "--presearch sim" in err
     code, _, err = run_cli(["tune", "--model", "tiny", "--verify-repeats", "0", "--out", str(tmp_path)], capsys)
     assert code == 2 and "--verify-repeats" in err
@@ -224,16 +248,16 @@ def test_bursts_are_one_prompt_length_behind_a_primer():
 
     spec = make_spec()
     for design in designs(spec):
-        requests = design_requests(dataclasses.asdict(design.workload), design.take, design.primer, 2048,
-                                   design.repeat)
+        requests = design_requests(dataclasses.asdict(design.workload), design.take, design.primer, 2048, design.repeat)
         if design.workload.arrival != "all-at-once":  # the workload's 12 requests, again and again up to 32
             assert design.primer == 0 and len(requests) == design.take > spec.workload.num_requests
             once = design_requests(dataclasses.asdict(design.workload), design.take, 0, 2048)
             assert len(once) == spec.workload.num_requests  # a run recorded before `repeat` is simulated as it ran
             period = requests[len(once)].arrival_time
             assert period > once[-1].arrival_time
-            assert [(w.prompt_len, w.output_len, w.arrival_time + period) for w in once] == \
-                [(w.prompt_len, w.output_len, w.arrival_time) for w in requests[len(once):2 * len(once)]]
+            assert [(w.prompt_len, w.output_len, w.arrival_time + period) for w in once] == [
+                (w.prompt_len, w.output_len, w.arrival_time) for w in requests[len(once) : 2 * len(once)]
+            ]
             continue
         primer, burst = requests[0], requests[1:]
         assert (primer.prompt_len, primer.output_len, primer.arrival_time) == (design.primer, 1, 0.0)
@@ -247,12 +271,21 @@ def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(mo
     from types import SimpleNamespace
 
     from chunkbench.calibration import server as cal
+
     def result(longest_ms: float):
         gaps = [3.0] * 30 + [longest_ms] + ([0.05] * 3 if longest_ms >= 100 else [])  # bunched after a pause
         seconds = [g / 1e3 for g in gaps]
         times = np.cumsum([0.01] + seconds).tolist()
-        request = SimpleNamespace(error=None, ok=True, token_times=times, ttft=0.01, itls=seconds, e2el=times[-1],
-                                  arrival_time=0.0, send_time=0.0)
+        request = SimpleNamespace(
+            error=None,
+            ok=True,
+            token_times=times,
+            ttft=0.01,
+            itls=seconds,
+            e2el=times[-1],
+            arrival_time=0.0,
+            send_time=0.0,
+        )
         return SimpleNamespace(requests=[request], server={})
 
     spec = make_spec(TRUTH)
@@ -290,8 +323,12 @@ def test_a_bursts_figures_count_from_its_last_send():
     first tokens in one step at ~149 ms: from the burst's end they are one TTFT, as the simulator's burst."""
     from chunkbench.calibration.server import from_burst_end
 
-    run = {"send_s": [0.0, 0.0212, 0.0504, 0.1064], "ttft_ms": [114.0, 128.0, 99.0, 43.0],
-           "e2el_ms": [114.0, 300.0, 250.0, 200.0], "itl_ms": [3.0, 4.0]}
+    run = {
+        "send_s": [0.0, 0.0212, 0.0504, 0.1064],
+        "ttft_ms": [114.0, 128.0, 99.0, 43.0],
+        "e2el_ms": [114.0, 300.0, 250.0, 200.0],
+        "itl_ms": [3.0, 4.0],
+    }
     rebased = from_burst_end(run)
     assert rebased["ttft_ms"] == pytest.approx([114.0, 42.8, 43.0, 43.0])  # the primer's is its own
     assert rebased["e2el_ms"] == pytest.approx([114.0, 214.8, 194.0, 200.0])
@@ -327,8 +364,9 @@ def test_the_linear_fit_recovers_a_linear_servers_constants(monkeypatch):
     # what the runs pin less: percentiles barely move with them here
     loose = {"token_s": 0.2, "pair_s": 0.5, "latency_s": 0.3, "seq_s": 0.5, "prefill_step_s": 0.4, "stall_s": 0.15}
     for name in ("step_s", "stall_s", "new_step_s", *loose):
-        assert fitted.coefficients[name] == pytest.approx(LINEAR_TRUTH.coefficients[name],
-                                                          rel=loose.get(name, 0.08)), name
+        assert fitted.coefficients[name] == pytest.approx(LINEAR_TRUTH.coefficients[name], rel=loose.get(name, 0.08)), (
+            name
+        )
     # The decode keys' term is a few per cent of a decode step here (a dozen contexts of at most 128 keys): the
     # runs do not pin it, the fit only must not make it matter
     assert fitted.coefficients["key_s"] * 12 * 128 < 0.1 * fitted.coefficients["step_s"]
@@ -355,8 +393,8 @@ def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
     matched to tokens over the pooled run, so one merge anywhere dropped every request's decode rows and the stall
     period (0 in all twelve calibrations kept). Now per request (`itl_counts`): a merged stream gives nothing, the
     others what they gave."""
-    from chunkbench.calibration.server_linear import decode_rows, request_gaps, stall_period
     from chunkbench.calibration.linear_trace import trace
+    from chunkbench.calibration.server_linear import decode_rows, request_gaps, stall_period
 
     spec = make_spec()
     truth = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 0.6e-3})
@@ -385,8 +423,15 @@ def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
     runs = [{"server": {}}, {"server": {"server_kv_cache_tokens": 100 * block + 3}}]
     assert served_kv_blocks(runs, spec) == 100
     assert served_kv_blocks([{"server": {}}, {}], spec) is None
-    fitted = fit([r | {"server": {"server_kv_cache_tokens": 4096 * block}} for r in truth_runs(spec, LINEAR_TRUTH)],
-                 spec, "cpu", family="roofline", grid=1, max_evaluations=2, restarts=1)  # the fit itself: not here
+    fitted = fit(
+        [r | {"server": {"server_kv_cache_tokens": 4096 * block}} for r in truth_runs(spec, LINEAR_TRUTH)],
+        spec,
+        "cpu",
+        family="roofline",
+        grid=1,
+        max_evaluations=2,
+        restarts=1,
+    )  # the fit itself: not here
     assert fitted.num_blocks == 4096  # SimBackend.session's engines, unless --num-blocks says (as make_spec does)
 
 
@@ -400,13 +445,14 @@ def test_a_trace_prices_its_schedule_as_the_simulator_does():
     """The linear fit's fast objective (linear_trace.Trace) against the simulator: under the coefficients
     the schedule was recorded with, every TTFT, ITL and E2EL is the simulator's, idle gaps between arrivals
     included (the workload run)."""
-    from chunkbench.sim.cpu_linear_cost import COEFFICIENTS
     from chunkbench.calibration.linear_trace import trace
+    from chunkbench.sim.cpu_linear_cost import COEFFICIENTS
 
     spec = make_spec()
     jittery = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 1e-3})
-    fresh = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"fresh_pair_s": 40e-9,
-                                                                                       "first_pair_s": 30e-9})
+    fresh = dataclasses.replace(
+        LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"fresh_pair_s": 40e-9, "first_pair_s": 30e-9}
+    )
     for truth in (LINEAR_TRUTH, jittery, fresh):  # the jitter's draws too are the simulator's, and fresh pairs
         coefficients = np.array([truth.coefficients.get(k, 0.0) for k in COEFFICIENTS])
         for run in truth_runs(spec, truth):
@@ -429,13 +475,16 @@ def test_attention_pairs_beyond_the_recent_steps_cost_more():
 
     def extra(step) -> float:
         return cost.predict(step) - plain.predict(step)
+
     assert extra(small) == pytest.approx(5050 * fresh)
     assert extra(small) == pytest.approx(0.0, abs=1e-12)  # the step before computed as many
     assert extra(large) == pytest.approx((20100 - 5050) * fresh)
+
     def decode_steps(n: int) -> None:
         for _ in range(n):
             cost.decode_step_cost(1)(50)
             plain.decode_step_cost(1)(50)
+
     decode_steps(FRESH_WINDOW - 1)
     assert extra(small) == pytest.approx(0.0, abs=1e-12)  # the large one is the FRESH_WINDOW-th step back
     decode_steps(FRESH_WINDOW)
@@ -453,6 +502,7 @@ def test_a_first_chunks_pairs_beyond_the_last_few_steps_cost_more():
 
     def extra(step) -> float:
         return cost.predict(step) - plain.predict(step)
+
     opening, later = StepShape(((200, 0),), (), 1), StepShape(((200, 200),), (), 1)
     assert first_chunk_pairs(StepShape(((200, 0), (100, 300), (100, 0)), (7,), 3)) == 20100 + 5050
     assert extra(later) == pytest.approx(0.0, abs=1e-12)  # a chunk after its prompt's first: none
@@ -527,7 +577,9 @@ def test_the_linear_cost_prices_decode_stretches_bit_for_bit():
     assert [cost.predict(prefill) for _ in range(80)] == pytest.approx(expected)
     for batch in (7, 8):  # 7 ran above, 8 is new to both: the fast path pays for it at its first step only
         step = fast.decode_step_cost(batch)
-        assert [step(7 * batch) for _ in range(3)] == [slow.predict(StepShape((), (7,) * batch, batch)) for _ in range(3)]
+        assert [step(7 * batch) for _ in range(3)] == [
+            slow.predict(StepShape((), (7,) * batch, batch)) for _ in range(3)
+        ]
     workload = make_spec().workload
 
     def summary(fast: bool) -> dict:
@@ -537,6 +589,7 @@ def test_the_linear_cost_prices_decode_stretches_bit_for_bit():
         with SimBackend(server_calibration=LINEAR_TRUTH, fast_forward=fast).session(config) as serve:
             result = serve(build_workload(workload), seed=0, warmup_steps=0, progress=False)
             return summarize(result.requests, result.steps, result.duration)
+
     assert summary(True) == summary(False)
 
 
@@ -544,9 +597,20 @@ def test_calibration_files_load_old_and_new(tmp_path):
     """A file written before the linear family (no `family`) loads as a roofline and simulates; a linear one
     round-trips; a bad family or a negative coefficient is one clear line."""
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({"format": "chunkbench-server-calibration/1", "device": "cpu", "flops_scale": 0.08,
-                               "bandwidth_scale": 0.15, "step_overhead_s": 0.008, "seq_overhead_s": 0.002,
-                               "model": "small", "num_blocks": 1024}))
+    old.write_text(
+        json.dumps(
+            {
+                "format": "chunkbench-server-calibration/1",
+                "device": "cpu",
+                "flops_scale": 0.08,
+                "bandwidth_scale": 0.15,
+                "step_overhead_s": 0.008,
+                "seq_overhead_s": 0.002,
+                "model": "small",
+                "num_blocks": 1024,
+            }
+        )
+    )
     loaded = ServerCalibration.load(old)
     assert loaded.family == "roofline" and loaded.coefficients is None
     config, step = make_spec().base_config(), StepShape(((100, 30),), (64, 200), 3)
@@ -554,9 +618,11 @@ def test_calibration_files_load_old_and_new(tmp_path):
     new = tmp_path / "new.json"
     LINEAR_TRUTH.save(new)
     assert ServerCalibration.load(new) == LINEAR_TRUTH
-    for change, message in (({"family": "cubic"}, "unknown family 'cubic'"),
-                            ({"coefficients": {**LINEAR_TRUTH.coefficients, "token_s": -1.0}}, "finite and >= 0"),
-                            ({"coefficients": {"step_s": 1e-3}}, "needs the coefficients")):
+    for change, message in (
+        ({"family": "cubic"}, "unknown family 'cubic'"),
+        ({"coefficients": {**LINEAR_TRUTH.coefficients, "token_s": -1.0}}, "finite and >= 0"),
+        ({"coefficients": {"step_s": 1e-3}}, "needs the coefficients"),
+    ):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps(json.loads(new.read_text()) | change))
         with pytest.raises(UserError, match=message) as raised:
@@ -604,9 +670,11 @@ class LabelledServer(FakeServer):
     @contextlib.contextmanager
     def session(self, config, log=None):
         with super().session(config, log) as serve:
+
             def recording(workload, **kwargs):
                 self.served.append((kwargs.get("label"), workload))
                 return serve(workload, **kwargs)
+
             yield recording
 
 
@@ -625,10 +693,12 @@ def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
     max_len = spec.base_config().scheduler.max_model_len
     workload = build_workload(spec.workload, max_len)
     warm = ("warm-up", warmup_requests(512, max_len))
-    for backend, runs in ((LabelledServer(server_calibration=TRUTH), [warm]),
-                          (LabelledServer(server_calibration=None, gpu="h100-sxm"), [warm]),  # a launch as such
-                          (LabelledSim(server_calibration=TRUTH), [warm]),
-                          (LabelledSim(server_calibration=None, gpu="h100-sxm"), [])):
+    for backend, runs in (
+        (LabelledServer(server_calibration=TRUTH), [warm]),
+        (LabelledServer(server_calibration=None, gpu="h100-sxm"), [warm]),  # a launch as such
+        (LabelledSim(server_calibration=TRUTH), [warm]),
+        (LabelledSim(server_calibration=None, gpu="h100-sxm"), []),
+    ):
         evaluate(spec, {"max_num_batched_tokens": 512}, workload, backend)
         assert backend.served[:-1] == runs and backend.served[-1][1] == workload
 
@@ -647,12 +717,14 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
         @contextlib.contextmanager
         def session(self, config, log=None):
             with super().session(config, log) as serve:
+
                 def refusing(workload, **kwargs):
                     result = serve(workload, **kwargs)
                     for request, asked in zip(result.requests, workload):
                         if asked.prompt_len > 256:
                             request.error = "prompt too long"
                     return result
+
                 yield refusing
 
     spec = make_spec(n_trials=1)
@@ -665,9 +737,11 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
 
     design = next(d for d in designs(spec) if d.name == "workload")
     with FakeServer(server_calibration=TRUTH).session(spec.base_config(**design.knobs)) as serve:
+
         def refusing_warm_up(workload, label, **options):
             refused = SimpleNamespace(requests=[SimpleNamespace(ok=False)])
             return refused if label.endswith("warm-up") else serve(workload, label=label, **options)
+
         run = cal.run_design(refusing_warm_up, spec, design, 2048)
     assert run["warmed_up"] is False and run["ttft_ms"]
     for warmed_up, labels in ((False, ["workload"]), (True, ["workload warm-up", "workload"])):
@@ -683,6 +757,7 @@ def test_a_workload_run_whose_copies_disagree_is_measured_again():
     from types import SimpleNamespace
 
     from chunkbench.calibration import server as cal
+
     spec = make_spec(TRUTH)
     design = next(d for d in designs(spec) if d.name == "workload")
     copy = len(cal.design_requests(dataclasses.asdict(design.workload), None, 0, 2048))
@@ -690,28 +765,43 @@ def test_a_workload_run_whose_copies_disagree_is_measured_again():
     assert design.repeat and 2 * copy < n < 3 * copy  # as the tier's: 12, 12, then 8
 
     def result(slowdowns: tuple[float, ...], together: bool = False):  # together: every other gap at 0
-        requests = [SimpleNamespace(error=None, ok=True, token_times=[0.01 * (i + 1), 0.1 * slowdowns[i // copy]],
-                                    ttft=0.01, itls=[0.001, 0.0 if together else 0.001],
-                                    e2el=0.1 * slowdowns[i // copy], arrival_time=i,
-                                    send_time=float(i)) for i in range(n)]
+        requests = [
+            SimpleNamespace(
+                error=None,
+                ok=True,
+                token_times=[0.01 * (i + 1), 0.1 * slowdowns[i // copy]],
+                ttft=0.01,
+                itls=[0.001, 0.0 if together else 0.001],
+                e2el=0.1 * slowdowns[i // copy],
+                arrival_time=i,
+                send_time=float(i),
+            )
+            for i in range(n)
+        ]
         return SimpleNamespace(requests=requests[::-1], server={})  # any order: by send time
 
     figures = cal.run_figures(result((1.9, 1.5, 1.0)))
     assert cal.copies_spread(figures, copy) == pytest.approx(1.9)
     assert cal.copies_spread(figures, 0) == 1.0  # not a repeated run
-    assert cal.late_share(figures["itl_ms"]) == 0 and cal.late_share(cal.run_figures(result((1,) * 3, True))[
-        "itl_ms"]) == 0.5
-    for script, kept, unsteady, together in ((((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1, False),
-                                             (((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1, True),
-                                             (((1.2, 1.0, 1.0), (1.1, 1.0, 1.0)), 1, 1, True),  # beyond 1.15
-                                             (((1.9, 1.5, 1.0),) * 4 + ((1.5, 1.0, 1.0),), 4, 5, False),
-                                             (((1.14, 1.0, 1.0),), 0, 0, False)):
+    assert (
+        cal.late_share(figures["itl_ms"]) == 0
+        and cal.late_share(cal.run_figures(result((1,) * 3, True))["itl_ms"]) == 0.5
+    )
+    for script, kept, unsteady, together in (
+        (((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1, False),
+        (((1.9, 1.5, 1.0), (1.1, 1.0, 1.0)), 1, 1, True),
+        (((1.2, 1.0, 1.0), (1.1, 1.0, 1.0)), 1, 1, True),  # beyond 1.15
+        (((1.9, 1.5, 1.0),) * 4 + ((1.5, 1.0, 1.0),), 4, 5, False),
+        (((1.14, 1.0, 1.0),), 0, 0, False),
+    ):
         calls = iter(enumerate(script))
+
         def serve(workload, label, **_):
             if label.endswith("warm-up"):
                 return result((1, 1, 1))
             k, slowdowns = next(calls)
             return result(slowdowns, together and k == kept)  # the kept attempt read half its tokens together
+
         run = cal.run_design(serve, spec, design, 2048)
         assert run["attempt"] == kept and run["unsteady_runs"] == unsteady and run["paused_runs"] == 0, script
         assert run["copies_spread"] == pytest.approx(max(script[kept]) / min(script[kept]))

@@ -44,8 +44,9 @@ def test_a_worse_config_fails_the_gate_and_names_the_metric(tmp_path, capsys):
 
 def test_reports_parse(tmp_path, capsys):
     gate(tmp_path, capsys, "chunked", "--update")
-    code, _, _ = gate(tmp_path, capsys, "continuous", "--junit", str(tmp_path / "j.xml"),
-                      "--markdown", str(tmp_path / "g.md"))
+    code, _, _ = gate(
+        tmp_path, capsys, "continuous", "--junit", str(tmp_path / "j.xml"), "--markdown", str(tmp_path / "g.md")
+    )
     assert code == 1
     suite = ET.parse(tmp_path / "j.xml").getroot()
     cases = suite.findall("testcase")
@@ -67,14 +68,22 @@ def test_judge_is_quiet_on_noise_and_strict_on_shifts():
     assert judge(higher, "c", 100.0, [99.0]).verdict == "ok"
 
 
-@pytest.mark.parametrize("suite, message", [
-    ("[[case]]\nname='a'\npolicy='fifo'\nguard=[{metric='p99_itl_ms', direction='lower'}]\n", "unknown policy 'fifo'"),
-    ("[[case]]\nname='a'\npolicy='chunked'\nguard=[{metric='p99_latency', direction='lower'}]\n",
-     "unknown metric 'p99_latency'"),
-    ("[[case]]\nname='a'\npolicy='chunked'\nguard=[{metric='p99_itl_ms', direction='down'}]\n", "direction"),
-    ("[[case]]\nname='a'\npolicy='chunked'\n", "guards no metric"),
-    ("title = 'x'\n", "no [[case]] tables"),
-])
+@pytest.mark.parametrize(
+    "suite, message",
+    [
+        (
+            "[[case]]\nname='a'\npolicy='fifo'\nguard=[{metric='p99_itl_ms', direction='lower'}]\n",
+            "unknown policy 'fifo'",
+        ),
+        (
+            "[[case]]\nname='a'\npolicy='chunked'\nguard=[{metric='p99_latency', direction='lower'}]\n",
+            "unknown metric 'p99_latency'",
+        ),
+        ("[[case]]\nname='a'\npolicy='chunked'\nguard=[{metric='p99_itl_ms', direction='down'}]\n", "direction"),
+        ("[[case]]\nname='a'\npolicy='chunked'\n", "guards no metric"),
+        ("title = 'x'\n", "no [[case]] tables"),
+    ],
+)
 def test_bad_suites_exit_2(suite, message, tmp_path, capsys):
     path = tmp_path / "s.toml"
     path.write_text(suite)

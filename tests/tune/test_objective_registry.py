@@ -39,8 +39,24 @@ def toy():
 
 def test_a_registered_objective_tunes_end_to_end_and_its_study_resumes(toy, tmp_path, capsys):
     out = tmp_path / "toy"
-    args = ["tune", "--backend", "sim", "--model", "llama-3-8b", "--no-progress", "--objective", toy.name,
-            "--sla-ttft", "2s", "--num-requests", "20", "--rate", "4", "--out", str(out)]
+    args = [
+        "tune",
+        "--backend",
+        "sim",
+        "--model",
+        "llama-3-8b",
+        "--no-progress",
+        "--objective",
+        toy.name,
+        "--sla-ttft",
+        "2s",
+        "--num-requests",
+        "20",
+        "--rate",
+        "4",
+        "--out",
+        str(out),
+    ]
     code, stdout, err = run_cli([*args, "--n-trials", "3"], capsys)
     assert code == 0, err
     assert f"({toy.name}, simulated" in stdout and "throughput tok/s" in stdout.replace("\n", " ")
@@ -98,8 +114,11 @@ def name_comparisons(source: str) -> list[int]:
             if any(map(_reads_objective, sides)) and any(map(_has_text, sides)):
                 lines.append(node.lineno)
         elif isinstance(node, ast.Match) and _reads_objective(node.subject):
-            lines += [case.pattern.lineno for case in node.cases
-                      if isinstance(case.pattern, ast.MatchValue) and _is_text(case.pattern.value)]
+            lines += [
+                case.pattern.lineno
+                for case in node.cases
+                if isinstance(case.pattern, ast.MatchValue) and _is_text(case.pattern.value)
+            ]
     return lines
 
 
@@ -112,6 +131,10 @@ def test_the_check_finds_name_dispatch():
 
 
 def test_no_objective_is_told_apart_by_its_name_outside_the_registry():
-    found = [f"{path.relative_to(REPO)}:{line}" for path in sorted((REPO / "chunkbench").rglob("*.py"))
-             if PACKAGE not in path.parents for line in name_comparisons(Path(path).read_text())]
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sorted((REPO / "chunkbench").rglob("*.py"))
+        if PACKAGE not in path.parents
+        for line in name_comparisons(Path(path).read_text())
+    ]
     assert not found, f"compare the objective through its registry (tune/objectives/registry.get): {found}"

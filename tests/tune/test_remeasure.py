@@ -23,8 +23,13 @@ LUCKY = 3  # the launch that ran 4x faster than the server is: trial 2's, whose 
 @dataclasses.dataclass
 class LuckyServer(FakeServer):
     def cost(self, config):
-        fast = dataclasses.replace(TRUTH, flops_scale=4 * TRUTH.flops_scale, bandwidth_scale=4 * TRUTH.bandwidth_scale,
-                                   step_overhead_s=TRUTH.step_overhead_s / 4, seq_overhead_s=TRUTH.seq_overhead_s / 4)
+        fast = dataclasses.replace(
+            TRUTH,
+            flops_scale=4 * TRUTH.flops_scale,
+            bandwidth_scale=4 * TRUTH.bandwidth_scale,
+            step_overhead_s=TRUTH.step_overhead_s / 4,
+            seq_overhead_s=TRUTH.seq_overhead_s / 4,
+        )
         return (fast if self.launches == LUCKY else self.server_calibration).cost_model(config)
 
 
@@ -32,8 +37,9 @@ def test_the_winner_is_picked_on_re_measured_figures_and_a_killed_re_measurement
     spec = make_spec(n_trials=4)
     server = LuckyServer(server_calibration=TRUTH, die_at=spec.n_trials + 2)  # dies on the 2nd re-measurement
     with pytest.raises(KeyboardInterrupt):
-        tune_and_report(dataclasses.replace(spec, backend=server), "lucky", None, tmp_path, 2, progress=False,
-                        repeats=3)
+        tune_and_report(
+            dataclasses.replace(spec, backend=server), "lucky", None, tmp_path, 2, progress=False, repeats=3
+        )
     assert len(json.loads((tmp_path / VERIFIED_FILE).read_text())["verified"]) == 1
 
     again = LuckyServer(server_calibration=TRUTH, launches=spec.n_trials + 1)  # its lucky launch is long gone
@@ -94,15 +100,27 @@ def test_a_pareto_front_is_not_re_measured(tmp_path):
 def test_a_tie_in_simulation_is_verified_on_configurations_that_differ():
     """Four simulated trials within 5% of each other, two at a 512-token budget: the launches go to the best,
     then to the one farthest from it (4096 tokens, 64 seats), then to the tied one farthest from both."""
-    budgets, seqs = optuna.distributions.CategoricalDistribution((512, 1024, 4096)), \
-        optuna.distributions.CategoricalDistribution((64, 128, 256))
+    budgets, seqs = (
+        optuna.distributions.CategoricalDistribution((512, 1024, 4096)),
+        optuna.distributions.CategoricalDistribution((64, 128, 256)),
+    )
     study = optuna.create_study(direction="maximize")
-    for budget, seats, value in [(512, 256, 0.662), (512, 128, 0.661), (1024, 128, 0.660), (4096, 64, 0.640),
-                                 (1024, 64, 0.500)]:
-        study.add_trial(optuna.trial.create_trial(
-            value=value, params={"max_num_batched_tokens": budget, "max_num_seqs": seats},
-            distributions={"max_num_batched_tokens": budgets, "max_num_seqs": seqs}, constraints={"ttft": -1.0},
-            user_attrs={"knobs": {"max_num_batched_tokens": budget, "max_num_seqs": seats}, "metrics": {}}))
+    for budget, seats, value in [
+        (512, 256, 0.662),
+        (512, 128, 0.661),
+        (1024, 128, 0.660),
+        (4096, 64, 0.640),
+        (1024, 64, 0.500),
+    ]:
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=value,
+                params={"max_num_batched_tokens": budget, "max_num_seqs": seats},
+                distributions={"max_num_batched_tokens": budgets, "max_num_seqs": seqs},
+                constraints={"ttft": -1.0},
+                user_attrs={"knobs": {"max_num_batched_tokens": budget, "max_num_seqs": seats}, "metrics": {}},
+            )
+        )
     spec = make_spec()
     assert [t.number for t in best_distinct(spec, study, 3)] == [0, 1, 2]
     assert [t.number for t in spread_over_ties(spec, study, 3)] == [0, 3, 2]  # 4: 24% behind, not a tie
@@ -115,10 +133,15 @@ def test_when_no_simulated_trial_met_the_sla_the_closest_misses_are_verified():
     budgets = optuna.distributions.CategoricalDistribution((512, 1024, 2048, 4096))
     study = optuna.create_study(direction="maximize")
     for budget, miss_ms, value in [(512, 900.0, 0.70), (1024, 90.0, 0.60), (2048, 300.0, 0.65), (4096, 30.0, 0.50)]:
-        study.add_trial(optuna.trial.create_trial(
-            value=value, params={"max_num_batched_tokens": budget},
-            distributions={"max_num_batched_tokens": budgets}, constraints={"ttft": miss_ms},
-            user_attrs={"knobs": {"max_num_batched_tokens": budget}, "metrics": {}}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=value,
+                params={"max_num_batched_tokens": budget},
+                distributions={"max_num_batched_tokens": budgets},
+                constraints={"ttft": miss_ms},
+                user_attrs={"knobs": {"max_num_batched_tokens": budget}, "metrics": {}},
+            )
+        )
     spec = make_spec()
     assert [t.number for t in best_distinct(spec, study, 3)] == [3, 1, 2]
     assert [t.number for t in spread_over_ties(spec, study, 3)] == [3, 1, 2]
@@ -135,10 +158,17 @@ def test_re_measured_rows_rank_the_smallest_miss_first_among_misses():
     """Feasible rows by goodput (ties to headroom); misses after them by how much they miss, so the first miss is
     the "closest" the outputs name, not the one with the most goodput."""
     limits = {"ttft": 3000.0}
-    rows = {"big miss, most goodput": {"feasible": False, "values": [0.9], "constraints": {"ttft": 900.0}},
-            "small miss": {"feasible": False, "values": [0.5], "constraints": {"ttft": 30.0}},
-            "met, less room": {"feasible": True, "values": [0.6], "constraints": {"ttft": -10.0}},
-            "met, more room": {"feasible": True, "values": [0.6], "constraints": {"ttft": -500.0}},
-            "met, NaN": {"feasible": True, "values": [None], "constraints": {"ttft": -900.0}}}
+    rows = {
+        "big miss, most goodput": {"feasible": False, "values": [0.9], "constraints": {"ttft": 900.0}},
+        "small miss": {"feasible": False, "values": [0.5], "constraints": {"ttft": 30.0}},
+        "met, less room": {"feasible": True, "values": [0.6], "constraints": {"ttft": -10.0}},
+        "met, more room": {"feasible": True, "values": [0.6], "constraints": {"ttft": -500.0}},
+        "met, NaN": {"feasible": True, "values": [None], "constraints": {"ttft": -900.0}},
+    }
     assert sorted(rows, key=lambda name: measured_rank(rows[name], limits)) == [
-        "met, more room", "met, less room", "met, NaN", "small miss", "big miss, most goodput"]
+        "met, more room",
+        "met, less room",
+        "met, NaN",
+        "small miss",
+        "big miss, most goodput",
+    ]

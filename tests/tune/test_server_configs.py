@@ -20,12 +20,25 @@ def options(config):
 
 
 def test_a_vllm_config_sets_only_the_chosen_knobs_and_the_deployment():
-    config = EngineConfig.create("llama-3-8b", policy="chunked", max_num_batched_tokens=512, max_num_seqs=64,
-                                 chunk_size=None, max_partial_prefills=2, seed=0, tensor_parallel_size=1,
-                                 kv_cache_dtype="auto")
+    config = EngineConfig.create(
+        "llama-3-8b",
+        policy="chunked",
+        max_num_batched_tokens=512,
+        max_num_seqs=64,
+        chunk_size=None,
+        max_partial_prefills=2,
+        seed=0,
+        tensor_parallel_size=1,
+        kv_cache_dtype="auto",
+    )
     got, text = options(config)
-    assert got == {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "enable-chunked-prefill": True,
-                   "max-num-batched-tokens": 512, "max-num-seqs": 64, "max-model-len": 8192}
+    assert got == {
+        "model": "meta-llama/Meta-Llama-3-8B-Instruct",
+        "enable-chunked-prefill": True,
+        "max-num-batched-tokens": 512,
+        "max-num-seqs": 64,
+        "max-model-len": 8192,
+    }
     # chunkbench's defaults (block 16, prefix caching off, 0.9 of the memory) are never pinned on vLLM
     assert "block-size" not in text and "prefix-caching" not in text and "gpu-memory-utilization" not in text
     assert f"for vLLM {VLLM_VERSION}" in text
@@ -65,16 +78,36 @@ def test_a_users_space_with_a_chunkbench_only_knob_is_refused_for_vllm(tmp_path)
     assert SearchSpace.load(path).for_vllm()[1] is None
 
 
-FAILING_SERVER = (f"{sys.executable} -c \"import sys; print('loading'); "
-                  "print('vllm: error: unrecognized arguments: --no-such-flag', file=sys.stderr); sys.exit(2)\" "
-                  "{model} {vllm_flags}")
+FAILING_SERVER = (
+    f"{sys.executable} -c \"import sys; print('loading'); "
+    "print('vllm: error: unrecognized arguments: --no-such-flag', file=sys.stderr); sys.exit(2)\" "
+    "{model} {vllm_flags}"
+)
 
 
 def test_failed_launches_are_quoted_kept_and_end_the_study(tmp_path, capsys):
     out = tmp_path / "tune"
-    code, stdout, stderr = run_cli(["tune", "--model", "tiny", "--backend", "launch", "--launch", FAILING_SERVER,
-                                    "--endpoint", f"http://127.0.0.1:{free_port()}/v1", "--n-trials", "5",
-                                    "--num-requests", "4", "--out", str(out), "--no-progress"], capsys)
+    code, stdout, stderr = run_cli(
+        [
+            "tune",
+            "--model",
+            "tiny",
+            "--backend",
+            "launch",
+            "--launch",
+            FAILING_SERVER,
+            "--endpoint",
+            f"http://127.0.0.1:{free_port()}/v1",
+            "--n-trials",
+            "5",
+            "--num-requests",
+            "4",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 1, stderr
     line = stderr.strip()
     assert "\n" not in line and "3 launched servers in a row never became healthy" in line

@@ -18,10 +18,10 @@ from pathlib import Path
 import optuna
 import pytest
 
+from chunkbench.errors import UserError
 from chunkbench.launch.backend import LaunchBackend
 from chunkbench.launch.node import plan_slots
 from chunkbench.launch.process import LaunchError, check_owner, start_server
-from chunkbench.errors import UserError
 from tests.conftest import REPO, free_ports, run_cli
 
 SLOW_SERVER = Path(__file__).with_name("slow_server.py")
@@ -29,14 +29,40 @@ CHUNKBENCH = [sys.executable, "-m", "chunkbench.cli"]
 
 
 def tune_args(out: Path, launch: str, *extra: str, n_trials: int = 4, rate: float = 8, verify: int = 0) -> list[str]:
-    return ["tune", "--model", "tiny", "--backend", "launch", "--launch", launch, "--objective", "goodput",
-            "--workload", "chat", "--num-requests", "4", "--rate", str(rate), "--n-trials", str(n_trials),
-            "--verify-top", str(verify), "--out", str(out), "--no-progress", "--launch-timeout", "60", *extra]
+    return [
+        "tune",
+        "--model",
+        "tiny",
+        "--backend",
+        "launch",
+        "--launch",
+        launch,
+        "--objective",
+        "goodput",
+        "--workload",
+        "chat",
+        "--num-requests",
+        "4",
+        "--rate",
+        str(rate),
+        "--n-trials",
+        str(n_trials),
+        "--verify-top",
+        str(verify),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--launch-timeout",
+        "60",
+        *extra,
+    ]
 
 
 def slow(events: Path, startup: float, token_ms: float = 2.0) -> str:
-    return (f"{sys.executable} {SLOW_SERVER} --port {{port}} --startup {startup} --token-ms {token_ms} "
-            f"--events {events} --cpus={{cpus}}")
+    return (
+        f"{sys.executable} {SLOW_SERVER} --port {{port}} --startup {startup} --token-ms {token_ms} "
+        f"--events {events} --cpus={{cpus}}"
+    )
 
 
 def study_trials(out: Path) -> list[optuna.trial.FrozenTrial]:
@@ -66,8 +92,19 @@ def test_four_slots_run_twelve_trials_in_under_0_4_of_one_slots_time(tmp_path, c
     for slots in (1, 4):
         base, events = free_ports(4), tmp_path / f"events{slots}"
         started = time.monotonic()
-        code, stdout, err = run_cli(tune_args(tmp_path / f"s{slots}", slow(events, 4.0, 0.2), "--slots", str(slots),
-                                              "--port-base", str(base), n_trials=12, rate=40), capsys)
+        code, stdout, err = run_cli(
+            tune_args(
+                tmp_path / f"s{slots}",
+                slow(events, 4.0, 0.2),
+                "--slots",
+                str(slots),
+                "--port-base",
+                str(base),
+                n_trials=12,
+                rate=40,
+            ),
+            capsys,
+        )
         walls[slots] = time.monotonic() - started
         assert code == 0, err
         spans = intervals(events)
@@ -107,8 +144,9 @@ def test_a_launch_that_dies_while_another_server_answers_is_a_failed_trial(tmp_p
     try:
         while not events.exists():
             time.sleep(0.05)
-        code, _, err = run_cli(tune_args(tmp_path / "out", "sh -c 'sleep 0.3; exit 3' {port}",
-                                         "--port-base", str(base)), capsys)
+        code, _, err = run_cli(
+            tune_args(tmp_path / "out", "sh -c 'sleep 0.3; exit 3' {port}", "--port-base", str(base)), capsys
+        )
     finally:
         stale.terminate()
         stale.wait()
@@ -141,8 +179,9 @@ def test_slot_placeholders_and_refusals(tmp_path, capsys):
         plan_slots(3, 9000, gpus="0,1", gpus_per_trial=2)
     backend = LaunchBackend("x --port {port}", "http://127.0.0.1:{port}/v1", node=tuple(node), slot=node[0])
     assert [b.url for b in backend.slots] == ["http://127.0.0.1:9000/v1", "http://127.0.0.1:9001/v1"]
-    fixed = tune_args(tmp_path, "chunkbench serve --model tiny --port 8123", "--endpoint",
-                      "http://127.0.0.1:8123/v1", "--slots", "2")
+    fixed = tune_args(
+        tmp_path, "chunkbench serve --model tiny --port 8123", "--endpoint", "http://127.0.0.1:8123/v1", "--slots", "2"
+    )
     code, _, err = run_cli(fixed, capsys)
     assert code == 2 and "--launch names one fixed port, and 2 slots" in err, err
     code, _, err = run_cli(tune_args(tmp_path, "x --port {port}", "--jobs", "2"), capsys)
@@ -168,8 +207,10 @@ def our_servers(marker: str) -> list[int]:
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path, signum):
     port = free_ports(1)
-    launch = f"{sys.executable} -m chunkbench.cli serve --model tiny --port {{port}} --max-model-len 1024 " \
-             "{chunkbench_flags}"
+    launch = (
+        f"{sys.executable} -m chunkbench.cli serve --model tiny --port {{port}} --max-model-len 1024 "
+        "{chunkbench_flags}"
+    )
     args = [*CHUNKBENCH, *tune_args(tmp_path, launch, "--port-base", str(port), n_trials=2)]
     tune = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "trials" / "1" / "launch.log"  # mid-trial: the second trial's server is up
@@ -221,9 +262,23 @@ def test_a_node_tune_names_slots_gpus_and_noise(tmp_path, capsys, monkeypatch):
     per-user/per-GPU front, the knob importances, the GPUs' figures (NVML, faked) and the verdict."""
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
     base, events, out = free_ports(2), tmp_path / "events", tmp_path / "out"
-    code, stdout, err = run_cli(tune_args(out, slow(events, 0.2, 0.5), "--gpus", "0-3", "--gpus-per-trial", "2",
-                                          "--port-base", str(base), "--verify-repeats", "3", n_trials=6, verify=2),
-                                capsys)
+    code, stdout, err = run_cli(
+        tune_args(
+            out,
+            slow(events, 0.2, 0.5),
+            "--gpus",
+            "0-3",
+            "--gpus-per-trial",
+            "2",
+            "--port-base",
+            str(base),
+            "--verify-repeats",
+            "3",
+            n_trials=6,
+            verify=2,
+        ),
+        capsys,
+    )
     assert code == 0, err
     logs = {p.read_text().split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for p in out.glob("trials/*/launch.log")}
     assert logs == {"0,1", "2,3"}
@@ -237,8 +292,13 @@ def test_a_node_tune_names_slots_gpus_and_noise(tmp_path, capsys, monkeypatch):
     assert "knobs that mattered most (PED-ANOVA importance)" in stdout
     assert ("winner ahead" in stdout) or ("tied within the measured noise" in stdout)
     report = (out / "report.html").read_text()
-    for text in ("Throughput per user against per GPU", "Which knobs mattered", "read through NVML",
-                 "95% CI of the median", "slot 0 x"):
+    for text in (
+        "Throughput per user against per GPU",
+        "Which knobs mattered",
+        "read through NVML",
+        "95% CI of the median",
+        "slot 0 x",
+    ):
         assert text in report, text
     assert (out / "pareto_gpu.png").exists()
 
@@ -247,8 +307,12 @@ def test_the_verdict_is_ahead_only_when_the_intervals_clear():
     from chunkbench.tune.verify import verdict
 
     def row(trial, goodputs):
-        return {"trial": trial, "feasible": True, "metrics": {"request_goodput": sorted(goodputs)[1]},
-                "repeats": [{"request_goodput": g} for g in goodputs]}
+        return {
+            "trial": trial,
+            "feasible": True,
+            "metrics": {"request_goodput": sorted(goodputs)[1]},
+            "repeats": [{"request_goodput": g} for g in goodputs],
+        }
 
     assert verdict([row(1, [5.0, 5.1, 5.2]), row(2, [4.0, 4.1, 4.2])]).startswith("winner ahead of trial 2")
     tied = verdict([row(1, [5.2, 5.3, 4.5]), row(2, [4.9, 5.0, 5.1])])

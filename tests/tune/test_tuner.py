@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from chunkbench.bench.backends import SimBackend
-from chunkbench.errors import UserError
 from chunkbench.bench.slo import SLO, parse_slas
-from chunkbench.tune.space import SearchSpace, chunk_schedule, engine_kwargs
+from chunkbench.bench.workload import WorkloadSpec, build_workload
+from chunkbench.errors import UserError
 from chunkbench.tune.objectives import evaluate
+from chunkbench.tune.space import SearchSpace, chunk_schedule, engine_kwargs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from tests.conftest import REPO, run_cli
 
 H100 = SimBackend("h100-sxm")
@@ -29,8 +29,13 @@ def test_sla_strings():
     slos = parse_slas({"ttft": "300ms", "tbt": "p90:0.1s", "tpot": None, "e2el": "5s"}, 99)
     assert slos == [SLO("ttft", 99, 300.0), SLO("tbt", 90, 100.0), SLO("e2el", 99, 5000.0)]
     assert slos[1].summary_key == "p90_itl_ms" and str(slos[0]) == "p99 TTFT <= 300 ms"
-    for bad, message in [("abc", "not a duration"), ("-5ms", "must be positive"), ("0ms", "must be positive"),
-                         ("300", "not a duration"), ("p101:3ms", "percentile")]:
+    for bad, message in [
+        ("abc", "not a duration"),
+        ("-5ms", "must be positive"),
+        ("0ms", "must be positive"),
+        ("300", "not a duration"),
+        ("p101:3ms", "percentile"),
+    ]:
         with pytest.raises(UserError, match=f"--sla-ttft: .*{message}"):
             parse_slas({"ttft": bad})
 
@@ -39,14 +44,23 @@ def test_schedules_and_knobs():
     assert chunk_schedule("decreasing", 2048) == (2048, 1024, 512)
     assert chunk_schedule("linear", 1024) == (1024, 768, 512, 256)
     assert chunk_schedule("fixed", 512) == ()
-    assert engine_kwargs({"policy": "continuous", "max_num_batched_tokens": 512, "max_num_seqs": 8}, 8192) == \
-        {"policy": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 8192}
+    assert engine_kwargs({"policy": "continuous", "max_num_batched_tokens": 512, "max_num_seqs": 8}, 8192) == {
+        "policy": "continuous",
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 8192,
+    }
 
 
 def small_space() -> SearchSpace:
     """150 points: 6 budgets x 5 chunk caps x 5 seat limits."""
-    return SearchSpace({"policy": ["chunked"], "max_num_batched_tokens": [128, 256, 512, 1024, 2048, 4096],
-                        "chunk_size": [0, 64, 128, 256, 1024], "max_num_seqs": [2, 4, 8, 16, 64]})
+    return SearchSpace(
+        {
+            "policy": ["chunked"],
+            "max_num_batched_tokens": [128, 256, 512, 1024, 2048, 4096],
+            "chunk_size": [0, 64, 128, 256, 1024],
+            "max_num_seqs": [2, 4, 8, 16, 64],
+        }
+    )
 
 
 def test_search_finds_the_exhaustive_optimum_with_a_fifth_of_the_trials(tmp_path):
@@ -54,8 +68,15 @@ def test_search_finds_the_exhaustive_optimum_with_a_fifth_of_the_trials(tmp_path
     points = space.points()
     assert len(points) == 150
     workload_spec = WorkloadSpec(name="rag-mix", num_requests=120, rate=6.0, seed=1)
-    spec = TuneSpec(model="llama-3-8b", slos=parse_slas({"ttft": "2s", "tbt": "100ms"}), space=space,
-                    workload=workload_spec, backend=H100, n_trials=30, seed=0)
+    spec = TuneSpec(
+        model="llama-3-8b",
+        slos=parse_slas({"ttft": "2s", "tbt": "100ms"}),
+        space=space,
+        workload=workload_spec,
+        backend=H100,
+        n_trials=30,
+        seed=0,
+    )
     workload = build_workload(workload_spec, 8192)
     exhaustive = []
     for point in points:
@@ -73,8 +94,18 @@ def test_search_finds_the_exhaustive_optimum_with_a_fifth_of_the_trials(tmp_path
     assert best >= 0.98 * optimum, f"tuner {best:.3f} vs exhaustive {optimum:.3f}"
 
 
-TUNE = ["tune", "--model", "llama-3-8b", "--sla-ttft", "300ms", "--sla-tbt", "100ms", "--num-requests", "60",
-        "--no-progress"]
+TUNE = [
+    "tune",
+    "--model",
+    "llama-3-8b",
+    "--sla-ttft",
+    "300ms",
+    "--sla-tbt",
+    "100ms",
+    "--num-requests",
+    "60",
+    "--no-progress",
+]
 
 
 def test_tune_writes_every_output(tmp_path, capsys):
@@ -82,20 +113,41 @@ def test_tune_writes_every_output(tmp_path, capsys):
     out = tmp_path / "t"
     code, stdout, err = run_cli([*TUNE, "--n-trials", "8", "--out", str(out)], capsys)
     assert code == 0, err
-    for name in ("recommended.toml", "vllm.yaml", "vllm_flags.txt", "sglang.txt", "trials.csv", "search.png",
-                 "knobs.png", "report.html", "study.db"):
+    for name in (
+        "recommended.toml",
+        "vllm.yaml",
+        "vllm_flags.txt",
+        "sglang.txt",
+        "trials.csv",
+        "search.png",
+        "knobs.png",
+        "report.html",
+        "study.db",
+    ):
         assert (out / name).exists(), name
     assert "trials (capacity, simulated" in stdout
-    assert re.search(r"Margin: (the winner's capacity is .* ahead of|none: the winner ties with) the runner-up",
-                     stdout.replace("\n", " "))
+    assert re.search(
+        r"Margin: (the winner's capacity is .* ahead of|none: the winner ties with) the runner-up",
+        stdout.replace("\n", " "),
+    )
     page = (out / "report.html").read_text()
     assert "How each knob moves" in page and "What was not verified, and why" in page and "Margin:" in page
     config = yaml.safe_load((out / "vllm.yaml").read_text())
     assert config["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
-    real_vllm_options = {"max-num-batched-tokens", "max-num-seqs", "max-model-len", "enable-chunked-prefill",
-                         "block-size", "gpu-memory-utilization", "enable-prefix-caching",
-                         "long-prefill-token-threshold", "max-num-partial-prefills", "model",
-                         "tensor-parallel-size", "kv-cache-dtype"}
+    real_vllm_options = {
+        "max-num-batched-tokens",
+        "max-num-seqs",
+        "max-model-len",
+        "enable-chunked-prefill",
+        "block-size",
+        "gpu-memory-utilization",
+        "enable-prefix-caching",
+        "long-prefill-token-threshold",
+        "max-num-partial-prefills",
+        "model",
+        "tensor-parallel-size",
+        "kv-cache-dtype",
+    }
     assert set(config) <= real_vllm_options and config["max-num-batched-tokens"] >= 256
     assert "--chunked-prefill-size" in (out / "sglang.txt").read_text()
     assert "SIMULATED" in stdout
@@ -107,8 +159,14 @@ def test_capacity_early_stop_and_warm_start_find_the_same_capacity():
     import dataclasses
 
     workload_spec = WorkloadSpec(name="rag-mix", num_requests=80, rate=4.0, seed=2)
-    spec = TuneSpec(model="llama-3-8b", slos=parse_slas({"ttft": "300ms", "e2el": "20s"}), space=small_space(),
-                    workload=workload_spec, backend=H100, objective="capacity")
+    spec = TuneSpec(
+        model="llama-3-8b",
+        slos=parse_slas({"ttft": "300ms", "e2el": "20s"}),
+        space=small_space(),
+        workload=workload_spec,
+        backend=H100,
+        objective="capacity",
+    )
     workload = build_workload(workload_spec, 8192)
     for knobs in ({"max_num_batched_tokens": 512, "max_num_seqs": 8}, {"max_num_batched_tokens": 2048}):
         kwargs = engine_kwargs({"policy": "chunked", "max_num_seqs": 256, **knobs}, 8192)
@@ -124,8 +182,10 @@ def test_jobs_run_trials_in_parallel_processes_with_the_exact_count(tmp_path, ca
     # Trials long enough (400 requests, a capacity search each) that this process cannot finish all eight
     # before the spawned one has started (an interpreter and its imports, 1-2 s): with 30 requests the
     # simulator got fast enough that it sometimes did, and the second process found the study full.
-    code, _, err = run_cli([*TUNE[:-3], "--num-requests", "400", "--n-trials", "8", "--jobs", "2", "--out", str(out),
-                            "--no-progress"], capsys)
+    code, _, err = run_cli(
+        [*TUNE[:-3], "--num-requests", "400", "--n-trials", "8", "--jobs", "2", "--out", str(out), "--no-progress"],
+        capsys,
+    )
     assert code == 0, err
     trials = _study(out / "study.db").get_trials()
     assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
@@ -133,19 +193,35 @@ def test_jobs_run_trials_in_parallel_processes_with_the_exact_count(tmp_path, ca
 
 
 def test_nothing_feasible_names_the_closest_trial(tmp_path, capsys):
-    code, stdout, _ = run_cli([*TUNE[:3], "--sla-ttft", "1ms", "--n-trials", "4", "--out", str(tmp_path / "x"),
-                               "--num-requests", "30", "--no-progress"], capsys)
+    code, stdout, _ = run_cli(
+        [
+            *TUNE[:3],
+            "--sla-ttft",
+            "1ms",
+            "--n-trials",
+            "4",
+            "--out",
+            str(tmp_path / "x"),
+            "--num-requests",
+            "30",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0
     assert "No trial met p99 TTFT <= 1 ms" in stdout and "Closest: trial" in stdout and "missed by" in stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--sla-ttft", "abc"], "--sla-ttft: 'abc' is not a duration"),
-    (["--sla-tbt", "-100ms"], "--sla-tbt: must be positive"),
-    (["--objective", "speed"], "--objective must be one of"),
-    (["--space", "/no/such.toml"], "--space: cannot read"),
-    (["--storage", "postgresql://nobody:x@127.0.0.1:1/none"], "--storage: cannot open"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sla-ttft", "abc"], "--sla-ttft: 'abc' is not a duration"),
+        (["--sla-tbt", "-100ms"], "--sla-tbt: must be positive"),
+        (["--objective", "speed"], "--objective must be one of"),
+        (["--space", "/no/such.toml"], "--space: cannot read"),
+        (["--storage", "postgresql://nobody:x@127.0.0.1:1/none"], "--storage: cannot open"),
+    ],
+)
 def test_tune_bad_input_writes_nothing(args, message, tmp_path, capsys):
     out = tmp_path / "never"
     code, _, err = run_cli(["tune", "--model", "llama-3-8b", "--out", str(out), "--no-progress", *args], capsys)
@@ -153,14 +229,17 @@ def test_tune_bad_input_writes_nothing(args, message, tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("toml, message", [
-    ("[space]\n", "the [space] table is empty"),
-    ("[space]\nmax_num_batched_tokens = []\n", "must be a non-empty list"),
-    ("[space]\npolicy = ['fifo']\n", "unknown policy 'fifo'"),
-    ("[space]\nmax_num_batched_tokens = [128, 256]\ntile = [512]\n", "contradictory"),
-    ("[space]\nbudget = [1]\n", "unknown knob"),
-    ("[space\n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("[space]\n", "the [space] table is empty"),
+        ("[space]\nmax_num_batched_tokens = []\n", "must be a non-empty list"),
+        ("[space]\npolicy = ['fifo']\n", "unknown policy 'fifo'"),
+        ("[space]\nmax_num_batched_tokens = [128, 256]\ntile = [512]\n", "contradictory"),
+        ("[space]\nbudget = [1]\n", "unknown knob"),
+        ("[space\n", "not valid TOML"),
+    ],
+)
 def test_bad_spaces(toml, message, tmp_path):
     path = tmp_path / "space.toml"
     path.write_text(toml)
@@ -194,8 +273,18 @@ def test_open_storage_retries_the_table_creation_race(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_kill_minus_nine_then_rerun_keeps_finished_trials(tmp_path):
     out = tmp_path / "study"
-    command = [sys.executable, "-m", "chunkbench.cli", *TUNE, "--n-trials", "12", "--out", str(out),
-               "--num-requests", "100"]
+    command = [
+        sys.executable,
+        "-m",
+        "chunkbench.cli",
+        *TUNE,
+        "--n-trials",
+        "12",
+        "--out",
+        str(out),
+        "--num-requests",
+        "100",
+    ]
     log = tmp_path / "first.log"
     with open(log, "w") as stderr:
         proc = subprocess.Popen(command, cwd=REPO, stdout=stderr, stderr=stderr, start_new_session=True)
@@ -220,9 +309,15 @@ def test_a_trial_orphaned_before_its_first_heartbeat_is_replaced(tmp_path, monke
     the study must still reach n_trials (this hung CI once)."""
     from chunkbench.tune import study as tuner
 
-    spec = TuneSpec(model="llama-3-8b", slos=parse_slas({"ttft": "2s"}), space=small_space(),
-                    workload=WorkloadSpec(name="chat", num_requests=20, rate=4.0, seed=1), backend=H100,
-                    n_trials=3, timeout_s=60)
+    spec = TuneSpec(
+        model="llama-3-8b",
+        slos=parse_slas({"ttft": "2s"}),
+        space=small_space(),
+        workload=WorkloadSpec(name="chat", num_requests=20, rate=4.0, seed=1),
+        backend=H100,
+        n_trials=3,
+        timeout_s=60,
+    )
     url = f"sqlite:///{tmp_path / 'study.db'}"
     storage = open_storage(url)
     monkeypatch.setattr(tuner, "GRACE_S", 0)  # after opening: Optuna's own grace period must be positive
@@ -255,16 +350,34 @@ def _complete_numbers(db: Path) -> list[int]:
 POSTGRES = os.environ.get("CHUNKBENCH_TEST_POSTGRES_URL")
 
 
-@pytest.mark.skipif(not POSTGRES, reason="set CHUNKBENCH_TEST_POSTGRES_URL (scripts/postgres.sh starts a server; "
-                    ".ci/run does it)")
+@pytest.mark.skipif(
+    not POSTGRES, reason="set CHUNKBENCH_TEST_POSTGRES_URL (scripts/postgres.sh starts a server; .ci/run does it)"
+)
 def test_two_processes_share_one_postgres_study(tmp_path):
     import uuid
 
     name = f"distributed-{uuid.uuid4().hex[:8]}"
-    command = [sys.executable, "-m", "chunkbench.cli", *TUNE, "--n-trials", "16", "--storage", POSTGRES,
-               "--study", name]
-    procs = [subprocess.Popen([*command, "--out", str(tmp_path / f"w{i}"), "--seed", str(i)], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]
+    command = [
+        sys.executable,
+        "-m",
+        "chunkbench.cli",
+        *TUNE,
+        "--n-trials",
+        "16",
+        "--storage",
+        POSTGRES,
+        "--study",
+        name,
+    ]
+    procs = [
+        subprocess.Popen(
+            [*command, "--out", str(tmp_path / f"w{i}"), "--seed", str(i)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err.decode()[-2000:]

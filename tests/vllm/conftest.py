@@ -34,8 +34,7 @@ VLLM_FIXED_FLAGS = ("--enforce-eager", "--dtype", "float32", "--max-model-len", 
 
 
 def vllm_serve_args(model: Path, port: int, *flags: str) -> list[str]:
-    return [str(VLLM_CLI), "serve", str(model), "--port", str(port), "--host", "127.0.0.1", *VLLM_FIXED_FLAGS,
-            *flags]
+    return [str(VLLM_CLI), "serve", str(model), "--port", str(port), "--host", "127.0.0.1", *VLLM_FIXED_FLAGS, *flags]
 
 
 @contextlib.contextmanager
@@ -46,8 +45,9 @@ def start_server(args: list[str], log: Path, timeout_s: float = 240.0, env: dict
     port = args[args.index("--port") + 1]
     base = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env or vllm_env(),
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=env or vllm_env(), start_new_session=True
+        )
     try:
         deadline = time.monotonic() + timeout_s
         while True:

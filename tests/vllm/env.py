@@ -34,9 +34,17 @@ def vllm_env(**extra: str) -> dict[str, str]:
     alone. The tier calibration test with it: fit error 3.6-6.2% and all three held-out figures
     within 15% in 9 of 10 runs (7 within 10%); without it, 21 of 45 runs within 15%
     (docs/measurements/server-calibration-held-out.md)."""
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        VLLM_CPU_KVCACHE_SPACE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        OMP_NUM_THREADS="1",
+    )
     env.pop("TRITON_INTERPRET", None)  # ours, for our kernels' tests; never for vLLM
     tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
     if tcmalloc:

@@ -64,8 +64,13 @@ def test_arrivals_are_vllm_get_request_s_for_the_same_seed():
     from chunkbench.bench.arrivals import vllm_arrivals
 
     cases = [(8, 4.0, 1.0, 0), (50, 16.0, 1.0, 7), (20, 2.0, 0.25, 3), (20, 50.0, 4.0, 12345)]
-    done = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SCHEDULES, json.dumps(cases)], capture_output=True,
-                          text=True, env=vllm_env(), timeout=180)
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", VLLM_SCHEDULES, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=vllm_env(),
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     for case, due in zip(cases, theirs):
@@ -76,10 +81,18 @@ def test_ramp_up_send_times_are_vllm_s_for_the_same_seed():
     """--ramp-up-strategy linear|exponential: the same draws at each request's own rate, not rescaled."""
     from chunkbench.bench.arrivals import vllm_arrivals
 
-    cases = [(30, 1.0, 1.0, 0, "linear", 1.0, 10.0), (40, 1.0, 1.0, 7, "exponential", 2.0, 32.0),
-             (25, 1.0, 0.5, 123, "linear", 20.0, 4.0)]
-    done = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SCHEDULES, json.dumps(cases)], capture_output=True,
-                          text=True, env=vllm_env(), timeout=180)
+    cases = [
+        (30, 1.0, 1.0, 0, "linear", 1.0, 10.0),
+        (40, 1.0, 1.0, 7, "exponential", 2.0, 32.0),
+        (25, 1.0, 0.5, 123, "linear", 20.0, 4.0),
+    ]
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", VLLM_SCHEDULES, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=vllm_env(),
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     for (n, rate, burstiness, seed, *ramp), due in zip(cases, theirs):
@@ -125,29 +138,50 @@ def test_random_and_prefix_repetition_token_counts_are_vllm_s_for_the_same_seed(
     realized counts are held to within 5% of the tokens."""
     from chunkbench.bench.workload import WorkloadSpec, build_workload
 
-    cases = [("random", seed, 40, dict(input_len=96, output_len=12, range_ratio=0.4, prefix_len=5))
-             for seed in (0, 1, 2)]
-    cases += [("prefix_repetition", seed, 30, dict(prefix_len=24, suffix_len=8, num_prefixes=4, output_len=7))
-              for seed in (0, 1, 2)]
-    done = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_DATASETS, str(tiny_model), json.dumps(cases)],
-                          capture_output=True, text=True, env=vllm_env(), timeout=300)
+    cases = [
+        ("random", seed, 40, dict(input_len=96, output_len=12, range_ratio=0.4, prefix_len=5)) for seed in (0, 1, 2)
+    ]
+    cases += [
+        ("prefix_repetition", seed, 30, dict(prefix_len=24, suffix_len=8, num_prefixes=4, output_len=7))
+        for seed in (0, 1, 2)
+    ]
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", VLLM_DATASETS, str(tiny_model), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=vllm_env(),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     for (kind, seed, n, args), vllm_rows in zip(cases, theirs):
         if kind == "random":
-            spec = WorkloadSpec(name="random", num_requests=n, seed=seed, tokenizer=str(tiny_model),
-                                random_input_len=args["input_len"], random_output_len=args["output_len"],
-                                random_range_ratio=args["range_ratio"], prefix_len=args["prefix_len"])
+            spec = WorkloadSpec(
+                name="random",
+                num_requests=n,
+                seed=seed,
+                tokenizer=str(tiny_model),
+                random_input_len=args["input_len"],
+                random_output_len=args["output_len"],
+                random_range_ratio=args["range_ratio"],
+                prefix_len=args["prefix_len"],
+            )
             ours = [[r.prompt_len, r.output_len] for r in build_workload(spec)]
         else:
-            spec = WorkloadSpec(name="prefix_repetition", num_requests=n, seed=seed,
-                                prefix_repetition_prefix_len=args["prefix_len"],
-                                prefix_repetition_suffix_len=args["suffix_len"],
-                                prefix_repetition_num_prefixes=args["num_prefixes"],
-                                prefix_repetition_output_len=args["output_len"])
+            spec = WorkloadSpec(
+                name="prefix_repetition",
+                num_requests=n,
+                seed=seed,
+                prefix_repetition_prefix_len=args["prefix_len"],
+                prefix_repetition_suffix_len=args["suffix_len"],
+                prefix_repetition_num_prefixes=args["num_prefixes"],
+                prefix_repetition_output_len=args["output_len"],
+            )
             labels: dict = {}
-            ours = [[r.prompt_len, r.output_len, labels.setdefault(r.shared[0][0], len(labels))]
-                    for r in build_workload(spec)]
+            ours = [
+                [r.prompt_len, r.output_len, labels.setdefault(r.shared[0][0], len(labels))]
+                for r in build_workload(spec)
+            ]
             assert [row[-1] for row in ours] == [row[-1] for row in vllm_rows], seed
             ours = [row[:2] for row in ours]
         assert ours == [row[:2] for row in vllm_rows], (kind, seed)
@@ -157,10 +191,34 @@ def test_random_and_prefix_repetition_token_counts_are_vllm_s_for_the_same_seed(
 
 
 def run_chunkbench(url: str, out: Path, *extra: str) -> tuple[dict, dict]:
-    args = [str(CHUNKBENCH), "bench", *extra, "--endpoint", url, "--workload", "synthetic", "--prompt-len",
-            f"fixed:{PROMPT}", "--output-len", f"fixed:{OUTPUT}", "--num-requests", str(N), "--rate", str(RATE),
-            "--seed", str(SEED), "--out", str(out), "--save-result", "--result-dir", str(out),
-            "--result-filename", "result.json", "--percentile-metrics", METRICS]
+    args = [
+        str(CHUNKBENCH),
+        "bench",
+        *extra,
+        "--endpoint",
+        url,
+        "--workload",
+        "synthetic",
+        "--prompt-len",
+        f"fixed:{PROMPT}",
+        "--output-len",
+        f"fixed:{OUTPUT}",
+        "--num-requests",
+        str(N),
+        "--rate",
+        str(RATE),
+        "--seed",
+        str(SEED),
+        "--out",
+        str(out),
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        "result.json",
+        "--percentile-metrics",
+        METRICS,
+    ]
     done = subprocess.run(pinned(args), capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads((out / "summary.json").read_text()), json.loads((out / "result.json").read_text())
@@ -171,18 +229,55 @@ def token_trace(path: Path) -> Path:
     decodes and re-encodes text, and here came out 11 tokens longer over 32 prompts), distinct hash chunks
     (no shared prefix, as chunkbench's random ids). --no-self-timed sends them on get_request's schedule."""
     chunks = -(-PROMPT // 16)
-    path.write_text("".join(json.dumps({"timestamp": 0, "input_length": PROMPT, "output_length": OUTPUT,
-                                        "hash_ids": list(range(i * chunks, (i + 1) * chunks))}) + "\n"
-                            for i in range(N)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": 0,
+                    "input_length": PROMPT,
+                    "output_length": OUTPUT,
+                    "hash_ids": list(range(i * chunks, (i + 1) * chunks)),
+                }
+            )
+            + "\n"
+            for i in range(N)
+        )
+    )
     return path
 
 
 def run_vllm(url: str, model: Path, out: Path, trace: Path, *extra: str) -> dict:
-    args = [str(VLLM_CLI), "bench", "serve", *extra, "--backend", "openai", "--base-url", url.removesuffix("/v1"),
-            "--model", str(model), "--dataset-name", "timed_trace", "--dataset-path", str(trace),
-            "--no-self-timed", "--num-prompts", str(N), "--request-rate", str(RATE), "--seed", str(SEED),
-            "--ignore-eos", "--save-result", "--result-dir", str(out), "--result-filename", "result.json",
-            "--percentile-metrics", METRICS]
+    args = [
+        str(VLLM_CLI),
+        "bench",
+        "serve",
+        *extra,
+        "--backend",
+        "openai",
+        "--base-url",
+        url.removesuffix("/v1"),
+        "--model",
+        str(model),
+        "--dataset-name",
+        "timed_trace",
+        "--dataset-path",
+        str(trace),
+        "--no-self-timed",
+        "--num-prompts",
+        str(N),
+        "--request-rate",
+        str(RATE),
+        "--seed",
+        str(SEED),
+        "--ignore-eos",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        "result.json",
+        "--percentile-metrics",
+        METRICS,
+    ]
     done = subprocess.run(pinned(args), capture_output=True, text=True, timeout=180, env=vllm_env())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads((out / "result.json").read_text())
@@ -211,8 +306,11 @@ def measure_both(vllm_server, tiny_model, out, trace) -> tuple[list, list, list]
 
 
 def timing_misses(ours: list, theirs: list) -> list[str]:
-    misses = [f"duration {a['duration']:.3f} vs {b['duration']:.3f} s" for a, b in zip(ours, theirs)
-              if a["duration"] != pytest.approx(b["duration"], rel=0.02)]
+    misses = [
+        f"duration {a['duration']:.3f} vs {b['duration']:.3f} s"
+        for a, b in zip(ours, theirs)
+        if a["duration"] != pytest.approx(b["duration"], rel=0.02)
+    ]
     for key in FIGURES:  # paired: run i of each client ran back to back (measure_both), at one speed of the server
         vllm = statistics.median(r[key] for r in theirs)
         gap = statistics.median(a[key] - b[key] for a, b in zip(ours, theirs))
@@ -235,12 +333,18 @@ def test_bench_measures_what_vllm_bench_serve_measures(vllm_server, tiny_model, 
     trace = token_trace(tmp_path / "trace.jsonl")
     for attempt in range(2):
         ours, theirs, saved = measure_both(vllm_server, tiny_model, tmp_path / f"set-{attempt}", trace)
-        table = {key: ([round(r[key], 3) for r in ours], [round(r[key], 3) for r in theirs])
-                 for key in ("duration", *FIGURES)}
+        table = {
+            key: ([round(r[key], 3) for r in ours], [round(r[key], 3) for r in theirs])
+            for key in ("duration", *FIGURES)
+        }
         print("\nchunkbench vs vllm bench serve:", json.dumps(table))
-        print("chunkbench send lag (mean, p99, max ms):",
-              [(round(s["mean_send_lag_ms"], 2), round(s["p99_send_lag_ms"], 2), round(s["max_send_lag_ms"], 2))
-               for s in ours])
+        print(
+            "chunkbench send lag (mean, p99, max ms):",
+            [
+                (round(s["mean_send_lag_ms"], 2), round(s["p99_send_lag_ms"], 2), round(s["max_send_lag_ms"], 2))
+                for s in ours
+            ],
+        )
         for a, b in zip(ours, theirs):
             for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
                 assert a[key] == b[key], (key, a[key], b[key])
@@ -251,9 +355,18 @@ def test_bench_measures_what_vllm_bench_serve_measures(vllm_server, tiny_model, 
         print(f"set {attempt + 1} missed: {'; '.join(misses)}")
     assert not misses, misses
     summaries = ours
-    print("chunkbench scheduling delay (mean, median) vs median TTFT (ms):",
-          [(round(s["mean_scheduling_delay_ms"], 3), round(s["median_scheduling_delay_ms"], 3),
-            round(s["median_ttft_ms"], 3)) for s in summaries], summaries[0]["scheduling_delay_sources"])
+    print(
+        "chunkbench scheduling delay (mean, median) vs median TTFT (ms):",
+        [
+            (
+                round(s["mean_scheduling_delay_ms"], 3),
+                round(s["median_scheduling_delay_ms"], 3),
+                round(s["median_ttft_ms"], 3),
+            )
+            for s in summaries
+        ],
+        summaries[0]["scheduling_delay_sources"],
+    )
     assert set(saved[0]) == set(theirs[0]), set(saved[0]) ^ set(theirs[0])  # --save-result: vLLM's key set
     for summary in summaries:  # light load: the delay, part of the TTFT, is not reported above it
         assert summary["scheduling_delay_source"] == "server"

@@ -35,8 +35,13 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(2, VOCAB) for _ in range(n)]
 
 
-def _requests(rng: random.Random, n: int, prompt: tuple[int, int], output: tuple[int, int],
-              prefixes: list[list[int]] | None = None) -> list[dict]:
+def _requests(
+    rng: random.Random,
+    n: int,
+    prompt: tuple[int, int],
+    output: tuple[int, int],
+    prefixes: list[list[int]] | None = None,
+) -> list[dict]:
     out = []
     for i in range(n):
         shared = prefixes[i % len(prefixes)] if prefixes else []
@@ -59,40 +64,105 @@ def streams(seed: int = 0) -> list[dict]:
         s.append(dict(name=name, knobs=knobs, requests=requests))
 
     add("budget-256-seats-4", _requests(rng, 12, (20, 400), (2, 16)), max_num_batched_tokens=256, max_num_seqs=4)
-    add("budget-512-seats-16-cap-128", _requests(rng, 24, (20, 600), (2, 24)), max_num_batched_tokens=512,
-        max_num_seqs=16, chunk_size=128)
-    add("budget-384-seats-8-cap-64", _requests(rng, 16, (10, 500), (1, 12)), max_num_batched_tokens=384,
-        max_num_seqs=8, chunk_size=64)
-    add("lone-long-prompt-cap-64", [dict(id="r0", prompt=_tokens(rng, 900), max_tokens=4)],
-        max_num_batched_tokens=256, max_num_seqs=4, chunk_size=64)
-    add("small-kv-preempts", _requests(rng, 10, (100, 300), (16, 48)), max_num_batched_tokens=256,
-        max_num_seqs=8, num_blocks=24)
-    add("small-kv-no-full-isl", _requests(rng, 10, (100, 300), (16, 48)), max_num_batched_tokens=256,
-        max_num_seqs=8, num_blocks=24, scheduler_reserve_full_isl=False)
+    add(
+        "budget-512-seats-16-cap-128",
+        _requests(rng, 24, (20, 600), (2, 24)),
+        max_num_batched_tokens=512,
+        max_num_seqs=16,
+        chunk_size=128,
+    )
+    add(
+        "budget-384-seats-8-cap-64",
+        _requests(rng, 16, (10, 500), (1, 12)),
+        max_num_batched_tokens=384,
+        max_num_seqs=8,
+        chunk_size=64,
+    )
+    add(
+        "lone-long-prompt-cap-64",
+        [dict(id="r0", prompt=_tokens(rng, 900), max_tokens=4)],
+        max_num_batched_tokens=256,
+        max_num_seqs=4,
+        chunk_size=64,
+    )
+    add(
+        "small-kv-preempts",
+        _requests(rng, 10, (100, 300), (16, 48)),
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        num_blocks=24,
+    )
+    add(
+        "small-kv-no-full-isl",
+        _requests(rng, 10, (100, 300), (16, 48)),
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        num_blocks=24,
+        scheduler_reserve_full_isl=False,
+    )
     prefixes = [_tokens(rng, 160), _tokens(rng, 200), _tokens(rng, 96)]
-    add("shared-prefixes-cached", _requests(rng, 12, (20, 100), (2, 12), prefixes), max_num_batched_tokens=256,
-        max_num_seqs=8, enable_prefix_caching=True)
-    add("shared-prefixes-cap-48", _requests(rng, 12, (20, 100), (2, 12), prefixes), max_num_batched_tokens=512,
-        max_num_seqs=6, chunk_size=48, enable_prefix_caching=True)
-    add("shared-prefixes-small-kv", _requests(rng, 12, (30, 120), (8, 32), prefixes), max_num_batched_tokens=256,
-        max_num_seqs=8, num_blocks=30, enable_prefix_caching=True)
+    add(
+        "shared-prefixes-cached",
+        _requests(rng, 12, (20, 100), (2, 12), prefixes),
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        enable_prefix_caching=True,
+    )
+    add(
+        "shared-prefixes-cap-48",
+        _requests(rng, 12, (20, 100), (2, 12), prefixes),
+        max_num_batched_tokens=512,
+        max_num_seqs=6,
+        chunk_size=48,
+        enable_prefix_caching=True,
+    )
+    add(
+        "shared-prefixes-small-kv",
+        _requests(rng, 12, (30, 120), (8, 32), prefixes),
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        num_blocks=30,
+        enable_prefix_caching=True,
+    )
     ending = _requests(rng, 5, (10, 60), (2, 6)) + [dict(id="r5", prompt=_tokens(rng, 1500), max_tokens=3)]
     add("ends-while-a-long-prompt-prefills", ending, max_num_batched_tokens=128, max_num_seqs=8, chunk_size=96)
-    add("adaptive-cap-active-seqs", _requests(rng, 14, (40, 400), (2, 10)), max_num_batched_tokens=512,
-        max_num_seqs=8, chunk_size=32, long_prefill_token_threshold_adaptive=True, max_num_active_seqs=5)
-    add("watermark", _requests(rng, 10, (60, 250), (8, 32)), max_num_batched_tokens=256, max_num_seqs=8,
-        num_blocks=40, watermark=0.1)
+    add(
+        "adaptive-cap-active-seqs",
+        _requests(rng, 14, (40, 400), (2, 10)),
+        max_num_batched_tokens=512,
+        max_num_seqs=8,
+        chunk_size=32,
+        long_prefill_token_threshold_adaptive=True,
+        max_num_active_seqs=5,
+    )
+    add(
+        "watermark",
+        _requests(rng, 10, (60, 250), (8, 32)),
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        num_blocks=40,
+        watermark=0.1,
+    )
     return s
 
 
 def vllm_engine_args(knobs: dict) -> dict:
     """The same configuration as vLLM EngineArgs keywords."""
-    args = dict(block_size=VLLM_BLOCK, max_model_len=knobs["max_model_len"], max_num_batched_tokens=knobs["max_num_batched_tokens"],
-                max_num_seqs=knobs["max_num_seqs"], num_gpu_blocks_override=knobs["num_blocks"] + 1,
-                enable_prefix_caching=knobs["enable_prefix_caching"],
-                long_prefill_token_threshold=knobs.get("chunk_size") or 0)
-    for name in ("scheduler_reserve_full_isl", "long_prefill_token_threshold_adaptive", "max_num_active_seqs",
-                 "watermark"):
+    args = dict(
+        block_size=VLLM_BLOCK,
+        max_model_len=knobs["max_model_len"],
+        max_num_batched_tokens=knobs["max_num_batched_tokens"],
+        max_num_seqs=knobs["max_num_seqs"],
+        num_gpu_blocks_override=knobs["num_blocks"] + 1,
+        enable_prefix_caching=knobs["enable_prefix_caching"],
+        long_prefill_token_threshold=knobs.get("chunk_size") or 0,
+    )
+    for name in (
+        "scheduler_reserve_full_isl",
+        "long_prefill_token_threshold_adaptive",
+        "max_num_active_seqs",
+        "watermark",
+    ):
         if name in knobs:
             args[name] = knobs[name]
     return args
@@ -103,27 +173,48 @@ def chunkbench_steps(model, knobs: dict, requests: list[dict]) -> dict:
     config = EngineConfig.create(str(model), policy="chunked", block_size=VLLM_BLOCK, **knobs)
     cost = RooflineCostModel.for_config(config, gpu_spec(DEFAULT_SIM_GPU), None)
     engine = sim_engine(config, cost, knobs["num_blocks"], fast_forward=False)
-    added = [engine.add_request(r["prompt"], SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
-                                request_id=r["id"], arrival_time=0.0) for r in requests]
+    added = [
+        engine.add_request(
+            r["prompt"],
+            SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
+            request_id=r["id"],
+            arrival_time=0.0,
+        )
+        for r in requests
+    ]
     steps = []
     while engine.has_unfinished():
         engine.step()
         if engine.last_step is not None:
             steps.append([[c.request_id, c.num_tokens] for c in engine.last_step[0].chunks])
-    return dict(steps=steps, preemptions=engine.scheduler.num_preemptions,
-                cached={r.request_id: r.num_cached_tokens for r in added})
+    return dict(
+        steps=steps,
+        preemptions=engine.scheduler.num_preemptions,
+        cached={r.request_id: r.num_cached_tokens for r in added},
+    )
 
 
 @pytest.fixture(scope="module")
 def oracle(tiny_model, tmp_path_factory) -> dict:
     """vLLM's record of every stream (one subprocess under vLLM's venv, ~10 s plus ~2 s a stream)."""
     folder = tmp_path_factory.mktemp("oracle")
-    spec = dict(model=str(tiny_model), streams=[dict(name=s["name"], engine=vllm_engine_args(s["knobs"]),
-                                                     requests=s["requests"]) for s in streams()])
+    spec = dict(
+        model=str(tiny_model),
+        streams=[dict(name=s["name"], engine=vllm_engine_args(s["knobs"]), requests=s["requests"]) for s in streams()],
+    )
     (folder / "in.json").write_text(json.dumps(spec))
-    run = subprocess.run([str(VLLM_PYTHON), str(REPO / "tests" / "vllm" / "vllm_oracle.py"), str(folder / "in.json"),
-                          str(folder / "out.json")], env=vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            str(REPO / "tests" / "vllm" / "vllm_oracle.py"),
+            str(folder / "in.json"),
+            str(folder / "out.json"),
+        ],
+        env=vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads((folder / "out.json").read_text())
 
@@ -144,8 +235,9 @@ def _first_difference(ours: list, theirs: list) -> str:
 def test_chunked_makes_vllms_decisions(stream, oracle, tiny_model):
     theirs = oracle["streams"][stream["name"]]
     ours = chunkbench_steps(tiny_model, stream["knobs"], stream["requests"])
-    assert [dict(s) for s in ours["steps"]] == [dict(s) for s in theirs["steps"]], \
-        _first_difference(ours["steps"], theirs["steps"])
+    assert [dict(s) for s in ours["steps"]] == [dict(s) for s in theirs["steps"]], _first_difference(
+        ours["steps"], theirs["steps"]
+    )
     assert ours["preemptions"] == theirs["preemptions"]
     assert ours["cached"] == theirs["cached"]
 

@@ -29,8 +29,20 @@ WORKLOAD = ["--workload", "chat", "--num-requests", "12", "--rate", "6", "--sla-
 
 
 def template(port: int, *extra: str) -> str:
-    return " ".join([str(VLLM_CLI), "serve", "{model}", "{vllm_flags}", "--port", str(port), "--host", "127.0.0.1",
-                     *(f for f in VLLM_FIXED_FLAGS if f not in ("--max-model-len", "2048")), *extra])
+    return " ".join(
+        [
+            str(VLLM_CLI),
+            "serve",
+            "{model}",
+            "{vllm_flags}",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            *(f for f in VLLM_FIXED_FLAGS if f not in ("--max-model-len", "2048")),
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture
@@ -41,8 +53,9 @@ def vllm_environment(monkeypatch):
 
 
 def test_every_vllm_option_chunkbench_names_exists_in_vllm():
-    found = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_OPTIONS], capture_output=True, text=True, check=True,
-                           env=vllm_env(), timeout=120)
+    found = subprocess.run(
+        [str(VLLM_PYTHON), "-c", VLLM_OPTIONS], capture_output=True, text=True, check=True, env=vllm_env(), timeout=120
+    )
     options = set(json.loads(found.stdout.strip().splitlines()[-1]))
     assert "--enable-chunked-prefill" in options and "--no-enable-chunked-prefill" in options
     for knob in KNOBS.values():
@@ -57,42 +70,96 @@ def test_every_vllm_option_chunkbench_names_exists_in_vllm():
 def serves(config: str, tmp_path) -> None:
     """`vllm serve --config FILE` becomes healthy and serves a completion."""
     port = free_port()
-    args = [str(VLLM_CLI), "serve", "--config", config, "--port", str(port), "--host", "127.0.0.1",
-            "--enforce-eager", "--dtype", "float32"]
+    args = [
+        str(VLLM_CLI),
+        "serve",
+        "--config",
+        config,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+    ]
     with start_server(args, tmp_path / "serve.log") as url:
         model = httpx.get(url + "/models", timeout=10).json()["data"][0]["id"]
-        reply = httpx.post(url + "/completions", json={"model": model, "prompt": "hello world", "max_tokens": 4},
-                           timeout=60).json()
+        reply = httpx.post(
+            url + "/completions", json={"model": model, "prompt": "hello world", "max_tokens": 4}, timeout=60
+        ).json()
         assert reply["usage"]["completion_tokens"] == 4, reply
 
 
 def test_a_simulated_tunes_vllm_yaml_starts_vllm(tiny_model, tmp_path, capsys, vllm_environment):
     out = tmp_path / "sim"
-    code, stdout, stderr = run_cli(["tune", "--model", str(tiny_model), "--backend", "sim", "--n-trials", "4",
-                                    *WORKLOAD, "--out", str(out), "--no-progress"], capsys)
+    code, stdout, stderr = run_cli(
+        [
+            "tune",
+            "--model",
+            str(tiny_model),
+            "--backend",
+            "sim",
+            "--n-trials",
+            "4",
+            *WORKLOAD,
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, stderr
     config = yaml.safe_load((out / "vllm.yaml").read_text())
     assert config["model"] == str(tiny_model) and "block-size" not in config
     serves(str(out / "vllm.yaml"), tmp_path)
 
 
-def test_a_launched_tune_of_the_default_space_completes_and_its_yaml_starts_vllm(tiny_model, tmp_path, capsys,
-                                                                                  vllm_environment):
+def test_a_launched_tune_of_the_default_space_completes_and_its_yaml_starts_vllm(
+    tiny_model, tmp_path, capsys, vllm_environment
+):
     import optuna
 
     out, port = tmp_path / "launch", free_port()
-    code, stdout, stderr = run_cli(["tune", "--model", str(tiny_model), "--backend", "launch", "--launch",
-                                    template(port), "--endpoint", f"http://127.0.0.1:{port}/v1", "--n-trials", "3",
-                                    "--verify-top", "1", "--verify-repeats", "1", *WORKLOAD, "--out", str(out),
-                                    "--no-progress"], capsys)
+    code, stdout, stderr = run_cli(
+        [
+            "tune",
+            "--model",
+            str(tiny_model),
+            "--backend",
+            "launch",
+            "--launch",
+            template(port),
+            "--endpoint",
+            f"http://127.0.0.1:{port}/v1",
+            "--n-trials",
+            "3",
+            "--verify-top",
+            "1",
+            "--verify-repeats",
+            "1",
+            *WORKLOAD,
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, stderr
     assert "left out of the search" in stdout  # the default space's chunkbench-only knobs
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE"] * 3, states
     assert len(list(out.glob("trials/*/launch.log"))) == 3 and list(out.glob("verify/*/launch.log"))
-    for name in ("vllm.yaml", "vllm_flags.txt", "sglang.txt", "recommended.toml", "trials.csv", "report.html",
-                 "verified.json"):
+    for name in (
+        "vllm.yaml",
+        "vllm_flags.txt",
+        "sglang.txt",
+        "recommended.toml",
+        "trials.csv",
+        "report.html",
+        "verified.json",
+    ):
         assert (out / name).exists(), name
     assert "max-num-partial-prefills" not in (out / "vllm.yaml").read_text()
     serves(str(out / "vllm.yaml"), tmp_path)
@@ -104,10 +171,32 @@ def test_two_slots_tune_vllm_in_parallel_each_on_its_port_and_core(tiny_model, t
     import optuna
 
     out, base = tmp_path / "slots", free_ports(2)
-    code, stdout, stderr = run_cli(["tune", "--model", str(tiny_model), "--backend", "launch", "--launch",
-                                    "VLLM_CPU_OMP_THREADS_BIND={cpus} " + template("{port}"), "--slots", "2",
-                                    "--cpus", "0,1", "--port-base", str(base), "--n-trials", "4", "--verify-top", "0",
-                                    *WORKLOAD, "--out", str(out), "--no-progress"], capsys)
+    code, stdout, stderr = run_cli(
+        [
+            "tune",
+            "--model",
+            str(tiny_model),
+            "--backend",
+            "launch",
+            "--launch",
+            "VLLM_CPU_OMP_THREADS_BIND={cpus} " + template("{port}"),
+            "--slots",
+            "2",
+            "--cpus",
+            "0,1",
+            "--port-base",
+            str(base),
+            "--n-trials",
+            "4",
+            "--verify-top",
+            "0",
+            *WORKLOAD,
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, stderr
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
@@ -117,12 +206,28 @@ def test_two_slots_tune_vllm_in_parallel_each_on_its_port_and_core(tiny_model, t
     serves(str(out / "vllm.yaml"), tmp_path)
 
 
-def test_a_broken_template_ends_within_three_launches_with_vllms_error(tiny_model, tmp_path, capsys,
-                                                                        vllm_environment):
+def test_a_broken_template_ends_within_three_launches_with_vllms_error(tiny_model, tmp_path, capsys, vllm_environment):
     out, port = tmp_path / "broken", free_port()
-    code, stdout, stderr = run_cli(["tune", "--model", str(tiny_model), "--backend", "launch", "--launch",
-                                    template(port, "--no-such-flag"), "--endpoint", f"http://127.0.0.1:{port}/v1",
-                                    "--n-trials", "5", *WORKLOAD, "--out", str(out), "--no-progress"], capsys)
+    code, stdout, stderr = run_cli(
+        [
+            "tune",
+            "--model",
+            str(tiny_model),
+            "--backend",
+            "launch",
+            "--launch",
+            template(port, "--no-such-flag"),
+            "--endpoint",
+            f"http://127.0.0.1:{port}/v1",
+            "--n-trials",
+            "5",
+            *WORKLOAD,
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 1, stderr
     assert "unrecognized arguments: --no-such-flag" in stderr and stderr.count("\n") == 1
     assert len(list(out.glob("trials/*/launch.log"))) == 3
@@ -130,10 +235,32 @@ def test_a_broken_template_ends_within_three_launches_with_vllms_error(tiny_mode
 
 def test_presearch_sim_runs_end_to_end_against_vllm(tiny_model, tmp_path, capsys, vllm_environment):
     out, port = tmp_path / "presearch", free_port()
-    code, stdout, stderr = run_cli(["tune", "--model", str(tiny_model), "--backend", "launch", "--launch",
-                                    template(port), "--endpoint", f"http://127.0.0.1:{port}/v1", "--presearch", "sim",
-                                    "--n-trials", "3", "--verify-top", "1", "--verify-repeats", "1", *WORKLOAD,
-                                    "--out", str(out), "--no-progress"], capsys)
+    code, stdout, stderr = run_cli(
+        [
+            "tune",
+            "--model",
+            str(tiny_model),
+            "--backend",
+            "launch",
+            "--launch",
+            template(port),
+            "--endpoint",
+            f"http://127.0.0.1:{port}/v1",
+            "--presearch",
+            "sim",
+            "--n-trials",
+            "3",
+            "--verify-top",
+            "1",
+            "--verify-repeats",
+            "1",
+            *WORKLOAD,
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, stderr
     calibration = json.loads((out / "calibration.json").read_text())
     mode = json.loads((out / "presearch.json").read_text())["mode"]
@@ -146,5 +273,7 @@ def test_presearch_sim_runs_end_to_end_against_vllm(tiny_model, tmp_path, capsys
         assert "calibrate-search-verify took" in stdout
     else:  # the fallback re-measures its winner as a launched tune does
         assert (out / "verified.json").exists()
-    print(f"presearch against vLLM: {mode}; fit error {calibration['fit_error_pct']:.1f}% over all runs, "
-          f"{calibration['workload_error_pct']:.1f}% on the workload run")
+    print(
+        f"presearch against vLLM: {mode}; fit error {calibration['fit_error_pct']:.1f}% over all runs, "
+        f"{calibration['workload_error_pct']:.1f}% on the workload run"
+    )

@@ -51,15 +51,23 @@ def record(model: str, stream: dict) -> dict:
 
     scheduler.schedule, scheduler._preempt_request = recording_schedule, counting_preempt
     for r in stream["requests"]:
-        engine.add_request(r["id"], TokensPrompt(prompt_token_ids=r["prompt"]),
-                           SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, temperature=0.0))
+        engine.add_request(
+            r["id"],
+            TokensPrompt(prompt_token_ids=r["prompt"]),
+            SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, temperature=0.0),
+        )
     cached = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 cached[base(out.request_id)] = out.num_cached_tokens or 0
-    result = dict(scheduler=type(scheduler).__module__ + "." + type(scheduler).__qualname__, steps=steps,
-                  preemptions=preemptions[0], cached=cached, seconds=time.perf_counter() - start)
+    result = dict(
+        scheduler=type(scheduler).__module__ + "." + type(scheduler).__qualname__,
+        steps=steps,
+        preemptions=preemptions[0],
+        cached=cached,
+        seconds=time.perf_counter() - start,
+    )
     del engine
     return result
 
@@ -68,8 +76,7 @@ def main(src: str, dst: str) -> None:
     import vllm
 
     spec = json.loads(open(src).read())
-    out = {"vllm_version": vllm.__version__,
-           "streams": {s["name"]: record(spec["model"], s) for s in spec["streams"]}}
+    out = {"vllm_version": vllm.__version__, "streams": {s["name"]: record(spec["model"], s) for s in spec["streams"]}}
     with open(dst, "w") as f:
         json.dump(out, f)
 

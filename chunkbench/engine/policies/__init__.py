@@ -4,6 +4,7 @@ and a `register` call."""
 
 # isort: off
 from . import static, continuous, orca, chunked  # noqa: F401  (each registers itself)
+
 # isort: on
 from .base import REGISTRY, Policy, chunks_prompts, get, names, register
 

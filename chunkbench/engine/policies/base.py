@@ -1,7 +1,7 @@
 """The policy interface and its registry: a policy decides which tokens each step computes, over the
-scheduler's queues (`waiting`, `running`) and block helpers (chunkbench/engine/scheduler.py). Adding one is a module with
-a Policy subclass and one `register` call; the CLI, the config checks, the tuner's search space and the vLLM
-and SGLang emitters read what it declares here."""
+scheduler's queues (`waiting`, `running`) and block helpers (chunkbench/engine/scheduler.py). Adding one is a module
+with a Policy subclass and one `register` call; the CLI, the config checks, the tuner's search space and the vLLM and
+SGLang emitters read what it declares here."""
 
 from __future__ import annotations
 

@@ -54,16 +54,20 @@ class Chunked(Policy):
         admit(s, budget, scheduled, timer, threshold)
 
 
-def admit(s: Scheduler, budget: int, scheduled: dict[Request, int], timer: StepTimer | None,
-          threshold: int | None) -> None:
+def admit(
+    s: Scheduler, budget: int, scheduled: dict[Request, int], timer: StepTimer | None, threshold: int | None
+) -> None:
     """Waiting prompts' first chunks fill what is left of the budget, in queue order."""
     config = s.config
     cap = config.max_partial_prefills
     full_isl = config.scheduler_reserve_full_isl
     watermark = int(config.watermark * (s.block_manager.num_blocks + 1))  # vLLM counts its null block
     while s.waiting and budget > 0 and len(s.running) < config.max_active:
-        if cap is not None and cap <= sum(1 for r in s.running  # prompts still mid-prefill after this step
-                                          if not r.is_decoding and scheduled.get(r, 0) < r.num_tokens_to_compute):
+        if cap is not None and cap <= sum(
+            1
+            for r in s.running  # prompts still mid-prefill after this step
+            if not r.is_decoding and scheduled.get(r, 0) < r.num_tokens_to_compute
+        ):
             break
         request = s.waiting[0]
         hits = s._lookup_prefix(request)
@@ -88,8 +92,14 @@ def long_prefill_token_threshold(s: Scheduler) -> int | None:
     return size
 
 
-def chunk_len(s: Scheduler, request: Request, budget: int, scheduled: dict[Request, int],
-              timer: StepTimer | None = None, threshold: int | None = None) -> int:
+def chunk_len(
+    s: Scheduler,
+    request: Request,
+    budget: int,
+    scheduled: dict[Request, int],
+    timer: StepTimer | None = None,
+    threshold: int | None = None,
+) -> int:
     """Tokens of `request` to compute this step: the token budget, the per-request caps (`threshold`: this
     step's chunk_size) and, with a time target, the step's predicted time."""
     if request.is_decoding:

@@ -22,8 +22,7 @@ def admit_whole_prompts(s: Scheduler, budget: int, scheduled: dict[Request, int]
     return budget
 
 
-def prefill_first(s: Scheduler, scheduled: dict[Request, int], preempted: list[Request], *,
-                  batch: bool) -> None:
+def prefill_first(s: Scheduler, scheduled: dict[Request, int], preempted: list[Request], *, batch: bool) -> None:
     """A step computes whole prompts only, or decodes only. `batch` (static): a new batch is admitted only
     when nothing runs, before the prompts; else (continuous) waiting prompts join after the running ones."""
     budget = s.config.max_num_batched_tokens

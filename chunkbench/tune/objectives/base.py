@@ -4,20 +4,35 @@ compares its name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from chunkbench.bench.backends import Backend
-from chunkbench.engine.config import EngineConfig
 from chunkbench.bench.runs import BenchRun, measure
 from chunkbench.bench.slo import goodput_slos, violations
-from chunkbench.tune.spec import TrialOutcome, TuneSpec
 from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.engine.config import EngineConfig
+from chunkbench.tune.spec import TrialOutcome, TuneSpec
 
-METRIC_ATTRS = ("request_goodput", "request_throughput", "output_throughput", "p99_ttft_ms", "median_ttft_ms",
-                "p99_itl_ms", "p99_tpot_ms", "median_tpot_ms", "p99_e2el_ms", "median_scheduling_delay_ms",
-                "sla_attainment_pct", "num_preemptions", "num_paused_decodes", "longest_stall_ms", "completed",
-                "server_requests", "scheduling_delay_source")  # the last two: over HTTP, from the server
+METRIC_ATTRS = (
+    "request_goodput",
+    "request_throughput",
+    "output_throughput",
+    "p99_ttft_ms",
+    "median_ttft_ms",
+    "p99_itl_ms",
+    "p99_tpot_ms",
+    "median_tpot_ms",
+    "p99_e2el_ms",
+    "median_scheduling_delay_ms",
+    "sla_attainment_pct",
+    "num_preemptions",
+    "num_paused_decodes",
+    "longest_stall_ms",
+    "completed",
+    "server_requests",
+    "scheduling_delay_source",
+)  # the last two: over HTTP, from the server
 
 
 @dataclass
@@ -35,13 +50,20 @@ class Run:
     progress: bool = False
     capacity_hint: float | None = None
 
-    def measure(self, workload: list[WorkloadRequest] | None = None, progress: bool = False,
-                stop=None) -> BenchRun:
+    def measure(self, workload: list[WorkloadRequest] | None = None, progress: bool = False, stop=None) -> BenchRun:
         """One run of `workload` (default: the trial's) judged on the SLAs' goodput and percentiles."""
         spec = self.spec
-        return measure(self.serve, self.config, self.workload if workload is None else workload,
-                       progress=progress, stop=stop, goodput_ms=goodput_slos(spec.slos), seed=spec.seed,
-                       percentiles=[s.percentile for s in spec.slos], backend=str(self.backend))
+        return measure(
+            self.serve,
+            self.config,
+            self.workload if workload is None else workload,
+            progress=progress,
+            stop=stop,
+            goodput_ms=goodput_slos(spec.slos),
+            seed=spec.seed,
+            percentiles=[s.percentile for s in spec.slos],
+            backend=str(self.backend),
+        )
 
 
 class Objective:
@@ -74,8 +96,9 @@ class Objective:
         """The Optuna sampler: TPE, its random start a fifth of the trials (3 to 10)."""
         import optuna
 
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True,
-                                          n_startup_trials=min(10, max(3, spec.n_trials // 5)))
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, n_startup_trials=min(10, max(3, spec.n_trials // 5))
+        )
 
     def values(self, summary: dict) -> list[float]:
         """A run summary's trial values, one per direction."""
@@ -88,10 +111,12 @@ class Objective:
     def outcome(self, spec: TuneSpec, knobs: dict, summary: dict) -> TrialOutcome:
         """One run's summary as a trial outcome: its objective values, SLA margins and the metrics kept."""
         # Over HTTP some keys do not exist (paused decodes need the scheduler's decisions): those are left out.
-        metrics = {k: summary[k] for k in METRIC_ATTRS if k in summary} | \
-            {s.summary_key: summary[s.summary_key] for s in spec.slos}
-        return TrialOutcome(self.values(summary), dict(zip((s.name for s in spec.slos),
-                                                           violations(summary, spec.slos))), metrics, knobs)
+        metrics = {k: summary[k] for k in METRIC_ATTRS if k in summary} | {
+            s.summary_key: summary[s.summary_key] for s in spec.slos
+        }
+        return TrialOutcome(
+            self.values(summary), dict(zip((s.name for s in spec.slos), violations(summary, spec.slos))), metrics, knobs
+        )
 
     def tie_reason(self, winner, runner) -> str:
         """Why two feasible trials with different metrics score the same (report.margin)."""

@@ -21,9 +21,12 @@ class Goodput(Objective):
 
     def tie_reason(self, winner, runner) -> str:
         met = [t.user_attrs["metrics"].get("sla_attainment_pct") for t in (winner, runner)]
-        return ("every request met the SLAs in both: goodput is the offered rate, so the workload does not load "
-                "the deployment (use --objective capacity, or a higher --rate)" if met == [100.0, 100.0]
-                else "both served the same number of requests within the SLAs")
+        return (
+            "every request met the SLAs in both: goodput is the offered rate, so the workload does not load "
+            "the deployment (use --objective capacity, or a higher --rate)"
+            if met == [100.0, 100.0]
+            else "both served the same number of requests within the SLAs"
+        )
 
 
 register(Goodput())

@@ -43,7 +43,7 @@ def help_text() -> str:
     order = sorted(OBJECTIVES.values(), key=lambda o: {True: 0, False: 1}.get(o.auto_with_slas, 2))
     entries = [o.help for o in order]
     listed = ", ".join(entries[:-1]) + " or " + entries[-1] if len(entries) > 1 else entries[0]
-    return (f"{listed}. {AUTO}: {auto(True).name} when an --sla-* is given, else {auto(False).name}.")
+    return f"{listed}. {AUTO}: {auto(True).name} when an --sla-* is given, else {auto(False).name}."
 
 
 def one_winner_names() -> str:

@@ -9,17 +9,24 @@ import numpy as np
 from rich.console import Console
 
 from chunkbench.bench.backends import Backend
+from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.tune.objectives.base import Run
 from chunkbench.tune.objectives.registry import get
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
-from chunkbench.bench.workload import WorkloadRequest
 
 console = Console()
 
 
-def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
-             progress: bool = False, capacity_hint: float | None = None, repeats: int = 1,
-             log: Path | None = None) -> TrialOutcome:
+def evaluate(
+    spec: TuneSpec,
+    knobs: dict,
+    workload: list[WorkloadRequest],
+    backend: Backend | None = None,
+    progress: bool = False,
+    capacity_hint: float | None = None,
+    repeats: int = 1,
+    log: Path | None = None,
+) -> TrialOutcome:
     """Run one configuration (engine keyword arguments) against the SLAs. `capacity_hint`: a capacity found
     for another configuration, where the capacity search starts (objectives/capacity.py). `repeats` > 1 runs
     it that many times in one session (one launched server) and scores the medians (median_outcome). `log`:
@@ -28,9 +35,16 @@ def evaluate(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backe
     return outcomes[0] if repeats == 1 else median_outcome(outcomes)
 
 
-def evaluate_runs(spec: TuneSpec, knobs: dict, workload: list[WorkloadRequest], backend: Backend | None = None,
-                  progress: bool = False, capacity_hint: float | None = None, repeats: int = 1,
-                  log: Path | None = None) -> list[TrialOutcome]:
+def evaluate_runs(
+    spec: TuneSpec,
+    knobs: dict,
+    workload: list[WorkloadRequest],
+    backend: Backend | None = None,
+    progress: bool = False,
+    capacity_hint: float | None = None,
+    repeats: int = 1,
+    log: Path | None = None,
+) -> list[TrialOutcome]:
     """evaluate's runs, each scored on its own, in one session; each run's metrics name its slot."""
     objective = get(spec.objective)
     config = spec.base_config(**knobs)
@@ -57,9 +71,12 @@ def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
     from chunkbench.calibration.server_runs import warm_up
 
     if backend.warms_up and not warm_up(serve, config, seed + 1):
-        console.print(f"[yellow]warning:[/] the server refused part of the untimed warm-up (budget "
-                      f"{config.scheduler.max_num_batched_tokens} tokens); "
-                      "the trial is measured on a server that has not run a budget-sized step", soft_wrap=True)
+        console.print(
+            f"[yellow]warning:[/] the server refused part of the untimed warm-up (budget "
+            f"{config.scheduler.max_num_batched_tokens} tokens); "
+            "the trial is measured on a server that has not run a budget-sized step",
+            soft_wrap=True,
+        )
 
 
 def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:
@@ -71,8 +88,16 @@ def median_outcome(outcomes: list[TrialOutcome]) -> TrialOutcome:
     def median(values: list) -> float:
         return float(np.median(values))
 
-    metrics = {k: median([o.metrics[k] for o in outcomes if k in o.metrics])
-               if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in first.metrics.items()}
-    return TrialOutcome([median(list(v)) for v in zip(*(o.values for o in outcomes))],
-                        {k: median([o.constraints[k] for o in outcomes]) for k in first.constraints}, metrics,
-                        first.knobs, repeats=[o.metrics for o in outcomes])
+    metrics = {
+        k: median([o.metrics[k] for o in outcomes if k in o.metrics])
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+        else v
+        for k, v in first.metrics.items()
+    }
+    return TrialOutcome(
+        [median(list(v)) for v in zip(*(o.values for o in outcomes))],
+        {k: median([o.constraints[k] for o in outcomes]) for k in first.constraints},
+        metrics,
+        first.knobs,
+        repeats=[o.metrics for o in outcomes],
+    )

@@ -184,7 +184,8 @@ class SimBackend(Backend):
 
     def __str__(self) -> str:
         if self.server_calibration is not None:
-            return f"simulated, roofline {self.server_calibration.label()}"
+            calibration = self.server_calibration
+            return f"simulated, {calibration.cost_family.name} {calibration.label()}"
         return f"simulated, {'profile ' + self.cost_model if self.cost_model else self.roofline_label()}"
 
     def roofline_label(self) -> str:

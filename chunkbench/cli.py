@@ -14,7 +14,7 @@ import typer
 import typer.models
 from typer.exceptions import TyperException
 
-from chunkbench.commands import gate, generate, kernels, profile, run, serve, tune
+from chunkbench.commands import compare, gate, generate, kernels, profile, run, serve, tune
 from chunkbench.engine.config import ConfigError
 from chunkbench.errors import Interrupted, StudyFailed, show_warning
 
@@ -27,7 +27,7 @@ app = typer.Typer(
     help="Measure and tune chunked prefill for LLM serving: token budgets, chunk caps, progressive chunk "
     "schedules and batching policies, against TTFT / inter-token-latency SLAs.",
 )
-for module in (generate, run, profile, tune, gate, serve, kernels):
+for module in (generate, run, compare, profile, tune, gate, serve, kernels):
     module.register(app)
 
 

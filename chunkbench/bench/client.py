@@ -1,33 +1,26 @@
 """`chunkbench bench --endpoint`: the workloads and metrics of `run`, against any OpenAI-compatible server
-(chunkbench serve, vLLM, SGLang), measured as `vllm bench serve` 0.32 measures them.
+(chunkbench serve, vLLM, SGLang), measured as `vllm bench serve` 0.32 measures them. Each request's body and
+the read of its event stream are chunkbench/bench/openai_stream.py's; this is the run loop around them.
 
 One loop sends each request when it is due (as vLLM's get_request: sleep to the due time, then start the
 request's task), after waiting for a --max-concurrency slot (the client queue time); every body is built and
 encoded before the clock starts, so a send costs the loop a task and a write. How late the loop dispatched each
-request against its due time is kept (send lag). Latencies start at the send. Every streamed event that
-carries a choice is timestamped, an empty or a multi-token one too, as vLLM does; the token count is the
-server's usage.completion_tokens (asked for with stream_options.include_usage), else the chunks with text.
+request against its due time is kept (send lag). Latencies start at the send.
 
-A request fails, and is kept with its error, on an HTTP error, an `{"error": ...}` event, a `data:` line that
-is not JSON, a stream that ends before `[DONE]`, a dropped connection, or its timeout. As vLLM 0.32: no sampling
-parameter is sent unless given (the server's defaults apply), and no warm-up unless `num_warmups` asks for
-some: then that many copies of request 0, at once, untimed, before the clock starts.
+A request fails, and is kept with its error, when its stream fails (openai_stream.py), on a dropped
+connection, or at its timeout. As vLLM 0.32, no warm-up unless `num_warmups` asks for some: then that many
+copies of request 0, at once, untimed, before the clock starts.
 
 The HTTP client is aiohttp with vllm bench serve's connection settings (one pooled session, keep-alive): measured
 here against a scripted server answering 10 ms after each request, httpx added 0.97 ms (median, reused
 connection) and 2.3 ms (new connection) to a TTFT where aiohttp added 0.63 and 1.8 ms; the same library keeps
 chunkbench's client costs vLLM's.
-
-Prompts are token ids for /v1/completions (the ids `run` feeds the engine); /v1/chat/completions takes text,
-so a chat prompt is one common English word per token id: about prompt_len tokens for a BPE tokenizer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -38,24 +31,17 @@ from chunkbench.bench.arrivals import check_real_time
 from chunkbench.bench.gc_pause import frozen_heap
 from chunkbench.bench.harness import prompt_ids
 from chunkbench.bench.metrics import RequestRecord
+from chunkbench.bench.openai_stream import (
+    APIS,
+    Prepared,
+    Received,
+    prepare,
+    probe_body,
+    read_stream,
+    request_body,
+    request_headers,
+)
 from chunkbench.bench.workload import WorkloadRequest
-
-APIS = {"completions": "/completions", "chat": "/chat/completions"}
-# vllm bench serve's sampling flags (all unset by default, so none is sent) and their request fields.
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-)
-# Words that are one token (with their leading space) in the common BPE vocabularies.
-CHAT_WORDS = (
-    "the of and to in is for on that with as was by at from it be this are or an not have".split()
-    + "but which one all were we when there can more has been if will also new time other".split()
-)
 
 
 @dataclass(frozen=True)
@@ -70,118 +56,20 @@ class EndpointResult:
     probes: list[tuple[float, str | None]] = field(default_factory=list)  # --probe-request-rate: (E2EL s, error)
 
 
-@dataclass
-class _Stream:
-    """What one request received so far; kept when a timeout cancels the read."""
-
-    chunk_times: list[float] = field(default_factory=list)
-    text_chunks: int = 0
-    completion_tokens: int | None = None
-    prompt_tokens: int | None = None
-    response_id: str | None = None
-    done: bool = False
-
-
-def prompt_text(ids: list[int]) -> str:
-    return "".join(" " + CHAT_WORDS[t % len(CHAT_WORDS)] for t in ids).lstrip()
-
-
-def request_body(api: str, model: str | None, prompt: list[int], max_tokens: int, sampling: dict | None = None) -> dict:
-    """The request as vLLM's client builds it; `sampling` (SAMPLING_FIELDS given by the user) merged last."""
-    body = {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    if api == "chat":
-        body |= {"messages": [{"role": "user", "content": prompt_text(prompt)}], "max_completion_tokens": max_tokens}
-    else:
-        body |= {"prompt": prompt, "max_tokens": max_tokens}
-    return body | ({"model": model} if model else {}) | (sampling or {})
-
-
-def request_headers(api_key: str | None, headers: dict[str, str] | None) -> dict[str, str]:
-    """Authorization: Bearer from `api_key`, else $OPENAI_API_KEY (as vLLM); `headers` added last."""
-    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-    return ({"Authorization": f"Bearer {key}"} if key else {}) | dict(headers or {})
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """One request ready to send: its encoded body (built before the clock starts)."""
-
-    body: bytes
-    chat: bool
-
-
-def prepare(body: dict) -> _Prepared:
-    return _Prepared(json.dumps(body).encode(), "messages" in body)
-
-
-async def _stream(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: _Prepared,
-    headers: dict,
-    into: _Stream,
-    disconnect_after: int | None,
-) -> str | None:
-    """Send one request and read its event stream into `into`; the error, or None. Every line of a network
-    read carries that read's arrival time."""
-    async with session.post(url, data=body.body, headers=headers) as response:
-        if response.status != 200:
-            text = (await response.read()).decode(errors="replace")
-            return f"HTTP {response.status}: {text[:300]}"
-        pending = b""
-        async for data in response.content.iter_any():
-            now = time.perf_counter()
-            *lines, pending = (pending + data).split(b"\n")
-            for line in lines:
-                error = _event(line.decode(errors="replace"), now, body.chat, into, disconnect_after)
-                if error is not None or into.done:
-                    return error
-    return "the stream ended before [DONE]"
-
-
-def _event(line: str, now: float, chat: bool, into: _Stream, disconnect_after: int | None) -> str | None:
-    """Take one line of the event stream into `into` (`into.done` at [DONE]); an error, or None."""
-    if not line.startswith("data:"):  # blank separators, SSE comments (':'), other SSE fields
-        return None
-    data = line[5:].strip()
-    if data == "[DONE]":
-        into.done = True
-        return None
-    try:
-        event = json.loads(data)
-    except json.JSONDecodeError:
-        return f"a data line is not JSON: {data[:200]}"
-    if not isinstance(event, dict):
-        return f"a data line is not a JSON object: {data[:200]}"
-    if "error" in event:
-        return f"error event: {json.dumps(event['error'])[:300]}"
-    into.response_id = event.get("id", into.response_id)
-    if choices := event.get("choices"):
-        into.chunk_times.append(now)
-        text = (choices[0].get("delta") or {}).get("content") if chat else choices[0].get("text")
-        into.text_chunks += bool(text)
-        if disconnect_after is not None and len(into.chunk_times) >= disconnect_after:
-            return "disconnected by the client"
-    if usage := event.get("usage"):
-        into.completion_tokens = usage.get("completion_tokens", into.completion_tokens)
-        into.prompt_tokens = usage.get("prompt_tokens", into.prompt_tokens)
-    return None
-
-
 async def _request(
     session: aiohttp.ClientSession,
     url: str,
-    body: _Prepared,
+    body: Prepared,
     headers: dict,
     timeout_s: float,
     disconnect_after: int | None = None,
-) -> tuple[float, float, _Stream, str | None]:
+) -> tuple[float, float, Received, str | None]:
     """(send time, end time, what arrived, error): one request, failures caught and named."""
-    received = _Stream()
+    received = Received()
     send = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            error = await _stream(session, url, body, headers, received, disconnect_after)
+            error = await read_stream(session, url, body, headers, received, disconnect_after)
     except TimeoutError:
         error = f"timed out after {timeout_s:g} s"
     except (aiohttp.ClientError, OSError) as exc:
@@ -226,33 +114,18 @@ async def bench_endpoint(
         prepare(request_body(api, model, prompt_ids(i, w, vocab_size, seed), w.output_len, sampling))
         for i, w in enumerate(workload)
     ]
-    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)  # stable: list order on ties
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
-    dispatched = [0.0] * len(workload)
 
-    async def limited(i: int, body: _Prepared, disconnect_after: int | None = None):
+    async def limited(body: Prepared, disconnect_after: int | None = None):
         async with semaphore:
             return await _request(session, url, body, all_headers, timeout_s, disconnect_after)
 
-    # vllm bench serve's session: a pool of at most max_concurrency connections (0: no limit), kept alive 60 s,
-    # proxies from the environment (HTTP_PROXY, NO_PROXY) as there.
-    connector = aiohttp.TCPConnector(
-        limit=max_concurrency or 0,
-        limit_per_host=max_concurrency or 0,
-        keepalive_timeout=60,
-        enable_cleanup_closed=True,
-    )
-    timeout = aiohttp.ClientTimeout(total=None)  # each request's own limit is asyncio.timeout in _request
+    connection = _connection(max_concurrency)
     with frozen_heap():  # no ~130 ms collection of the imports inside a timed request (chunkbench/bench/gc_pause.py)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=True) as session:
-            # One GET of /metrics before the clock: the client's lazy imports and the first connection then
-            # block no timed send. No generation: the server is not warmed.
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.get(endpoint.rstrip("/").removesuffix("/v1") + "/metrics") as response:
-                    await response.read()
-            warmups = await asyncio.gather(*(limited(-1, bodies[0]) for _ in range(num_warmups if bodies else 0)))
+        async with aiohttp.ClientSession(**connection) as session:
+            await _first_contact(session, endpoint)
+            warmups = await asyncio.gather(*(limited(bodies[0]) for _ in range(num_warmups if bodies else 0)))
             warmup_error = next((error for *_, error in warmups if error), None)
-            tasks: dict[int, asyncio.Task] = {}
             probes: list[tuple[float, str | None]] = []
             probing = asyncio.Event()
             prober = (
@@ -271,17 +144,59 @@ async def bench_endpoint(
                 if probe_rate
                 else None
             )
-            start = time.perf_counter()
-            for i in order:  # vLLM's get_request: sleep to the due time, then start the request's task
-                due = start + workload[i].arrival_time
-                if due > time.perf_counter():
-                    await asyncio.sleep(due - time.perf_counter())
-                dispatched[i] = time.perf_counter()
-                tasks[i] = asyncio.create_task(limited(i, bodies[i], (disconnect or {}).get(i)))
-            outcomes = [await tasks[i] for i in range(len(workload))]
+            start, dispatched, outcomes = await _dispatch(workload, bodies, limited, disconnect or {})
             if prober is not None:
                 probing.set()
                 await prober
+    return _result(workload, start, dispatched, outcomes, warmup_error, probes)
+
+
+def _connection(max_concurrency: int | None) -> dict:
+    """vllm bench serve's session: a pool of at most max_concurrency connections (0: no limit), kept alive 60 s,
+    proxies from the environment (HTTP_PROXY, NO_PROXY) as there."""
+    connector = aiohttp.TCPConnector(
+        limit=max_concurrency or 0,
+        limit_per_host=max_concurrency or 0,
+        keepalive_timeout=60,
+        enable_cleanup_closed=True,
+    )
+    timeout = aiohttp.ClientTimeout(total=None)  # each request's own limit is asyncio.timeout in _request
+    return dict(connector=connector, timeout=timeout, trust_env=True)
+
+
+async def _first_contact(session: aiohttp.ClientSession, endpoint: str) -> None:
+    """One GET of /metrics before the clock: the client's lazy imports and the first connection then block no
+    timed send. No generation: the server is not warmed."""
+    with contextlib.suppress(aiohttp.ClientError, OSError):
+        async with session.get(endpoint.rstrip("/").removesuffix("/v1") + "/metrics") as response:
+            await response.read()
+
+
+async def _dispatch(workload: list[WorkloadRequest], bodies: list[Prepared], send, disconnect: dict[int, int]):
+    """Start the clock and send each request when it is due, in arrival order (list order on ties); return the
+    clock start, when each request was dispatched, and each one's outcome once all have ended."""
+    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)  # stable: list order on ties
+    dispatched = [0.0] * len(workload)
+    tasks: dict[int, asyncio.Task] = {}
+    start = time.perf_counter()
+    for i in order:  # vLLM's get_request: sleep to the due time, then start the request's task
+        due = start + workload[i].arrival_time
+        if due > time.perf_counter():
+            await asyncio.sleep(due - time.perf_counter())
+        dispatched[i] = time.perf_counter()
+        tasks[i] = asyncio.create_task(send(bodies[i], disconnect.get(i)))
+    return start, dispatched, [await tasks[i] for i in range(len(workload))]
+
+
+def _result(
+    workload: list[WorkloadRequest],
+    start: float,
+    dispatched: list[float],
+    outcomes: list,
+    warmup_error: str | None,
+    probes: list[tuple[float, str | None]],
+) -> EndpointResult:
+    """The run's records and per-request outcomes, times relative to the clock start."""
     records = [_record(w, start, dispatch, *outcome) for w, dispatch, outcome in zip(workload, dispatched, outcomes)]
     end_times = [end - start for _, end, _, _ in outcomes]
     return EndpointResult(
@@ -296,20 +211,10 @@ async def bench_endpoint(
     )
 
 
-def probe_body(api: str, model: str | None, sampling: dict | None) -> _Prepared:
-    """vLLM's probe: the text "Hi", one token out."""
-    body = request_body(api, model, [], 1, sampling)
-    if api == "chat":
-        body["messages"][0]["content"] = "Hi"
-    else:
-        body["prompt"] = "Hi"
-    return prepare(body)
-
-
 async def _probe_loop(
     session,
     url: str,
-    body: _Prepared,
+    body: Prepared,
     headers: dict,
     timeout_s: float,
     rate: float,
@@ -325,7 +230,7 @@ async def _probe_loop(
 
 
 def _record(
-    w: WorkloadRequest, start: float, dispatch: float, send: float, end: float, received: _Stream, error: str | None
+    w: WorkloadRequest, start: float, dispatch: float, send: float, end: float, received: Received, error: str | None
 ) -> RequestRecord:
     """The request's arrival is when it was due; the loop dispatched it at `dispatch` (the send lag after the
     due time), it was sent at `send` (after any wait for a slot), and its latencies start there."""

@@ -16,9 +16,9 @@ import pandas as pd
 
 from chunkbench.bench import vllm_datasets
 from chunkbench.bench.arrivals import sample_arrivals
+from chunkbench.bench.dataset_files import Drawn
 from chunkbench.bench.lengths import sample_lengths
 from chunkbench.bench.user_files import read_sharegpt, read_token_file
-from chunkbench.bench.vllm_datasets import Drawn
 from chunkbench.errors import UserError
 
 FILE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json")

@@ -1,7 +1,8 @@
 """The steps of `chunkbench bench` (declared in serve.py): check its options, read vllm bench serve's flags,
 run the workload against the server, print the result, and write --save-result and --plot-timeline.
 
-Each step takes the command's options as one namespace (`args`: bench's parameters by name)."""
+Each step takes the command's options as one namespace (`args`): bench's own (commands/bench_options.py's
+BENCH_OPTIONS) by name, and the workload's and vllm bench serve's other flags as `args.options`."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from chunkbench.bench.timeline import parse_thresholds, write_timeline
+from chunkbench.commands.bench_options import SAMPLING_OPTIONS
 from chunkbench.commands.common import console, default_out, load_workload, save_json
 from chunkbench.commands.options import WORKLOAD_OPTIONS, pick
 from chunkbench.commands.vllm_flags import dataset_workload, server_url
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
 
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+SAMPLING = tuple(SAMPLING_OPTIONS)  # the sampling flags given are sent, in this order
 
 
 def run_bench(args: SimpleNamespace) -> None:
@@ -48,7 +50,7 @@ def run_bench(args: SimpleNamespace) -> None:
 def check_client_options(args: SimpleNamespace) -> tuple[dict, dict[str, str]]:
     """Check the client's options; return the sampling parameters given (sent with every request) and the
     --header values by name."""
-    from chunkbench.bench.client import APIS
+    from chunkbench.bench.openai_stream import APIS
 
     if args.max_concurrency is not None:
         check_number("--max-concurrency", args.max_concurrency, low=1)

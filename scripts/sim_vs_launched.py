@@ -34,7 +34,7 @@ from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.files import write_text
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.objectives import evaluate
-from chunkbench.tune.report import knobs_text
+from chunkbench.tune.report_text import knobs_text
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
 

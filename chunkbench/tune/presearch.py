@@ -36,11 +36,13 @@ from chunkbench.launch.backend import LaunchError
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune.objectives import get, one_winner_names
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
-from chunkbench.tune.report import add_runs_to_csv, results_table, write_outputs
+from chunkbench.tune.report import add_runs_to_csv, write_outputs
+from chunkbench.tune.report_text import results_table
 from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, open_storage, run_study
-from chunkbench.tune.verify import VERIFY_REPEATS, State, compared, print_remeasured, spread_over_ties, verify_top
+from chunkbench.tune.verify import VERIFY_REPEATS, State, spread_over_ties, verify_top
+from chunkbench.tune.verify_report import compared, print_remeasured
 
 console = Console()
 STATE_FILE = "presearch.json"
@@ -155,8 +157,6 @@ def presearch_tune(
     repeats: int = VERIFY_REPEATS,
 ) -> Path:
     """Calibrate, search in simulation, verify by launching (module docstring)."""
-    from chunkbench.tune.run import tune_and_report
-
     if not get(spec.objective).one_winner:
         raise UserError(f"--presearch sim picks one winner on measured figures: use --objective {one_winner_names()}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -166,43 +166,13 @@ def presearch_tune(
     calibration = calibration_for(spec, launch, out, state, calibration_path, device)
     console.print(f"calibration: {calibration.label()} (max error {calibration.max_error_pct:.1f}%)")
     if not calibration.fits:
-        error = (
-            f"{calibration.judged_error_pct:.1f}%"
-            if calibration.workload_error_pct is None
-            else f"{calibration.workload_error_pct:.1f}% on the tune's workload, {calibration.fit_error_pct:.1f}% "
-            "over all runs"
+        return launch_every_trial(
+            spec, name, storage_url, out, verify, launch, state, calibration, progress, command, repeats
         )
-        limit = f"{FIT_TOLERANCE_PCT:g}%" + (
-            "" if calibration.workload_error_pct is None else f" (all runs: {2 * FIT_TOLERANCE_PCT:g}%)"
-        )
-        console.print(
-            f"calibration fit error {error} exceeds {limit}: the simulator does not describe this "
-            "server; launching every trial instead",
-            soft_wrap=True,
-        )
-        state.data["mode"] = "launch every trial"
-        state.save()
-        result = tune_and_report(
-            dataclasses.replace(spec, backend=launch),
-            name,
-            storage_url,
-            out,
-            verify,
-            progress=progress,
-            command=command,
-            repeats=repeats,
-        )
-        write_presearch_outputs(out, calibration, [])
-        return result
     state.data["mode"] = "presearch sim"
     state.save()
     sim_spec = dataclasses.replace(spec, backend=SimBackend(server_calibration=calibration))
-    storage_url = storage_url or f"sqlite:///{out / 'study.db'}"
-    storage = open_storage(storage_url)
-    study = create_study(sim_spec, name, storage)
-    search_started = time.monotonic()
-    run_study(sim_spec, study, storage, storage_url)
-    console.print(f"searched {spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
+    study = search_in_simulation(sim_spec, name, storage_url, out)
     verified = verify_top(spec, study, launch, state, spread_over_ties(spec, study, verify), repeats)
     measured = {r["trial"]: r["metrics"] for r in verified}
     drift = check_drift(spec, launch, state, calibration)
@@ -211,6 +181,72 @@ def presearch_tune(
     add_runs_to_csv(out, verified)
     console.print(results_table(sim_spec, study, measured))
     print_remeasured(verified, "simulated")
+    warn_drift(drift)
+    warn_simulated_gap(verified)
+    console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
+    return out
+
+
+def launch_every_trial(
+    spec: TuneSpec,
+    name: str,
+    storage_url: str | None,
+    out: Path,
+    verify: int,
+    launch: Backend,
+    state: State,
+    calibration: ServerCalibration,
+    progress: bool,
+    command: str,
+    repeats: int,
+) -> Path:
+    """A calibration that does not fit: said in one line, and the tune launches every trial instead (then
+    re-measures the best, as such a tune does); presearch.json records the mode."""
+    from chunkbench.tune.run import tune_and_report
+
+    error = (
+        f"{calibration.judged_error_pct:.1f}%"
+        if calibration.workload_error_pct is None
+        else f"{calibration.workload_error_pct:.1f}% on the tune's workload, {calibration.fit_error_pct:.1f}% "
+        "over all runs"
+    )
+    limit = f"{FIT_TOLERANCE_PCT:g}%" + (
+        "" if calibration.workload_error_pct is None else f" (all runs: {2 * FIT_TOLERANCE_PCT:g}%)"
+    )
+    console.print(
+        f"calibration fit error {error} exceeds {limit}: the simulator does not describe this "
+        "server; launching every trial instead",
+        soft_wrap=True,
+    )
+    state.data["mode"] = "launch every trial"
+    state.save()
+    result = tune_and_report(
+        dataclasses.replace(spec, backend=launch),
+        name,
+        storage_url,
+        out,
+        verify,
+        progress=progress,
+        command=command,
+        repeats=repeats,
+    )
+    write_presearch_outputs(out, calibration, [])
+    return result
+
+
+def search_in_simulation(sim_spec: TuneSpec, name: str, storage_url: str | None, out: Path) -> optuna.Study:
+    """Every trial of the study on the calibrated simulator (the study folder's SQLite unless --storage)."""
+    storage_url = storage_url or f"sqlite:///{out / 'study.db'}"
+    storage = open_storage(storage_url)
+    study = create_study(sim_spec, name, storage)
+    search_started = time.monotonic()
+    run_study(sim_spec, study, storage, storage_url)
+    console.print(f"searched {sim_spec.n_trials} trials in simulation in {time.monotonic() - search_started:.0f} s")
+    return study
+
+
+def warn_drift(drift: dict | None) -> None:
+    """check_drift's result in a line; a warning when the server's speed moved beyond cal.DRIFT_TOLERANCE."""
     if drift:
         off = abs(drift["ratio"] - 1) > cal.DRIFT_TOLERANCE
         console.print(
@@ -224,6 +260,11 @@ def presearch_tune(
             ),
             soft_wrap=True,
         )
+
+
+def warn_simulated_gap(verified: list[dict]) -> None:
+    """A warning when simulated and measured figures of the verified configurations differ beyond the fit
+    tolerance: the calibration runs fitted, but this workload is not like them."""
     worst = max(
         (
             abs(s - m) / m
@@ -233,12 +274,10 @@ def presearch_tune(
         ),
         default=0.0,
     )
-    if worst > FIT_TOLERANCE_PCT / 100:  # the calibration runs fitted, but this workload is not like them
+    if worst > FIT_TOLERANCE_PCT / 100:
         console.print(
             f"warning: on the verified configurations simulated and measured figures differ by up to "
             f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
             "launch every trial (--presearch none)",
             soft_wrap=True,
         )
-    console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
-    return out

@@ -12,7 +12,7 @@ from chunkbench.bench.report import embedded_png, pyplot
 from chunkbench.calibration.server import stats
 from chunkbench.files import write_figure
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
-from chunkbench.tune.verify import add_to_report, change_pct, verified_section
+from chunkbench.tune.verify_report import add_to_report, change_pct, verified_section
 
 FIGURES = [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)")]  # per calibration run
 

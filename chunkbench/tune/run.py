@@ -15,18 +15,12 @@ from chunkbench.bench.backends import EngineBackend
 from chunkbench.bench.workload import build_workload
 from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.tune.objectives import evaluate, get
-from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, results_table, write_outputs
+from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, write_outputs
+from chunkbench.tune.report_text import results_table
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
-from chunkbench.tune.verify import (
-    VERIFY_REPEATS,
-    State,
-    add_to_report,
-    best_distinct,
-    print_remeasured,
-    verified_section,
-    verify_top,
-)
+from chunkbench.tune.verify import VERIFY_REPEATS, State, best_distinct, verify_top
+from chunkbench.tune.verify_report import add_to_report, print_remeasured, verified_section
 
 console = Console()
 VERIFIED_FILE = "verified.json"  # --backend launch: the re-measured configurations (resume)

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from rich.console import Console
 
-from chunkbench.tune.report import knobs_text, results_table
+from chunkbench.tune.report_text import knobs_text, results_table
 from chunkbench.tune.run import VERIFIED_FILE, tune_and_report
 from chunkbench.tune.verify import best_distinct, measured_rank, spread_over_ties
 from tests.tune.servers import TRUTH, FakeServer, make_spec

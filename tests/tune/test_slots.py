@@ -304,7 +304,7 @@ def test_a_node_tune_names_slots_gpus_and_noise(tmp_path, capsys, monkeypatch):
 
 
 def test_the_verdict_is_ahead_only_when_the_intervals_clear():
-    from chunkbench.tune.verify import verdict
+    from chunkbench.tune.verify_report import verdict
 
     def row(trial, goodputs):
         return {

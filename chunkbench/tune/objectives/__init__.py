@@ -3,7 +3,9 @@
 meeting the SLAs with a bounded median scheduling delay, by bisection in one backend session), `pareto` (p99
 TTFT, p99 TBT, output throughput). A trial is run and scored in trial.py."""
 
-from chunkbench.tune.objectives import capacity, goodput, pareto  # importing registers: keep this order
+# isort: off
+from chunkbench.tune.objectives import goodput, capacity, pareto  # importing registers: keep this order
+# isort: on
 from chunkbench.tune.objectives.base import METRIC_ATTRS, Objective, Run
 from chunkbench.tune.objectives.registry import AUTO, OBJECTIVES, get, help_text, one_winner_names, register, resolve
 from chunkbench.tune.objectives.trial import evaluate, evaluate_runs, median_outcome, warm_up_server

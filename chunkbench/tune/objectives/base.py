@@ -119,7 +119,7 @@ class Objective:
         )
 
     def tie_reason(self, winner, runner) -> str:
-        """Why two feasible trials with different metrics score the same (report.margin)."""
+        """Why two feasible trials with different metrics score the same (report_text.margin)."""
         return f"both scored the same {self.headline_name}"
 
     def notes(self, spec: TuneSpec) -> list[str]:

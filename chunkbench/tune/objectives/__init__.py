@@ -5,6 +5,7 @@ TTFT, p99 TBT, output throughput). A trial is run and scored in trial.py."""
 
 # isort: off
 from chunkbench.tune.objectives import goodput, capacity, pareto  # importing registers: keep this order
+
 # isort: on
 from chunkbench.tune.objectives.base import METRIC_ATTRS, Objective, Run
 from chunkbench.tune.objectives.registry import AUTO, OBJECTIVES, get, help_text, one_winner_names, register, resolve

@@ -1,8 +1,8 @@
 """The `roofline` family of a server calibration (registered in sim/families.py). No torch, no scipy.
 
-The fit (calibration/server.py, fit_roofline) leaves the kernel *shape* constants (soft-max smoothness, token tile,
-floors) alone: request latencies cannot separate them. It scales the reference device's two peaks and sets the
-engine's overheads, the calibration's fields:
+The fit (calibration/server_roofline.py, fit_roofline) leaves the kernel *shape* constants (soft-max smoothness,
+token tile, floors) alone: request latencies cannot separate them. It scales the reference device's two peaks and
+sets the engine's overheads, the calibration's fields:
 
 - `flops_scale` multiplies the reference's bf16 FLOP/s (GEMMs, attention, the LM head): prefill-bound time;
 - `bandwidth_scale` multiplies its memory bandwidth (weight streaming, KV reads, elementwise kernels):
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 class RooflineFamily(CostFamily):
     name = "roofline"
-    fitter = "chunkbench.calibration.server:fit_roofline"
+    fitter = "chunkbench.calibration.server_roofline:fit_roofline"
 
     def cost_model(
         self, calibration: ServerCalibration, config: EngineConfig

@@ -21,7 +21,7 @@ from chunkbench.errors import UserError
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.sim.shape import StepShape
 from chunkbench.tune.presearch import presearch_tune
-from chunkbench.tune.report import knobs_text
+from chunkbench.tune.report_text import knobs_text
 from chunkbench.tune.study import feasible_trials
 from tests.conftest import run_cli
 from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec
@@ -393,8 +393,8 @@ def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
     matched to tokens over the pooled run, so one merge anywhere dropped every request's decode rows and the stall
     period (0 in all twelve calibrations kept). Now per request (`itl_counts`): a merged stream gives nothing, the
     others what they gave."""
+    from chunkbench.calibration.linear_rows import decode_rows, request_gaps, stall_period
     from chunkbench.calibration.linear_trace import trace
-    from chunkbench.calibration.server_linear import decode_rows, request_gaps, stall_period
 
     spec = make_spec()
     truth = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 0.6e-3})

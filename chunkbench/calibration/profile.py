@@ -21,8 +21,8 @@ from chunkbench.engine.engine import CpuClock
 from chunkbench.engine.outputs import ScheduledChunk, SchedulerOutput
 from chunkbench.engine.request import SamplingParams
 from chunkbench.errors import UserError
+from chunkbench.sim.cost_model import COLD_AFTER_S, StepShape
 from chunkbench.sim.fitted import FittedCostModel
-from chunkbench.sim.shape import COLD_AFTER_S, StepShape
 
 CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # shapes the KV cache cannot hold are left out
 CONTEXTS = (0, 1024, 4096)

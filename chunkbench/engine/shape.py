@@ -2,7 +2,7 @@
 
 It lives in engine/ because the scheduler describes candidate steps with it when it sizes a step to a time
 target (`step_time_target_ms`); cost models (chunkbench/sim/) predict its seconds, and
-chunkbench.sim.shape re-exports it.
+chunkbench.sim.cost_model re-exports it.
 """
 
 from __future__ import annotations

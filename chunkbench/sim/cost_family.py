@@ -1,7 +1,7 @@
 """What a cost-model family of a server calibration is (the registry: sim/families.py). No torch, no scipy.
 
 A family is the shape of a step cost whose constants a server calibration stores (sim/server_calibration.py).
-It checks those constants when a calibration is made or read, builds the CostModel (sim/shape.py) that prices
+It checks those constants when a calibration is made or read, builds the CostModel (sim/cost_model.py) that prices
 steps with them, says what they are in words, and names the function that fits them to a server's
 calibration runs (calibration/server.py calls it through `fit`)."""
 
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from chunkbench.engine.config import EngineConfig
+    from chunkbench.sim.cost_model import CostModel
     from chunkbench.sim.server_calibration import ServerCalibration
-    from chunkbench.sim.shape import CostModel
 
 # What a family's fitter returns: the fitted calibration scored on the runs, and each run simulated under it
 Scored = tuple["ServerCalibration", dict]

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chunkbench.engine.config import EngineConfig
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.linear_cost import PAIRS, SEQUENCES, STEP_TERMS, LinearFamily, LinearStepCost, step_features
-from chunkbench.sim.shape import StepShape
 
 if TYPE_CHECKING:
     from chunkbench.sim.server_calibration import ServerCalibration

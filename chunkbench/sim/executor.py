@@ -12,8 +12,8 @@ from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine, VirtualClock
 from chunkbench.engine.outputs import SchedulerOutput, StepResult
+from chunkbench.sim.cost_model import COLD_AFTER_S, CostModel, StepShape
 from chunkbench.sim.fastforward import enabled_by_default
-from chunkbench.sim.shape import COLD_AFTER_S, CostModel, StepShape
 
 
 class SimExecutor:

@@ -28,7 +28,7 @@ import os
 from typing import NamedTuple
 
 from chunkbench.bench.metrics import StepRecord
-from chunkbench.sim.shape import StepShape
+from chunkbench.sim.cost_model import StepShape
 
 MAX_STRETCH = 512  # steps per call: bounds the event lists built up front when an arrival cuts a stretch short
 

@@ -14,7 +14,7 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.files import write_json
 from chunkbench.kernels.buckets import length_buckets
-from chunkbench.sim.shape import StepShape
+from chunkbench.sim.cost_model import StepShape
 
 # Piecewise-linear token terms let a non-negative fit bend both ways: min(T, k) flattens (CPU GEMMs get
 # more efficient with more rows), max(0, T - k) steepens (GPU GEMMs leave the memory-bound regime).

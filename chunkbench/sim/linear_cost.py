@@ -31,7 +31,7 @@ import numpy as np
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim.cost_family import CostFamily
-from chunkbench.sim.shape import StepShape
+from chunkbench.sim.cost_model import StepShape
 
 if TYPE_CHECKING:
     from chunkbench.sim.roofline import RooflineCostModel
@@ -56,7 +56,7 @@ def step_features(step: StepShape) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class LinearStepCost:
-    """The CostModel protocol of sim/shape.py over STEP_TERMS (the first of `coefficients`)."""
+    """The CostModel protocol of sim/cost_model.py over STEP_TERMS (the first of `coefficients`)."""
 
     coefficients: tuple[float, ...]  # the family's step terms, STEP_TERMS first
     memory: RooflineCostModel  # the reference roofline: KV blocks and activation peaks

@@ -25,11 +25,11 @@ from chunkbench.engine.sharding import (
     params_per_gpu,
 )
 from chunkbench.errors import UserError
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.engine_overhead import engine_overhead
 from chunkbench.sim.gpus import GPUS, GPUSpec
 from chunkbench.sim.kernel_constants import Calibration, calibration_for
 from chunkbench.sim.kernel_times import gemm_seconds, layer_elementwise_seconds, layer_linear_seconds, soft_max
-from chunkbench.sim.shape import StepShape
 
 # FlashAttention-2 reaches 50-73% of peak in its forward pass (Dao 2023, fig. 5); we take 50% for the short
 # chunks the tuner explores. The profiles hold no attention kernel, so this one is not calibrated.

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from chunkbench.engine.config import EngineConfig
 from chunkbench.sim.cost_family import CostFamily
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.roofline import RooflineCostModel
-from chunkbench.sim.shape import StepShape
 
 if TYPE_CHECKING:
     from chunkbench.sim.server_calibration import ServerCalibration
@@ -51,7 +51,7 @@ ROOFLINE = RooflineFamily()
 
 @dataclass(frozen=True)
 class PerSequenceOverhead:
-    """A roofline plus a fixed time per sequence in each step (the CostModel protocol of sim/shape.py)."""
+    """A roofline plus a fixed time per sequence in each step (the CostModel protocol of sim/cost_model.py)."""
 
     base: RooflineCostModel
     seq_overhead_s: float

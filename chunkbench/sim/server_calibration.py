@@ -23,10 +23,10 @@ import numpy as np
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
 from chunkbench.sim import families
+from chunkbench.sim.cost_model import CostModel
 from chunkbench.sim.gpus import GPUS, GPUSpec
 from chunkbench.sim.kernel_constants import Calibration, calibration_for
 from chunkbench.sim.kernel_times import KernelConstants
-from chunkbench.sim.shape import CostModel
 
 if TYPE_CHECKING:
     from chunkbench.sim.cost_family import CostFamily

@@ -8,11 +8,11 @@ from chunkbench.bench.backends import SimBackend
 from chunkbench.calibration.gpu_kernels import PROFILES, fit, gpu_of, linear_errors, load_rows
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.errors import UserError
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.engine_overhead import ENGINE_OVERHEAD_S, engine_overhead
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.kernel_constants import calibration_for
 from chunkbench.sim.roofline import RooflineCostModel
-from chunkbench.sim.shape import StepShape
 from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "gpu-profiles"

@@ -18,6 +18,7 @@ from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import kv_bytes_per_token_per_gpu, kv_heads_per_gpu
 from chunkbench.errors import UserError
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.kernel_times import layer_gemms
 from chunkbench.sim.roofline import (
@@ -27,7 +28,6 @@ from chunkbench.sim.roofline import (
     RooflineCostModel,
     ring_all_reduce_seconds,
 )
-from chunkbench.sim.shape import StepShape
 from chunkbench.tune.emit import sglang_flags, vllm_yaml
 
 SHAPES = {

@@ -17,11 +17,11 @@ from chunkbench.calibration.server import designs, fit, simulate_design
 from chunkbench.errors import UserError
 from chunkbench.sim import families
 from chunkbench.sim.cost_family import CostFamily
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.cpu_linear_cost import CPU_LINEAR, CpuLinearStepCost
 from chunkbench.sim.linear_cost import LINEAR, STEP_TERMS, LinearStepCost
 from chunkbench.sim.roofline_family import ROOFLINE
 from chunkbench.sim.server_calibration import ServerCalibration
-from chunkbench.sim.shape import StepShape
 from tests.tune.servers import make_spec
 
 

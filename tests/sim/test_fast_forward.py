@@ -114,10 +114,10 @@ def test_decode_step_cost_is_predict_bit_for_bit():
     TP, fp8 KV and the server-calibrated model with its per-sequence overhead."""
     import random
 
+    from chunkbench.sim.cost_model import StepShape
     from chunkbench.sim.gpus import GPUS
     from chunkbench.sim.roofline import RooflineCostModel
     from chunkbench.sim.server_calibration import ServerCalibration
-    from chunkbench.sim.shape import StepShape
 
     models = [
         RooflineCostModel(ModelConfig.from_name("llama-3-8b"), GPUS["h100-sxm"]),

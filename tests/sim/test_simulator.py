@@ -8,10 +8,10 @@ from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.calibration.profile import profile_path, run_profile
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.errors import UserError
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel, features
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.roofline import RooflineCostModel
-from chunkbench.sim.shape import StepShape
 from tests.conftest import run_cli
 
 LLAMA_8B = ModelConfig.from_name("llama-3-8b")

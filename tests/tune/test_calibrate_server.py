@@ -18,8 +18,8 @@ from chunkbench.bench.backends import SimBackend
 from chunkbench.bench.workload import WorkloadRequest, build_workload
 from chunkbench.calibration.server import designs, fit, simulate_design
 from chunkbench.errors import UserError
+from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.server_calibration import ServerCalibration
-from chunkbench.sim.shape import StepShape
 from chunkbench.tune.presearch import presearch_tune
 from chunkbench.tune.report_text import knobs_text
 from chunkbench.tune.study import feasible_trials

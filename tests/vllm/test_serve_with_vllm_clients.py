@@ -139,7 +139,7 @@ def test_the_chat_template_gives_the_same_prompt_under_both_transformers_ends(ti
                     str(python),
                     "-c",
                     RENDER,
-                    str(REPO / "chunkbench" / "chunkbench/serving/text.py"),
+                    str(REPO / "chunkbench" / "serving" / "text.py"),
                     str(tiny_model),
                     messages,
                 ],

@@ -13,7 +13,7 @@ import pytest
 
 from chunkbench.bench.backends import SimBackend
 from chunkbench.bench.workload import WorkloadRequest
-from chunkbench.calibration.server import designs, fit, simulate_design
+from chunkbench.calibration.server import fit
 from chunkbench.errors import UserError
 from chunkbench.sim import families
 from chunkbench.sim.cost_family import CostFamily
@@ -22,7 +22,7 @@ from chunkbench.sim.cpu_linear_cost import CPU_LINEAR, CpuLinearStepCost
 from chunkbench.sim.linear_cost import LINEAR, STEP_TERMS, LinearStepCost
 from chunkbench.sim.roofline_family import ROOFLINE
 from chunkbench.sim.server_calibration import ServerCalibration
-from tests.tune.servers import make_spec
+from tests.tune.servers import make_spec, truth_runs
 
 
 @dataclass
@@ -68,25 +68,6 @@ def toy():
     families.unregister(family.name)
 
 
-def runs_of(spec, truth: ServerCalibration) -> list[dict]:
-    """The calibration runs as a server whose steps cost what `truth` says would give them."""
-    runs = []
-    for design in designs(spec):
-        run = {
-            "name": design.name,
-            "knobs": design.knobs,
-            "workload": dataclasses.asdict(design.workload),
-            "take": design.take,
-            "primer": design.primer,
-            "repeat": design.repeat,
-            "fitted": list(design.fitted),
-            "tails": list(design.tails),
-            "warmed_up": True,
-        }
-        runs.append(run | simulate_design(truth, spec, run))
-    return runs
-
-
 def test_a_registered_family_simulates_a_run_and_round_trips(toy, tmp_path):
     calibration = ServerCalibration(
         "cpu", family=toy.name, model="small", num_blocks=512, coefficients={"step_s": 0.004}
@@ -106,7 +87,7 @@ def test_a_registered_family_simulates_a_run_and_round_trips(toy, tmp_path):
 def test_the_fit_reaches_a_registered_familys_fitter(toy):
     spec = make_spec()
     truth = ServerCalibration("cpu", family=toy.name, model="small", num_blocks=1024, coefficients={"step_s": 0.004})
-    fitted = fit(runs_of(spec, truth), spec, "cpu", num_blocks=1024, family=toy.name)
+    fitted = fit(truth_runs(spec, truth), spec, "cpu", num_blocks=1024, family=toy.name)
     assert fitted.family == toy.name and fitted.coefficients == {"step_s": pytest.approx(0.004)}
     assert fitted.fit_error_pct < 1 and all("simulated" in run for run in fitted.runs)
 
@@ -189,7 +170,7 @@ def test_a_gpu_servers_linear_fit_is_plain():
     recovered from runs a linear server gave, with no stall, token-count or first-touch term to shape them."""
     spec = make_spec()
     truth = ServerCalibration("h100-sxm", family="linear", model="small", num_blocks=1024, coefficients=PLAIN)
-    fitted = fit(runs_of(spec, truth), spec, "h100-sxm", num_blocks=1024, family="linear")
+    fitted = fit(truth_runs(spec, truth), spec, "h100-sxm", num_blocks=1024, family="linear")
     assert fitted.family == "linear" and fitted.cost_family is LINEAR
     assert set(fitted.coefficients) == set(STEP_TERMS) | {"latency_s"}
     assert fitted.fit_error_pct < 3 and fitted.fits

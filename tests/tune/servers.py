@@ -9,6 +9,7 @@ import dataclasses
 from chunkbench.bench.backends import SimBackend
 from chunkbench.bench.slo import parse_slas
 from chunkbench.bench.workload import WorkloadSpec
+from chunkbench.calibration.server import designs, simulate_design
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
@@ -71,3 +72,22 @@ LINEAR_TRUTH = ServerCalibration(
         "latency_s": 5e-3,
     },
 )
+
+
+def truth_runs(spec, truth: ServerCalibration) -> list[dict]:
+    """The calibration runs as a server whose step costs are `truth`'s would give them."""
+    runs = []
+    for design in designs(spec):
+        run = {
+            "name": design.name,
+            "knobs": design.knobs,
+            "workload": dataclasses.asdict(design.workload),
+            "take": design.take,
+            "primer": design.primer,
+            "repeat": design.repeat,
+            "fitted": list(design.fitted),
+            "tails": list(design.tails),
+            "warmed_up": True,
+        }  # as calibrate.run_design runs it: after its warm-up, on the same launch
+        runs.append(run | simulate_design(truth, spec, run))
+    return runs

@@ -16,7 +16,7 @@ import pytest
 
 from chunkbench.bench.backends import SimBackend
 from chunkbench.bench.workload import WorkloadRequest, build_workload
-from chunkbench.calibration.server import designs, fit, simulate_design
+from chunkbench.calibration.server import designs, fit
 from chunkbench.errors import UserError
 from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.server_calibration import ServerCalibration
@@ -24,26 +24,7 @@ from chunkbench.tune.presearch import presearch_tune
 from chunkbench.tune.report_text import knobs_text
 from chunkbench.tune.study import feasible_trials
 from tests.conftest import run_cli
-from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec
-
-
-def truth_runs(spec, truth: ServerCalibration) -> list[dict]:
-    """The calibration runs as a server whose step costs are `truth`'s would give them."""
-    runs = []
-    for design in designs(spec):
-        run = {
-            "name": design.name,
-            "knobs": design.knobs,
-            "workload": dataclasses.asdict(design.workload),
-            "take": design.take,
-            "primer": design.primer,
-            "repeat": design.repeat,
-            "fitted": list(design.fitted),
-            "tails": list(design.tails),
-            "warmed_up": True,
-        }  # as calibrate.run_design runs it: after its warm-up, on the same launch
-        runs.append(run | simulate_design(truth, spec, run))
-    return runs
+from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec, truth_runs
 
 
 def test_the_fit_recovers_the_constants_that_generated_its_runs():

@@ -9,7 +9,7 @@ import html
 from pathlib import Path
 
 from chunkbench.bench.metrics import RequestRecord
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, check_number
 from chunkbench.files import write_text
 
 ROW, LEFT, WIDTH, TOP = 14, 60, 1100, 40  # px: a request's row, the axis labels, the plot, the legend
@@ -22,7 +22,9 @@ def parse_thresholds(text: str) -> tuple[float, float]:
         low, high = (float(v) for v in text.split(","))
     except ValueError:
         raise UserError(f"--timeline-itl-thresholds must be two numbers in ms, 'LOW,HIGH', got '{text}'") from None
-    if not 0 <= low <= high:
+    for value in (low, high):
+        check_number("--timeline-itl-thresholds", value, low=0)
+    if low > high:
         raise UserError(f"--timeline-itl-thresholds needs 0 <= LOW <= HIGH, got '{text}'")
     return low, high
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from chunkbench.bench.vllm_datasets import DATASETS
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, check_number
 
 Text = Optional[str]
 VLLM_FLAGS = {  # bench's keyword -> (annotated type, default)
@@ -83,6 +83,8 @@ def server_url(
 ) -> tuple[str, str]:
     """(the /v1 base URL, the API) from chunkbench's --endpoint URL or vLLM's --base-url/--host/--port, whose
     --endpoint is an API path (/v1/completions) and --backend the client kind."""
+    if port is not None:
+        check_number("--port", port, low=1, high=65535, integer=True)
     if backend is not None:
         if backend not in BACKENDS:
             raise UserError(

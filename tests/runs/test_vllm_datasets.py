@@ -284,3 +284,18 @@ def test_timeline_colours_each_gap_by_the_thresholds():
     assert "failed: boom" in second.find("{http://www.w3.org/2000/svg}title").text
     failed_width = float(second.find("{http://www.w3.org/2000/svg}rect").get("width"))
     assert failed_width == pytest.approx(widths[0] * 1.5, rel=1e-3)  # send to end: 150 ms
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["--port", "99999"], "--port must be <= 65535"),
+        (["--timeline-itl-thresholds", "inf,inf"], "--timeline-itl-thresholds must be a finite number"),
+        (["--timeline-itl-thresholds", "50,5"], "needs 0 <= LOW <= HIGH"),
+        (["--dataset-name", "sonnet"], "--dataset-name: chunkbench reads"),
+        (["--endpoint", "/v1/embeddings"], "an API path must be one of"),
+    ],
+)
+def test_vllm_style_bench_flags_are_checked_before_any_request(args, error, capsys):
+    code, _, err = run_cli(["bench", *args, "--num-prompts", "1"], capsys)
+    assert code == 2 and err.count("\n") == 1 and error in err, err

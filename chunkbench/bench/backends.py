@@ -33,6 +33,8 @@ class Backend(ABC):
     # untimed warm-up first (objectives.warm_up_server): a launched server, a simulator fitted to one. The
     # engine warms itself (harness.warm_up); a running endpoint is the user's, as it is.
     warms_up: bool = False
+    stoppable: bool = False  # the harness can end a run early (the engine, the simulator: early_stop.py)
+    simulated: bool = False  # a virtual clock: long runs cost seconds, so capacity probes run long
 
     @abstractmethod
     def session(self, config: EngineConfig | None, log: Path | None = None) -> contextlib.AbstractContextManager[Serve]:
@@ -68,6 +70,7 @@ class EngineBackend(Backend):
 
     cpu_time: bool = False  # time steps in this thread's CPU time on one torch thread (engine.CpuClock)
     kind = "engine"
+    stoppable = True
     _executors: dict = field(default_factory=dict, repr=False)
 
     @contextlib.contextmanager
@@ -148,6 +151,8 @@ class SimBackend(Backend):
     # CHUNKBENCH_FAST_FORWARD=0. Results are identical either way; off is for tests and debugging.
     server_calibration: object = None  # a sim/server_calibration.ServerCalibration: the roofline fitted to a server
     kind = "sim"
+    stoppable = True
+    simulated = True
 
     @property
     def warms_up(self) -> bool:  # as the server it was fitted to does: its cost remembers what a session ran

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from chunkbench.bench.capacity import Probe
 from chunkbench.bench.load_sweep import PolicyLoad
 from chunkbench.bench.report import comparison_table, embedded_png, pyplot
 from chunkbench.bench.runs import BenchRun
@@ -24,14 +25,22 @@ CURVES = (
 )
 
 
-def probe_line(label: str, rate: float, summary: dict | None, slos: list[SLO]) -> str:
-    what = "all at once" if math.isinf(rate) else f"{rate:.3g} req/s"
+def probe_line(label: str, probe: Probe, slos: list[SLO]) -> str:
+    """One probe as it ends: its rate and length, what the steady window served and measured, its verdict."""
+    if math.isinf(probe.rate):
+        return f"  {label} all at once: saturation throughput {probe.summary['request_throughput']:.3g} req/s"
+    what = f"{probe.rate:.3g} req/s, {probe.requests:,} requests" + (
+        f" x {probe.draws} draws" if probe.draws > 1 else ""
+    )
+    summary = probe.summary
     if summary is None:
-        return f"  {label} at {what}: stopped early (an SLA certainly missed)"
+        return f"  {label} at {what}: {probe.reason or 'stopped early'}"
     figures = ", ".join(f"{s.name.upper()} p{s.percentile:g} {summary[s.summary_key]:,.1f} ms" for s in slos)
+    verdict = "held" if probe.feasible else f"did not hold ({probe.reason})"
     return (
         f"  {label} at {what}: {summary['request_throughput']:.3g} req/s served, {figures}, median "
-        f"scheduling delay {summary['median_scheduling_delay_ms']:,.0f} ms"
+        f"scheduling delay {summary['median_scheduling_delay_ms']:,.0f} ms: {verdict}"
+        + ("" if probe.clear else " (not yet clear)")
     )
 
 
@@ -43,7 +52,7 @@ def load_table(
     first = loads[0].capacity
     ratios = [f"{load.capacity / first:.2f}x" if first > 0 else "-" for load in loads[1:]]
     table.add_section()
-    table.add_row("capacity at the SLA (req/s)", *(f"{load.capacity:.3g}" for load in loads), *ratios)
+    table.add_row("capacity at the SLA (req/s)", *(load.found.interval() for load in loads), *ratios)
     table.add_row("limited by", *(load.limited_by(slos, max_sched_delay_ms) for load in loads), *[""] * len(ratios))
     table.add_row("figures above taken at (req/s)", *[f"{rate:.3g}"] * len(loads), *[""] * len(ratios))
     return table
@@ -58,9 +67,9 @@ def plot_load(loads: list[PolicyLoad], slos: list[SLO], path: Path) -> None:
         for load in loads:
             points = [(s["request_throughput"], s[key]) for _, s in load.points() if s and s.get(key) is not None]
             (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=load.label)
-            at_capacity = load.runs.get(load.capacity)
-            if at_capacity is not None and at_capacity.summary:  # where the capacity's run lies on this axis
-                ax.axvline(at_capacity.summary["request_throughput"], color=line.get_color(), ls=":", lw=1)
+            at_capacity = dict(load.points()).get(load.capacity)
+            if at_capacity is not None:  # where the capacity's run lies on this axis
+                ax.axvline(at_capacity["request_throughput"], color=line.get_color(), ls=":", lw=1)
         for slo in slos:
             if slo.name == slo_name and slo.percentile == 99:
                 ax.axhline(slo.limit_ms, color="black", ls="--", lw=1, label=str(slo))
@@ -95,12 +104,16 @@ def load_payload(loads: list[PolicyLoad], slos: list[SLO], rate: float | None, s
         "policies": {
             load.label: {
                 "capacity_rps": load.capacity,
+                "capacity_interval_rps": [load.found.low, None if math.isinf(load.found.high) else load.found.high],
+                "confirmation": load.found.note,
                 "probes": [
-                    {"rate": p.rate, "feasible": p.feasible, "stopped_early": p.summary is None}
+                    {"rate": p.rate, "requests": p.requests, "draws": p.draws, "feasible": p.feasible}
+                    | {"clear": p.clear, "why": p.reason, "stopped_early": p.summary is None}
                     | {k: p.summary.get(k) for k in keys if p.summary}
-                    for p in load.found.probes + load.extra
+                    for p in load.found.probes + load.found.confirmed + load.extra
                 ],
-                "saturation": {k: load.saturation.summary.get(k) for k in keys},
+                "saturation": {k: load.saturation.summary.get(k) for k in keys}
+                | {"steady_throughput": load.saturation_rps},
             }
             for load in loads
         },

@@ -1,14 +1,14 @@
 """`compare` across load: each policy's capacity at an SLA and its latency-load curve, from one backend
 session per policy.
 
-Per policy: a *saturation run* (every request at once: its achieved throughput is the most the policy serves,
-and the point past saturation on the curve), then the capacity search of chunkbench/bench/capacity.py started there
-(tune --objective capacity's search, with rates above the saturation throughput infeasible: a finite run
-offered more can keep its median scheduling delay under the bound while its queue grows without end), then
-any --rates asked for. Every probe that ran to the end is a point
-of the curve (p99 TTFT, p99 and median ITL against achieved throughput). The comparison table is taken at the
-*common rate*, the highest rate every policy sustains (the smallest capacity): each policy runs there once
-more unless a probe already did.
+Per policy: a *saturation run* (a long probe's requests all at once: its steady completion rate, the warm-up
+and the drain left out, is the most the policy serves, and the point past saturation on the curve), then the
+capacity search of chunkbench/bench/capacity.py started there (rates above the saturation throughput are not
+sustained), settled on long runs and confirmed (a run twice as long at the capacity holds, one 15% above
+does not), then any --rates asked for. Every probe that ran to the end is a point of the curve (its steady
+figures: p99 TTFT, p99 and median ITL against throughput). The comparison table is taken at the *common
+rate*, the highest rate every policy sustains (the smallest capacity): each policy runs there once more unless
+a probe already did.
 
 Without an --sla-*, the SLA is Sarathi-Serve's strict one: p99 TBT within 5x a decode iteration without
 prefill interference, their reference batch being 32 requests at 4k context (here no more than the workload's
@@ -17,17 +17,22 @@ requests, its mean context and the model's context length), its time from the ba
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from chunkbench.bench.backends import Backend
-from chunkbench.bench.capacity import Capacity, Probe, at_rate, meets, search_capacity
+from chunkbench.bench.capacity import Capacity, Probe, at_rate, base_rate, confirm, prefix, search_capacity, settle
+from chunkbench.bench.harness import RunResult
+from chunkbench.bench.probing import make_prober
 from chunkbench.bench.runs import BenchRun, measure
-from chunkbench.bench.slo import SLO, violations
-from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.bench.slo import SLO
+from chunkbench.bench.steady import WARMUP
+from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.engine.shape import StepShape
-from chunkbench.tune.early_stop import certain_miss
 
 STRICT_FACTOR = 5  # Sarathi-Serve's strict TBT SLO: 5x a decode iteration without prefill interference
 REFERENCE_BATCH, REFERENCE_CONTEXT = 32, 4096
@@ -37,36 +42,59 @@ REFERENCE_BATCH, REFERENCE_CONTEXT = 32, 4096
 class PolicyLoad:
     label: str
     config: EngineConfig
-    saturation: BenchRun  # every request at once
+    saturation: BenchRun  # a long probe's requests all at once
     found: Capacity
     extra: list[Probe] = field(default_factory=list)  # --rates
     runs: dict[float, BenchRun] = field(default_factory=dict)  # full runs by offered rate
+    requests: list[WorkloadRequest] = field(default_factory=list)  # a long probe's, at the pool's rate
 
     @property
     def capacity(self) -> float:
         return self.found.capacity
 
+    @property
+    def saturation_rps(self) -> float:
+        return self.saturation.summary["steady_throughput"]
+
     def points(self) -> list[tuple[float, dict]]:
-        """(offered rate, summary) of every full run, by rate; the saturation run last (rate: infinity)."""
-        full = sorted((rate, run.summary) for rate, run in self.runs.items() if run.summary)
-        return full + [(float("inf"), self.saturation.summary)]
+        """(offered rate, steady figures) of every probe that ran to the end, by rate (the longest run at a
+        rate); the saturation run last (rate: infinity)."""
+        done: dict[float, Probe] = {}
+        for p in self.found.probes + self.found.confirmed + self.extra:
+            if p.summary and (p.rate not in done or p.requests * p.draws >= done[p.rate].requests * done[p.rate].draws):
+                done[p.rate] = p
+        full = sorted((rate, p.summary) for rate, p in done.items())
+        return full + [(math.inf, self.saturation.summary | {"request_throughput": self.saturation_rps})]
 
     def limited_by(self, slos: list[SLO], max_sched_delay_ms: float) -> str:
         """What the lowest rate above the capacity missed (from its run, or 'stopped early' when cut short)."""
         above = sorted(
-            (p for p in self.found.probes if not p.feasible and p.rate > self.capacity), key=lambda p: p.rate
+            (p for p in self.found.probes + self.found.confirmed if not p.feasible and p.rate > self.capacity),
+            key=lambda p: p.rate,
         )
         if not above:
             return "-"
         probe = above[0]
         if probe.above_ceiling:
-            return f"its saturation throughput {self.saturation.summary['request_throughput']:.3g} req/s"
+            return f"its saturation throughput {self.saturation_rps:.3g} req/s"
         if probe.summary is None:
-            return f"an SLA at {probe.rate:.3g} req/s (stopped early)"
-        missed = [str(s) for s, v in zip(slos, violations(probe.summary, slos)) if v > 0]
-        if probe.summary["median_scheduling_delay_ms"] > max_sched_delay_ms:
-            missed.append(f"median scheduling delay <= {max_sched_delay_ms:g} ms")
-        return f"{' and '.join(missed)} at {probe.rate:.3g} req/s"
+            return f"an SLA at {probe.rate:.3g} req/s ({probe.reason or 'stopped early'})"
+        return f"{probe.reason} at {probe.rate:.3g} req/s"
+
+
+def saturation_throughput(result: RunResult) -> float:
+    """Requests completed per second while the queue still held requests, the first WARMUP of completions
+    left out: the most the server serves in steady state. A run too short to have such a window (every
+    request admitted at once): its completions over its duration, as `vllm bench serve` reports them."""
+    done = sorted(r.token_times[-1] for r in result.requests if r.ok and not r.probe)
+    admitted = [r.first_scheduled_time for r in result.requests if r.first_scheduled_time is not None]
+    if len(done) < 10 or not admitted:
+        return len(done) / result.duration if result.duration > 0 else 0.0
+    start, end = done[math.ceil(WARMUP * len(done))], max(admitted)
+    inside = int(np.searchsorted(done, end, "right") - np.searchsorted(done, start, "left"))
+    if end - start <= 0 or inside < 0.2 * len(done):
+        return len(done) / result.duration if result.duration > 0 else 0.0
+    return inside / (end - start)
 
 
 def decode_iteration_s(backend: Backend, config: EngineConfig, workload: list[WorkloadRequest]) -> tuple[float, str]:
@@ -105,49 +133,49 @@ def sweep_policy(
     goodput_ms: dict | None = None,
     warmup_steps: int = 3,
     on_probe=None,
+    spec: WorkloadSpec | None = None,
+    probe_seconds: float | None = None,
 ) -> PolicyLoad:
-    """One policy's saturation run, capacity search and --rates (or `count` rates half an octave apart up
-    to its saturation throughput), in one session."""
-    early = backend.kind in ("sim", "engine")  # runs the harness can stop
-    percentiles = [s.percentile for s in slos]
+    """One policy's saturation run, capacity search (settled and confirmed) and --rates (or `count` rates half
+    an octave apart up to its saturation throughput), in one session. `spec`: the workload's, from which a
+    simulator's long probes draw larger pools (None: the requests given are all there is)."""
     runs: dict[float, BenchRun] = {}
+    percentiles = [s.percentile for s in slos]
     with backend.session(config) as serve:
 
-        def run_at(requests: list[WorkloadRequest], rate: float, may_stop: bool) -> BenchRun:
-            stop = certain_miss(slos, max_sched_delay_ms, len(requests)) if early and may_stop else None
-            done = measure(
-                serve,
-                config,
-                requests,
-                label=label,
-                goodput_ms=goodput_ms,
-                seed=seed,
-                warmup_steps=warmup_steps,
-                progress=False,
-                percentiles=percentiles,
-                backend=str(backend),
-                stop=stop,
-            )
-            if done.summary:
-                runs[rate] = done
-            if on_probe:
-                on_probe(label, rate, done.summary or None)
+        def run(requests: list[WorkloadRequest], stop=None, keep: bool = True) -> BenchRun:
+            options = dict(goodput_ms=goodput_ms, seed=seed, warmup_steps=warmup_steps, percentiles=percentiles)
+            done = measure(serve, config, requests, label=label, progress=False, backend=str(backend), stop=stop, **options)
+            if done.summary and keep:
+                runs[base_rate(requests)] = done
             return done
 
-        saturation = run_at(at_rate(workload, 1e9), float("inf"), False)
-        runs.pop(float("inf"), None)
-        hint = saturation.summary["request_throughput"]
-
-        def probe(requests: list[WorkloadRequest], may_stop: bool) -> dict | None:
-            rate = len(requests) / max(requests[-1].arrival_time, 1e-9)
-            return run_at(requests, rate, may_stop).summary or None
-
-        found = search_capacity(probe, workload, slos, max_sched_delay_ms, hint, bisections, ceiling=hint)
-        extra = []
-        for rate in rates + [hint * 2 ** (-(count - i) / 2) for i in range(count or 0)]:
-            summary = run_at(at_rate(workload, rate), rate, False).summary
-            extra.append(Probe(rate, summary, meets(summary, slos, max_sched_delay_ms)))
-    return PolicyLoad(label, config, saturation, found, extra, runs)
+        prober = make_prober(
+            run,
+            workload,
+            spec or WorkloadSpec(num_requests=None),
+            slos,
+            max_sched_delay_ms,
+            config.scheduler.max_model_len,
+            simulated=backend.simulated,
+            stoppable=backend.stoppable,
+            probe_seconds=probe_seconds,
+        )
+        if on_probe:
+            prober.on_probe = lambda p: on_probe(label, p)
+        longest = prefix(prober.pool, prober.long or prober.first)
+        saturation = run(at_rate(longest, 1e9), keep=False)
+        saturation.summary["steady_throughput"] = saturation_throughput(saturation.result)
+        ceiling = saturation.summary["steady_throughput"]
+        if on_probe:
+            on_probe(label, Probe(math.inf, saturation.summary | {"request_throughput": ceiling}, False))
+        found = search_capacity(prober, ceiling, bisections, ceiling)
+        found = confirm(prober, settle(prober, found, bisections=bisections, ceiling=ceiling), bisections)
+        extra = [
+            prober.probe(rate, may_stop=False)
+            for rate in rates + [ceiling * 2 ** (-(count - i) / 2) for i in range(count or 0)]
+        ]
+    return PolicyLoad(label, config, saturation, found, extra, runs, longest)
 
 
 def common_rate(loads: list[PolicyLoad]) -> float | None:
@@ -156,10 +184,9 @@ def common_rate(loads: list[PolicyLoad]) -> float | None:
     return min(capacities) if capacities and min(capacities) > 0 else None
 
 
-def run_at_common_rate(
-    load: PolicyLoad, rate: float, backend: Backend, workload: list[WorkloadRequest], **options
-) -> BenchRun:
-    """The policy's full run at `rate`: its probe's when one ran there to the end, else a new run."""
+def run_at_common_rate(load: PolicyLoad, rate: float, backend: Backend, **options) -> BenchRun:
+    """The policy's run at `rate` (a long probe's requests): its probe's when one ran there to the end, else a
+    new run."""
     for probed, run in load.runs.items():
         if abs(probed - rate) <= 1e-9 * rate:
             return run
@@ -167,7 +194,7 @@ def run_at_common_rate(
         run = measure(
             serve,
             load.config,
-            at_rate(workload, rate),
+            at_rate(load.requests, rate),
             label=load.label,
             backend=str(backend),
             progress=False,
@@ -193,6 +220,8 @@ def verdict(
     for load in loads[1:]:
         if first.capacity > 0:
             parts.append(f"{load.label} sustains {load.capacity / first.capacity:.2f}x {first.label}'s rate")
+            if overlap(load.found, first.found):
+                parts[-1] += " (their intervals overlap: not ahead)"
         else:
             parts.append(f"{load.label} {load.capacity:.3g} req/s ({first.label} met it at no rate)")
     line = f"at {sla}: " + ("; ".join(parts) if parts else f"{first.label} sustains {first.capacity:.3g} req/s")
@@ -219,6 +248,11 @@ def verdict(
                 "throughput on this backend"
             )
     return line
+
+
+def overlap(a: Capacity, b: Capacity) -> bool:
+    """Whether two capacities' intervals overlap (then neither is ahead)."""
+    return a.low <= b.high and b.low <= a.high
 
 
 def step_figures(run: BenchRun) -> tuple[float, float] | None:

@@ -43,6 +43,7 @@ def compare_across_load(
     out: Path,
     json_out: Path | None,
     title: str,
+    probe_seconds: float | None = None,
 ) -> None:
     from chunkbench.bench.report import failure_notes, write_comparison
 
@@ -71,10 +72,14 @@ def compare_across_load(
             rates,
             bisections,
             count,
-            on_probe=lambda lb, rate, summary: console.print(probe_line(lb, rate, summary, slos), soft_wrap=True),
+            on_probe=lambda lb, probe: console.print(probe_line(lb, probe, slos), soft_wrap=True),
+            spec=spec,
+            probe_seconds=probe_seconds,
             **options,
         )
-        console.print(f"{label}: capacity {load.capacity:.3g} req/s at the SLA", soft_wrap=True)
+        console.print(f"{label}: capacity {load.found.interval()} at the SLA", soft_wrap=True)
+        if load.found.note:
+            console.print(f"{label}: {load.found.note}", soft_wrap=True)
         loads.append(load)
     rate = common_rate(loads)
     if rate is None:
@@ -85,7 +90,7 @@ def compare_across_load(
             "SLA (--sla-*) or compare at one rate with --rate"
         )
     runs = [
-        run_at_common_rate(load, rate, backend, requests, percentiles=[s.percentile for s in slos], **options)
+        run_at_common_rate(load, rate, backend, percentiles=[s.percentile for s in slos], **options)
         for load in loads
     ]
     steps = {run.label: figures for run in runs if (figures := step_figures(run))}

@@ -44,9 +44,11 @@ def write_outputs(
     command: str,
     backend_note: str | None = None,
     measured: dict | None = None,
+    confirmed: list[str] = (),
 ) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
     """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal.
-    `measured`: the winner picked on re-measured figures (tune/verify.py's first row), not the search's best."""
+    `measured`: the winner picked on re-measured figures (tune/verify.py's first row), not the search's best.
+    `confirmed`: what the winner's confirmation runs showed (tune/confirm.py), for the headers and terminal."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if measured is None:
         winners = feasible_trials(study)
@@ -75,9 +77,12 @@ def write_outputs(
         if measured is not None:
             header[0] = (
                 f"chunkbench tune: trial {chosen.number} of study '{study.study_name}', the best re-measured "
-                "on a launched server" + ("" if winner else " (it MISSED the SLA when measured)")
+                + measured.get("where", "on a launched server")
+                + ("" if winner else " (it MISSED the SLA when measured)")
             )
             header += [f"command: {command}", measured_text(measured)]
+        header += list(confirmed)
+        lines += list(confirmed)
         write_text(emit.chunkbench_toml(config, header), out_dir / "recommended.toml")
         served, note = server_trial(spec, study, chosen)
         if note:

@@ -14,6 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from chunkbench.bench.backends import EngineBackend
 from chunkbench.bench.workload import build_workload
 from chunkbench.errors import StudyFailed, show_warning
+from chunkbench.tune.settle import (
+    confirm_winner,
+    confirmation_section,
+    print_settled,
+    settle_top,
+    settled_section,
+)
 from chunkbench.tune.objectives import evaluate, get
 from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, write_outputs
 from chunkbench.tune.report_text import results_table
@@ -50,6 +57,21 @@ def _worker(spec: TuneSpec, name: str, url: str, worker: int, out: Path) -> None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(url)
     run_study(spec, create_study(spec, name, storage, worker), storage, url, out=out)
+
+
+def confirm_best(spec: TuneSpec, study: optuna.Study, remeasured: list[dict], progress: bool):
+    """The winner's capacity confirmed on a longer run (tune/settle.py), or None."""
+    if remeasured:
+        row = remeasured[0] if remeasured[0]["feasible"] else None
+        chosen = None if row is None else (row["trial"], study.trials[row["trial"]].user_attrs["knobs"], row["metrics"])
+    else:
+        best = feasible_trials(study)
+        chosen = (best[0].number, best[0].user_attrs["knobs"], best[0].user_attrs["metrics"]) if best else None
+    if chosen is None:
+        return None
+    if progress:
+        console.print(f"confirming trial {chosen[0]}'s capacity on a longer run ...")
+    return confirm_winner(spec, *chosen)
 
 
 def tune_and_report(
@@ -112,27 +134,44 @@ def tune_and_report(
     no_trial_completed(study)
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
+    settled: list[dict] = []
     if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py
         if get(spec.objective).one_winner:  # a front has no one winner to pick
             remeasured = verify_top(
                 spec, study, spec.backend, State(out / VERIFIED_FILE), best_distinct(spec, study, verify), repeats
             )
             verified = {r["trial"]: r["metrics"] for r in remeasured}
-    elif verify:
+    elif settled := settle_top(spec, study):  # a simulated capacity: the best few on long runs
+        remeasured = settled
+    if verify and spec.backend.kind != "launch":
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
         for trial in feasible_trials(study)[:verify]:
             console.print(f"verifying trial {trial.number} on the real engine ...")
             verified[trial.number] = evaluate(
                 spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(), progress=progress
             ).metrics
+    confirmed = confirm_best(spec, study, remeasured, progress)
     winner, lines = write_outputs(
-        spec, study, out, verified, command, backend_note, measured=remeasured[0] if remeasured else None
+        spec,
+        study,
+        out,
+        verified,
+        command,
+        backend_note,
+        measured=remeasured[0] if remeasured else None,
+        confirmed=confirmed.lines() if confirmed else [],
     )
-    if remeasured:
+    if confirmed:
+        add_to_report(out, confirmation_section(confirmed))
+    if settled:
+        add_to_report(out, settled_section(settled))
+    elif remeasured:
         add_to_report(out, verified_section(remeasured, "one run"))
         add_runs_to_csv(out, remeasured)
     console.print(results_table(spec, study, verified))
-    if remeasured:
+    if settled:
+        print_settled(settled)
+    elif remeasured:
         print_remeasured(remeasured, "one run")
     for line in lines:
         console.print(line, soft_wrap=True)

@@ -25,7 +25,8 @@ class TuneSpec:
     timeout_s: float | None = None
     seed: int = 0
     max_sched_delay_ms: float = 2000.0  # capacity: median scheduling delay bound (Sarathi-Serve uses 2 s)
-    early_stop: bool = True  # capacity: end a probe once it has certainly missed (tune/early_stop.py)
+    early_stop: bool = True  # capacity: end a probe once it has certainly missed (bench/early_stop.py)
+    probe_seconds: float | None = None  # capacity on a real clock: a probe may grow to this many s of arrivals
     engine_overrides: dict = field(default_factory=dict)  # fixed flags: max_model_len, num_blocks, ...
 
     def base_config(self, **knobs) -> EngineConfig:

@@ -235,7 +235,7 @@ class _TrialLoop:
                 engine_kwargs(point, self.workload_max_len),
                 self.workload,
                 backend=backend,
-                capacity_hint=_latest_capacity(self.study.get_trials(deepcopy=False)),
+                capacity_hint=_best_capacity(self.study.get_trials(deepcopy=False)),
                 log=log,
             )
             if self.slots.interrupted.is_set():
@@ -276,13 +276,15 @@ class _TrialLoop:
             self.on_trial(self.study)
 
 
-def _latest_capacity(trials: list[optuna.trial.FrozenTrial]) -> float | None:
-    """The capacity of the latest complete trial that found one: where the next capacity search starts."""
-    for t in reversed(trials):
-        capacity = t.user_attrs.get("metrics", {}).get("capacity_rps") if t.state == TrialState.COMPLETE else None
-        if capacity:
-            return capacity
-    return None
+def _best_capacity(trials: list[optuna.trial.FrozenTrial]) -> float | None:
+    """The highest capacity a complete trial has found: where the next capacity search starts (the search's
+    steps are finest near it, and the best configurations are the ones worth resolving)."""
+    found = [
+        t.user_attrs["metrics"]["capacity_rps"]
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("metrics", {}).get("capacity_rps")
+    ]
+    return max(found, default=None)
 
 
 def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

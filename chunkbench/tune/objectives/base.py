@@ -39,7 +39,7 @@ METRIC_ATTRS = (
 class Run:
     """A configuration served in an open backend session (one launched server, or a simulator) with what an
     objective needs to score it: the trial's knobs and workload, and a capacity found for another
-    configuration (`capacity_hint`, where a capacity search starts)."""
+    configuration (`capacity_hint`: where a capacity search starts)."""
 
     spec: TuneSpec
     knobs: dict

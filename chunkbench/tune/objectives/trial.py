@@ -3,6 +3,8 @@ repeated runs of one configuration as their medians."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,18 +49,33 @@ def evaluate_runs(
 ) -> list[TrialOutcome]:
     """evaluate's runs, each scored on its own, in one session; each run's metrics name its slot."""
     objective = get(spec.objective)
-    config = spec.base_config(**knobs)
     backend = backend or spec.backend
     slot = getattr(backend, "slot", None)
-    with backend.session(config, log=log) as serve:
-        warm_up_server(backend, serve, config, spec.seed)
-        run = Run(spec, knobs, workload, serve, config, backend, progress, capacity_hint)
+    with open_run(spec, knobs, workload, backend, log, progress, capacity_hint) as run:
         outcomes = [objective.score(run) for _ in range(repeats)]
     for outcome in outcomes:  # where each run was measured (a launched server's slot), its GPUs' figures
         if slot is not None:
             outcome.metrics["slot"] = str(slot)
         outcome.metrics |= getattr(backend, "gpu_figures", {})
     return outcomes
+
+
+@contextlib.contextmanager
+def open_run(
+    spec: TuneSpec,
+    knobs: dict,
+    workload: list[WorkloadRequest],
+    backend: Backend | None = None,
+    log: Path | None = None,
+    progress: bool = False,
+    capacity_hint: float | None = None,
+) -> Iterator[Run]:
+    """A configuration in a backend session of its own (a launched server), warmed up, for an objective."""
+    backend = backend or spec.backend
+    config = spec.base_config(**knobs)
+    with backend.session(config, log=log) as serve:
+        warm_up_server(backend, serve, config, spec.seed)
+        yield Run(spec, knobs, workload, serve, config, backend, progress, capacity_hint)
 
 
 def warm_up_server(backend: Backend, serve, config, seed: int) -> None:

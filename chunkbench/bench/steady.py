@@ -5,12 +5,12 @@ The load's requests, in arrival order, are split into a warm-up (the first WARMU
 cool-down (the last COOLDOWN): the window's requests are the ones measured; the others only keep the server
 loaded. Over the window (from its first arrival t0 to its last t1):
 
-- *queue does not grow*: the median scheduling delay of the window's last third exceeds the first third's by
-  at most MAX_GROWTH of the time between them (over-saturated, it grows by 1 - served / offered per second).
-- *keeps pace*: the server completes what arrives. The backlog (arrived, not finished) grows by arrivals minus
-  completions in [t0, t1]; a server that is still filling at t0 shows a deficit of E[(E2EL - t0)+] / (t1 - t0)
-  of the arrivals without falling behind, which is taken off. The correction is rough on short runs (4% left
-  on a filled 700-request run that held), so only a deficit above MAX_DEFICIT counts, and only once filled.
+- *keeps pace, its queue does not grow*: the median scheduling delay of the window's last third exceeds the
+  first third's by at most MAX_GROWTH of the time between them (a server that falls behind by a share d of
+  what arrives makes each request wait d seconds longer per second). The rate deficit itself, arrivals minus
+  completions over the window less what a server still filling owes (E[(E2EL - t0)+] / (t1 - t0)), is
+  reported beside it but decides nothing: on runs of a few hundred requests it was off by 4-9% at rates
+  that held.
 - the SLAs and the median scheduling delay bound hold over the window's requests.
 
 A verdict is *clear* when the run is long enough to trust it: the warm-up outlasts the median E2EL (the server
@@ -31,7 +31,6 @@ from chunkbench.bench.metrics import RequestRecord, summarize
 from chunkbench.bench.slo import SLO, violations
 
 WARMUP, COOLDOWN = 0.2, 0.1  # shares of the load's requests, by arrival, left out of the window
-MAX_DEFICIT = 0.1  # arrivals the window may leave unserved (after the fill-up correction, which is rough)
 MAX_GROWTH = 0.05  # seconds of scheduling delay gained per second of arrivals
 MIN_TAIL = 5  # requests beyond each SLA's percentile that a clear verdict needs
 
@@ -66,12 +65,13 @@ class Steady:
 
     @property
     def over_saturated(self) -> bool:
-        return self.growth > MAX_GROWTH or (self.filled and self.deficit > MAX_DEFICIT)
+        return self.growth > MAX_GROWTH
 
     def why_over(self) -> str:
-        if self.growth <= MAX_GROWTH:
-            return f"over-saturated: served {self.served:.3g} of {self.offered:.3g} req/s arriving"
-        return f"over-saturated: scheduling delay grew {self.growth * 1000:.0f} ms per s of arrivals"
+        return (
+            f"over-saturated: scheduling delay grew {self.growth * 1000:.0f} ms per s of arrivals (served "
+            f"{self.served:.3g} of {self.offered:.3g} req/s arriving)"
+        )
 
 
 def steady_state(

@@ -19,6 +19,7 @@ from chunkbench.tune.settle import (
     confirmation_section,
     print_settled,
     settle_top,
+    settled_margin,
     settled_section,
 )
 from chunkbench.tune.objectives import evaluate, get
@@ -171,6 +172,7 @@ def tune_and_report(
     console.print(results_table(spec, study, verified))
     if settled:
         print_settled(settled)
+        console.print(settled_margin(settled), soft_wrap=True)
     elif remeasured:
         print_remeasured(remeasured, "one run")
     for line in lines:

@@ -65,6 +65,22 @@ def print_settled(rows: list[dict]) -> None:
     console.print(table)
 
 
+def settled_margin(rows: list[dict]) -> str:
+    """The winner against the runner-up on their steady capacities: ahead only where the intervals do not
+    overlap."""
+    if len(rows) < 2:
+        return "Margin: none measured: one configuration was settled on long runs."
+    (w, r), (wm, rm) = rows[:2], (rows[0]["metrics"], rows[1]["metrics"])
+    runner = f"the runner-up (trial {r['trial']}: {r['knobs']})"
+    if wm["capacity_low_rps"] > rm.get("capacity_high_rps", float("inf")):
+        gain = wm["capacity_rps"] - rm["capacity_rps"]
+        return (
+            f"Margin: the winner's capacity is {gain:.3g} req/s ({100 * gain / rm['capacity_rps']:.1f}%) ahead of "
+            f"{runner}; their intervals do not overlap."
+        )
+    return f"Margin: none: the winner ties with {runner}: their steady capacities' intervals overlap."
+
+
 def settled_section(rows: list[dict]) -> str:
     """report.html's account of the settled configurations."""
     import html
@@ -77,7 +93,7 @@ def settled_section(rows: list[dict]) -> str:
     return (
         "<h2>Settled on long runs</h2><p>Each trial was screened on short runs, which flatter (a server that "
         "starts empty has not met its worst yet); the best few were run long until their verdicts were clear, "
-        "the winner picked on those capacities.</p><table><tr><th>trial</th><th>knobs</th><th>screened "
+        f"the winner picked on those capacities. {html.escape(settled_margin(rows))}</p><table><tr><th>trial</th><th>knobs</th><th>screened "
         f"(req/s)</th><th>steady (req/s)</th><th>settled</th></tr>{body}</table>"
     )
 

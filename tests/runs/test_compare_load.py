@@ -96,7 +96,7 @@ def test_the_common_rate_is_the_smallest_capacity_and_its_runs_are_reused():
     rate = common_rate(loads)
     assert rate == min(load.capacity for load in loads) == loads[2].capacity
     before = backend.runs
-    runs = [run_at_common_rate(load, rate, backend, WORKLOAD) for load in loads]
+    runs = [run_at_common_rate(load, rate, backend) for load in loads]
     assert backend.runs == before + 2  # static probed that rate already; the other two run it once more
     assert all(r.summary["p99_itl_ms"] <= 100 for r in runs)  # every policy meets the SLA there
     said = verdict(loads, SLOS, 2000.0, resolution_pct())

@@ -63,9 +63,9 @@ def outcome(spec: TuneSpec, knobs: dict, found: Found, settled: bool) -> TrialOu
 
 
 def searched(metrics: dict) -> Found:
-    """A trial's capacity back from its metrics (what settle and confirm start from)."""
+    """A trial's capacity back from its metrics (what settle and confirm start from; its figures, those)."""
     high = metrics.get("capacity_high_rps", math.inf)
-    return Found(metrics["capacity_rps"], None, [], metrics.get("capacity_low_rps", 0.0), high)
+    return Found(metrics["capacity_rps"], metrics, [], metrics.get("capacity_low_rps", 0.0), high)
 
 
 class Capacity(Objective):

@@ -29,7 +29,6 @@ BRACKET = 7  # the bracket's rates are base * 2**k for k in [-BRACKET, BRACKET]
 BISECTIONS = 5
 CONFIRM_LENGTH = 2  # the confirmation runs this many times the longest probe's requests (as the pool allows)
 CONFIRM_ABOVE = 0.15  # and a run this much above the capacity, which must not hold
-CONFIRM_TRIES = 4  # a capacity that does not hold is lowered by the search's step at most this many times
 
 
 @dataclass
@@ -168,8 +167,10 @@ class Lattice:
     long. A short probe is its first run only; a long one starts at `prober.long` and grows until clear.
     `ceiling`: rates above it are not sustained, without a run (compare: the saturation throughput)."""
 
-    def __init__(self, prober: Prober, bisections: int = BISECTIONS, ceiling: float | None = None):
-        self.prober, self.ceiling = prober, ceiling
+    def __init__(
+        self, prober: Prober, bisections: int = BISECTIONS, ceiling: float | None = None, length: int | None = None
+    ):
+        self.prober, self.ceiling, self.length = prober, ceiling, length  # length: long runs of exactly this
         self.base, self.per_octave = base_rate(prober.pool), 2**bisections
         self.edge = BRACKET * self.per_octave  # rates within base * 2**(+-BRACKET)
         self.probes: list[Probe] = []
@@ -186,7 +187,7 @@ class Lattice:
         if self.ceiling is not None and rate > self.ceiling:
             probe = Probe(rate, None, False, above_ceiling=True, reason="above its saturation throughput")
         elif long:
-            probe = prober.probe(rate, may_stop, start=prober.long)
+            probe = prober.probe(rate, may_stop, start=self.length or prober.long, grow=self.length is None)
         else:
             two_phase = prober.long is not None
             probe = prober.probe(rate, may_stop, grow=not two_phase)
@@ -276,33 +277,30 @@ def interval(probes: list[Probe], capacity: float) -> tuple[float, float]:
 
 def confirm(prober: Prober, found: Capacity, bisections: int = BISECTIONS) -> Capacity:
     """Evidence at the boundary: the capacity run CONFIRM_LENGTH times longer than its longest probe must hold,
-    and a run CONFIRM_ABOVE above it must not. A capacity that does not hold is lowered by the search's step
-    until one does (at most CONFIRM_TRIES times) and says so."""
+    and a run CONFIRM_ABOVE above it must not. A capacity that does not hold is searched again below it on
+    runs of that length (galloping down, then bisecting) and the report says so."""
     if found.capacity <= 0:
         return found
     longest = max(p.requests for p in found.probes if p.rate <= found.capacity * (1 + 1e-9))
     length = min(CONFIRM_LENGTH * longest, prober.longest(found.capacity), load_size(prober.pool))
-    draws = 1 + len(prober.draws)
-    step = 2 ** (1 / 2**bisections)
-    rate, notes, confirmed = found.capacity, [], []
-    for _ in range(CONFIRM_TRIES + 1):
-        ran = [p for p in found.probes if p.rate == rate and p.requests >= length and p.draws == draws and p.feasible]
-        at = ran[-1] if ran else prober.probe(rate, may_stop=False, start=length, grow=False)
-        confirmed.append(at)
-        if at.feasible:
-            break
-        notes.append(f"{rate:.3g} req/s did not hold over {at.requests} requests ({at.reason})")
-        rate /= step
-    else:
-        return replace(found, capacity=0.0, low=0.0, confirmed=confirmed, note="; ".join(notes) + ": none confirmed")
+    lattice = Lattice(prober, bisections, length=length)
+    lattice.probes = list(found.probes)
+    top = lattice.index(found.capacity)
+    lo, hi = (top, None) if lattice.feasible(top, long=True, may_stop=False) else lattice.bracket(top, True, 1, None, top)
+    confirmed = lattice.probes[len(found.probes) :]
+    notes = [f"{p.rate:.3g} req/s did not hold over {p.requests:,} requests ({p.reason})" for p in confirmed if not p.feasible]
+    if lo is None:
+        return replace(found, capacity=0.0, low=0.0, confirmed=confirmed, note="; ".join(notes) + ": none held")
+    rate = lattice.rate(lo)
     above = prober.probe(rate * (1 + CONFIRM_ABOVE), start=length, grow=False)
     confirmed.append(above)
     if above.feasible:
         notes.append(
-            f"{above.rate:.3g} req/s ({CONFIRM_ABOVE:.0%} above) also held over {above.requests} requests: the "
+            f"{above.rate:.3g} req/s ({CONFIRM_ABOVE:.0%} above) also held over {above.requests:,} requests: the "
             "capacity may be understated"
         )
-    lowered = rate < found.capacity
-    low, high = (min(found.low, rate), rate * step) if lowered else (found.low, found.high)
+    lowered = lo < top
+    low, high = (rate, lattice.rate(hi)) if lowered else (found.low, found.high)
     note = "; ".join(notes) + (f": capacity lowered to {rate:.3g} req/s" if lowered else "")
-    return replace(found, capacity=rate, best=at.summary, low=low, high=high, confirmed=confirmed, note=note)
+    best = lattice.verdicts[lo, True].summary
+    return replace(found, capacity=rate, best=best, low=low, high=high, confirmed=confirmed, note=note)

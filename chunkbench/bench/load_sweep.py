@@ -10,9 +10,10 @@ figures: p99 TTFT, p99 and median ITL against throughput). The comparison table 
 rate*, the highest rate every policy sustains (the smallest capacity): each policy runs there once more unless
 a probe already did.
 
-Without an --sla-*, the SLA is Sarathi-Serve's strict one: p99 TBT within 5x a decode iteration without
-prefill interference, their reference batch being 32 requests at 4k context (here no more than the workload's
-requests, its mean context and the model's context length), its time from the backend's cost model.
+Without an --sla-*, the SLA is Sarathi-Serve's relaxed one: p99 TBT within 25x a decode iteration without
+prefill interference (their strict one is 5x), their reference batch being 32 requests at 4k context (here no
+more than the workload's requests, its mean context and the model's context length), its time from the
+backend's cost model.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.engine.shape import StepShape
 
-STRICT_FACTOR = 5  # Sarathi-Serve's strict TBT SLO: 5x a decode iteration without prefill interference
+RELAXED_FACTOR = 25  # Sarathi-Serve's relaxed TBT SLO: 25x a decode iteration without prefill interference
 REFERENCE_BATCH, REFERENCE_CONTEXT = 32, 4096
 
 
@@ -111,10 +112,10 @@ def decode_iteration_s(backend: Backend, config: EngineConfig, workload: list[Wo
 
 def default_slo(backend: Backend, config: EngineConfig, workload: list[WorkloadRequest]) -> tuple[list[SLO], str]:
     seconds, what = decode_iteration_s(backend, config, workload)
-    limit = round(STRICT_FACTOR * seconds * 1000, 1)
+    limit = round(RELAXED_FACTOR * seconds * 1000, 1)
     slo = SLO("tbt", 99.0, limit)
     return [slo], (
-        f"SLA: {slo} (Sarathi-Serve's strict SLO: {STRICT_FACTOR}x {what}, {seconds * 1000:.1f} ms on "
+        f"SLA: {slo} (Sarathi-Serve's relaxed SLO: {RELAXED_FACTOR}x {what}, {seconds * 1000:.1f} ms on "
         f"{backend}); set --sla-tbt/--sla-ttft to choose"
     )
 

@@ -23,6 +23,7 @@ from chunkbench.commands.options import (
 )
 from chunkbench.commands.run import run_options, workload_options
 from chunkbench.engine.config import EngineConfig
+from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.errors import UserError, check_number
 
 
@@ -38,7 +39,7 @@ def compare(
             "(knobs: budget, chunk, schedule, tile, seqs, partial). The first is the baseline of the ratios."
         ),
     ],
-    model: Model = "small",
+    model: Model = "llama-3-8b",
     rates: Annotated[
         Optional[str],
         typer.Option(
@@ -56,8 +57,9 @@ def compare(
     Without --rate, across load: each policy's capacity at the SLA (the highest arrival rate it sustains,
     searched as `tune --objective capacity` does) and its latency-load curves (load.png); the table is taken at
     the highest rate every policy sustains, and a verdict line compares the capacities. Without an --sla-*,
-    the SLA is Sarathi-Serve's strict p99 TBT (5x a decode iteration of 32 requests at 4k context, on this
-    backend). With --rate R: one run per policy at R req/s.
+    the SLA is Sarathi-Serve's relaxed p99 TBT (25x a decode iteration of 32 requests at 4k context, on this
+    backend; their strict one is 5x). With --rate R: one run per policy at R req/s. Capacity is the highest rate
+    sustained in steady state (docs/concepts/capacity.md), with its interval; a simulator's probes run long.
 
     Policies that never split a prompt get a budget of at least max-model-len. Unset, the request count and
     (chunked on the CPU) the step size fit the device: the output says what was chosen."""
@@ -72,6 +74,7 @@ def compare(
         options["sla_percentile"],
         max_sched_delay,
         {k: options["sla_" + k] for k in ("ttft", "tbt", "tpot", "e2el")},
+        options["probe_seconds"],
     )
     backend = announce(
         resolve(
@@ -102,6 +105,7 @@ def compare(
             o,
             options["seed"],
             title,
+            options["probe_seconds"],
         )
         return
     runs = compare_at_rate(base, policies, requests, backend, knobs, slos, o, options["seed"])
@@ -117,7 +121,12 @@ def compare_base(model: str, options: dict) -> tuple[dict, EngineConfig]:
 
 
 def check_load_options(
-    across_load: bool, rates: str | None, sla_percentile: float, max_sched_delay: float, slas_ms: dict
+    across_load: bool,
+    rates: str | None,
+    sla_percentile: float,
+    max_sched_delay: float,
+    slas_ms: dict,
+    probe_seconds: float | None = None,
 ) -> tuple[dict, list[float], int | None]:
     """compare's across-load options, checked before any work: the SLAs, and --rates as rates or a count
     (both only without --rate)."""
@@ -125,6 +134,10 @@ def check_load_options(
     if not across_load and (rates or slas):
         raise UserError("--rates and --sla-* are for compare across load: leave out --rate")
     check_number("--max-sched-delay", max_sched_delay, low=0, low_open=True)
+    if probe_seconds is not None:
+        if not across_load:
+            raise UserError("--probe-seconds is for compare across load: leave out --rate")
+        check_number("--probe-seconds", probe_seconds, low=0, low_open=True, high=MAX_REAL_WAIT_S)
     sweep_rates, count = parse_rates(rates)
     return slas, sweep_rates, count
 
@@ -163,6 +176,7 @@ def compare_load_curves(
     o: dict,
     seed: int,
     title: str,
+    probe_seconds: float | None = None,
 ) -> None:
     """compare across load: each policy's capacity at the SLA and its latency-load curves (one bisection on
     the CPU, where runs near capacity are long)."""
@@ -189,6 +203,7 @@ def compare_load_curves(
         out=o["out"] or default_out("compare"),
         json_out=o["json_out"],
         title=title,
+        probe_seconds=probe_seconds,
     )
 
 

@@ -192,6 +192,14 @@ SlaTpot = Annotated[Optional[str], typer.Option(help="Time-per-output-token targ
 SlaE2el = Annotated[Optional[str], typer.Option(help="End-to-end latency target, same forms.")]
 SlaPercentile = Annotated[float, typer.Option(help="Percentile the targets apply to (0-100].")]
 MaxSchedDelay = Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay (ms).")]
+ProbeSeconds = Annotated[
+    Optional[float],
+    typer.Option(
+        help="capacity on a real clock (the engine, a launched server): a probe whose steady verdict is not yet "
+        "clear runs again longer, up to this many seconds of arrivals (s). Unset: one run of --num-requests "
+        "per probe, its verdict marked when not clear. The simulator's probes grow on their own."
+    ),
+]
 
 
 # ---- option groups, declared once and added to each command that takes them ----
@@ -257,6 +265,7 @@ SLA_OPTIONS = {  # the targets `tune` and `compare` judge by
     "sla_e2el": (SlaE2el, None),
     "sla_percentile": (SlaPercentile, 99.0),
     "max_sched_delay": (MaxSchedDelay, 2000.0),
+    "probe_seconds": (ProbeSeconds, None),
 }
 
 RUN_OPTIONS = {  # how `run` and `compare` execute and where they write

@@ -20,6 +20,7 @@ from chunkbench.commands.tune_options import (
     TUNE_WORKLOAD_OPTIONS,
 )
 from chunkbench.engine.config import EngineConfig
+from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
 from chunkbench.launch.backend import launch_command, launches_vllm
@@ -73,6 +74,7 @@ def run_tune(args: SimpleNamespace) -> None:
         timeout_s=args.timeout,
         seed=args.seed,
         max_sched_delay_ms=args.max_sched_delay,
+        probe_seconds=args.probe_seconds,
         engine_overrides=overrides,
     )
     check_workload(spec_workload, search_space, given)
@@ -139,6 +141,8 @@ def check_options(args: SimpleNamespace) -> list:
         if args.backend != "launch" or args.verify_top == 0:
             raise UserError("--verify-repeats counts the re-measurement runs of --backend launch (--verify-top >= 1)")
     check_number("--max-sched-delay", args.max_sched_delay, low=0, low_open=True)
+    if args.probe_seconds is not None:
+        check_number("--probe-seconds", args.probe_seconds, low=0, low_open=True, high=MAX_REAL_WAIT_S)
     check_number("--launch-timeout", args.launch_timeout, low=0, low_open=True)
     if args.presearch not in ("none", "sim"):
         raise UserError(f"--presearch must be none or sim, got '{args.presearch}'")

@@ -134,15 +134,25 @@ class LaunchBackend(Backend):
                 stack.callback(lambda: self.gpu_figures.update(monitor.stop()))
             self.gpu_figures.clear()
             with EndpointBackend(url, client_options=self.client_options).session(config) as serve:
-                yield self._checked(serve, server, port)
+                yield self._checked(serve, server, parts.hostname or "127.0.0.1", port, log)
 
     @staticmethod
-    def _checked(serve: Serve, server: Launched, port: int) -> Serve:
-        """Each run's figures count only if the server that served them is still the one on the port."""
+    def _checked(serve: Serve, server: Launched, host: str, port: int, log: Path) -> Serve:
+        """Each run's figures count only if the server that served them is still the one on the port: one
+        that exited or stopped answering during the run fails the trial, naming what and how many requests."""
 
         def run(*args, **kwargs):
             result = serve(*args, **kwargs)
             check_not_stopping()  # its server was stopped under it
+            failed = [r.error for r in result.requests if r.error]
+            lost = f"{len(failed)} of {len(result.requests)} requests failed" + (f" ({failed[0]})" if failed else "")
+            if not server.alive():
+                raise LaunchError(
+                    f"the launched server exited with code {server.guard.returncode} during a run: {lost}; its "
+                    f"output ended: {log_tail(log)}"
+                )
+            if not port_busy(host, port):
+                raise LaunchError(f"the launched server stopped answering on port {port} during a run: {lost}")
             check_owner(server, port)
             return result
 

@@ -2,7 +2,7 @@
 
 It sleeps S seconds before it binds its port (a server loading weights), then streams completions at a fixed
 time per token (--token-ms), so its figures are known: TTFT about one token time, ITL --token-ms. It answers
-/health, /v1/models and /metrics (empty). It appends `start PORT PID TIME` and, on SIGTERM, `stop PORT PID
+/health, /v1/models and /metrics (empty); with --die-after N it exits (code 3) on its N+1th completion. It appends `start PORT PID TIME` and, on SIGTERM, `stop PORT PID
 TIME` (wall clock) to --events, so a test can tell which servers held which port when, and its environment's
 CUDA_VISIBLE_DEVICES and its --cpus to its output (the launch log). Standard library only: it starts in
 tens of milliseconds.
@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--token-ms", type=float, default=2.0)
     parser.add_argument("--events", default=None)
     parser.add_argument("--cpus", default="")
+    parser.add_argument("--die-after", type=int, default=0)  # exit (code 3) after this many completions
     parser.add_argument("--label", default="")  # any value: e.g. the trial's budget, echoed in /v1/models
     args = parser.parse_args()
 
@@ -40,6 +41,8 @@ def main() -> None:
         flush=True,
     )
     time.sleep(args.startup)
+
+    served: list[int] = []
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"
@@ -73,6 +76,9 @@ def main() -> None:
                 self.send_error(404)
 
         def do_POST(self):
+            served.append(1)
+            if args.die_after and len(served) > args.die_after:
+                os._exit(3)  # mid-run, as a crashed server: no answer, no goodbye
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
             tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 1)
             self.send_response(200)

@@ -317,3 +317,21 @@ def test_the_verdict_is_ahead_only_when_the_intervals_clear():
     assert verdict([row(1, [5.0, 5.1, 5.2]), row(2, [4.0, 4.1, 4.2])]).startswith("winner ahead of trial 2")
     tied = verdict([row(1, [5.2, 5.3, 4.5]), row(2, [4.9, 5.0, 5.1])])
     assert tied.startswith("tied within the measured noise with trial 2") and "the higher median" in tied
+
+
+@pytest.mark.parametrize("objective", ["capacity", "goodput"])
+def test_a_server_that_dies_mid_run_fails_its_trial(tmp_path, objective):
+    """A launched server that exits mid-run (the fake exits on its third completion) fails its trial with what
+    failed and how many requests; a tune whose every trial failed recommends nothing and exits 1."""
+    out = tmp_path / "out"
+    launch = f"{sys.executable} {SLOW_SERVER} --port {{port}} --die-after 2"
+    args = tune_args(out, launch, "--port-base", str(free_ports(1)), n_trials=2)
+    args[args.index("--objective") + 1] = objective
+    args += ["--sla-ttft", "5s"] if objective == "capacity" else []
+    done = subprocess.run([*CHUNKBENCH, *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "exited with code 3 during a run" in done.stderr and "requests failed" in done.stderr, done.stderr
+    assert not (out / "recommended.toml").exists()
+    trials = study_trials(out)
+    assert trials and all(t.state == optuna.trial.TrialState.FAIL for t in trials)
+    assert all("exited with code 3 during a run" in t.user_attrs["error"] for t in trials)

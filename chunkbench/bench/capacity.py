@@ -10,8 +10,10 @@ requests, up to `longest(rate)`. A simulator's probes grow to thousands of reque
 to the time budget its caller sets. Early stops (chunkbench/bench/early_stop.py) end the overloaded ones.
 
 Rates lie on one lattice, `2**bisections` points an octave (5: about 2.2% apart); the search gallops from a
-hint (another configuration's capacity) to a bracket, then bisects (search_capacity). The capacity is the highest rate that held; its interval runs from the highest rate whose verdict was clear to the
-lowest rate above it that clearly failed. Then `confirm` runs the capacity again, longer, and a step above it.
+hint (another configuration's capacity) to a bracket, then bisects (search_capacity); `settle` does it again
+on long runs. The capacity is the highest rate that held; its interval runs from the highest rate whose
+verdict was clear to the lowest rate above it that clearly failed. Then `confirm` runs the capacity again,
+longer, and a step above it.
 """
 
 from __future__ import annotations
@@ -286,9 +288,15 @@ def confirm(prober: Prober, found: Capacity, bisections: int = BISECTIONS) -> Ca
     lattice = Lattice(prober, bisections, length=length)
     lattice.probes = list(found.probes)
     top = lattice.index(found.capacity)
-    lo, hi = (top, None) if lattice.feasible(top, long=True, may_stop=False) else lattice.bracket(top, True, 1, None, top)
+    lo, hi = (
+        (top, None) if lattice.feasible(top, long=True, may_stop=False) else lattice.bracket(top, True, 1, None, top)
+    )
     confirmed = lattice.probes[len(found.probes) :]
-    notes = [f"{p.rate:.3g} req/s did not hold over {p.requests:,} requests ({p.reason})" for p in confirmed if not p.feasible]
+    notes = [
+        f"{p.rate:.3g} req/s did not hold over {p.requests:,} requests ({p.reason})"
+        for p in confirmed
+        if not p.feasible
+    ]
     if lo is None:
         return replace(found, capacity=0.0, low=0.0, confirmed=confirmed, note="; ".join(notes) + ": none held")
     rate = lattice.rate(lo)

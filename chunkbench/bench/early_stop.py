@@ -58,7 +58,9 @@ class CertainMiss:
         self.last_arrival = workload[load[last - 1]].arrival_time if load else 0.0
         rules = [(s.percentile, s.limit_ms, LOWER_BOUNDS[s.name], str(s)) for s in slos if s.name in LOWER_BOUNDS]
         if max_sched_delay_ms is not None:
-            rules.append((50.0, max_sched_delay_ms, _scheduling_delay, f"median scheduling delay <= {max_sched_delay_ms:g} ms"))
+            rules.append(
+                (50.0, max_sched_delay_ms, _scheduling_delay, f"median scheduling delay <= {max_sched_delay_ms:g} ms")
+            )
         total = len(self.window)
         self.rules = [(needed_misses(p, total), limit, bound, name) for p, limit, bound, name in rules]
         self.why = ""

@@ -137,8 +137,9 @@ def announce_rates(
         else ""
     )
     console.print(
-        f"rates: for each of {loads_planned} policies, every request at once (its saturation "
-        f"throughput), then its capacity search from there: powers of two to a bracket, {bisections} "
-        f"bisections (resolution {resolution:.1f}%){extra}",
+        f"rates: for each of {loads_planned} policies, a long run's requests all at once (its saturation "
+        f"throughput), then its capacity search from there to {resolution:.1f}% ({bisections} bisections) on "
+        "the steady window of each run (warm-up and drain left out), runs made longer until each verdict is "
+        f"clear, the capacity confirmed on a run twice as long and refuted 15% above{extra}",
         soft_wrap=True,
     )

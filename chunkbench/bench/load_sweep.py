@@ -146,7 +146,9 @@ def sweep_policy(
 
         def run(requests: list[WorkloadRequest], stop=None, keep: bool = True) -> BenchRun:
             options = dict(goodput_ms=goodput_ms, seed=seed, warmup_steps=warmup_steps, percentiles=percentiles)
-            done = measure(serve, config, requests, label=label, progress=False, backend=str(backend), stop=stop, **options)
+            done = measure(
+                serve, config, requests, label=label, progress=False, backend=str(backend), stop=stop, **options
+            )
             if done.summary and keep:
                 runs[base_rate(requests)] = done
             return done

@@ -57,6 +57,4 @@ def make_prober(
             return load_size(base)
         return max(first, int(rate * probe_seconds)) if probe_seconds else first
 
-    return Prober(
-        run, base, slos, max_sched_delay_ms, first, longest, long, stoppable, goodput_slos(slos), draws
-    )
+    return Prober(run, base, slos, max_sched_delay_ms, first, longest, long, stoppable, goodput_slos(slos), draws)

@@ -147,7 +147,9 @@ def _delay(r: RequestRecord) -> float:
 
 
 def meets(summary: dict, slos: list[SLO], max_sched_delay_ms: float) -> bool:
-    return max(violations(summary, slos), default=0) <= 0 and summary["median_scheduling_delay_ms"] <= max_sched_delay_ms
+    return (
+        max(violations(summary, slos), default=0) <= 0 and summary["median_scheduling_delay_ms"] <= max_sched_delay_ms
+    )
 
 
 def missed(summary: dict, slos: list[SLO], max_sched_delay_ms: float) -> list[str]:

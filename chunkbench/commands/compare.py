@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.bench.backend_choice import resolve
 from chunkbench.bench.slo import parse_goodput, parse_slas
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
@@ -23,7 +24,6 @@ from chunkbench.commands.options import (
 )
 from chunkbench.commands.run import run_options, workload_options
 from chunkbench.engine.config import EngineConfig
-from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.errors import UserError, check_number
 
 

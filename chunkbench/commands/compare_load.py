@@ -90,8 +90,7 @@ def compare_across_load(
             "SLA (--sla-*) or compare at one rate with --rate"
         )
     runs = [
-        run_at_common_rate(load, rate, backend, percentiles=[s.percentile for s in slos], **options)
-        for load in loads
+        run_at_common_rate(load, rate, backend, percentiles=[s.percentile for s in slos], **options) for load in loads
     ]
     steps = {run.label: figures for run in runs if (figures := step_figures(run))}
     said = verdict(loads, slos, max_sched_delay_ms, resolution_pct(bisections), steps)

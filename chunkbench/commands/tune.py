@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import typer
 
+from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.bench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import SLA_OPTIONS, Model, pick, with_options
@@ -20,7 +21,6 @@ from chunkbench.commands.tune_options import (
     TUNE_WORKLOAD_OPTIONS,
 )
 from chunkbench.engine.config import EngineConfig
-from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
 from chunkbench.launch.backend import launch_command, launches_vllm

@@ -14,6 +14,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from chunkbench.bench.backends import EngineBackend
 from chunkbench.bench.workload import build_workload
 from chunkbench.errors import StudyFailed, show_warning
+from chunkbench.tune.objectives import evaluate, get
+from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, write_outputs
+from chunkbench.tune.report_text import results_table
 from chunkbench.tune.settle import (
     confirm_winner,
     confirmation_section,
@@ -22,9 +25,6 @@ from chunkbench.tune.settle import (
     settled_margin,
     settled_section,
 )
-from chunkbench.tune.objectives import evaluate, get
-from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, write_outputs
-from chunkbench.tune.report_text import results_table
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
 from chunkbench.tune.verify import VERIFY_REPEATS, State, best_distinct, verify_top

@@ -70,7 +70,7 @@ def settled_margin(rows: list[dict]) -> str:
     overlap."""
     if len(rows) < 2:
         return "Margin: none measured: one configuration was settled on long runs."
-    (w, r), (wm, rm) = rows[:2], (rows[0]["metrics"], rows[1]["metrics"])
+    r, (wm, rm) = rows[1], (rows[0]["metrics"], rows[1]["metrics"])
     runner = f"the runner-up (trial {r['trial']}: {r['knobs']})"
     if wm["capacity_low_rps"] > rm.get("capacity_high_rps", float("inf")):
         gain = wm["capacity_rps"] - rm["capacity_rps"]
@@ -93,8 +93,8 @@ def settled_section(rows: list[dict]) -> str:
     return (
         "<h2>Settled on long runs</h2><p>Each trial was screened on short runs, which flatter (a server that "
         "starts empty has not met its worst yet); the best few were run long until their verdicts were clear, "
-        f"the winner picked on those capacities. {html.escape(settled_margin(rows))}</p><table><tr><th>trial</th><th>knobs</th><th>screened "
-        f"(req/s)</th><th>steady (req/s)</th><th>settled</th></tr>{body}</table>"
+        f"the winner picked on those capacities. {html.escape(settled_margin(rows))}</p><table><tr><th>trial</th>"
+        "<th>knobs</th><th>screened (req/s)</th><th>steady (req/s)</th><th>settled</th></tr>{body}</table>"
     )
 
 
@@ -146,7 +146,9 @@ def confirmation_section(confirmed: Confirmation) -> str:
     for p in confirmed.runs:
         s = p.summary or {}
         cells = [f"{p.rate:.3g}", f"{p.requests:,}", "yes" if p.feasible else "no", p.reason]
-        cells += [f"{s[k]:,.0f}" if k in s else "-" for k in ("p99_ttft_ms", "p99_itl_ms", "median_scheduling_delay_ms")]
+        cells += [
+            f"{s[k]:,.0f}" if k in s else "-" for k in ("p99_ttft_ms", "p99_itl_ms", "median_scheduling_delay_ms")
+        ]
         rows += "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
     head = "".join(
         f"<th>{h}</th>"

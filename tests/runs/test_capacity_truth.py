@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-import pytest
-
 from chunkbench.bench.backends import Backend
 from chunkbench.bench.capacity import confirm, resolution_pct, search_capacity, settle
 from chunkbench.bench.harness import RunResult

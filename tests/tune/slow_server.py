@@ -2,10 +2,10 @@
 
 It sleeps S seconds before it binds its port (a server loading weights), then streams completions at a fixed
 time per token (--token-ms), so its figures are known: TTFT about one token time, ITL --token-ms. It answers
-/health, /v1/models and /metrics (empty); with --die-after N it exits (code 3) on its N+1th completion. It appends `start PORT PID TIME` and, on SIGTERM, `stop PORT PID
-TIME` (wall clock) to --events, so a test can tell which servers held which port when, and its environment's
-CUDA_VISIBLE_DEVICES and its --cpus to its output (the launch log). Standard library only: it starts in
-tens of milliseconds.
+/health, /v1/models and /metrics (empty); with --die-after N it exits (code 3) on its N+1th request. It
+appends `start PORT PID TIME` and, on SIGTERM, `stop PORT PID TIME` (wall clock) to --events, so a test can
+tell which servers held which port when, and its environment's CUDA_VISIBLE_DEVICES and its --cpus to its
+output (the launch log). Standard library only: it starts in tens of milliseconds.
 """
 
 from __future__ import annotations

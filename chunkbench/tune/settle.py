@@ -94,7 +94,7 @@ def settled_section(rows: list[dict]) -> str:
         "<h2>Settled on long runs</h2><p>Each trial was screened on short runs, which flatter (a server that "
         "starts empty has not met its worst yet); the best few were run long until their verdicts were clear, "
         f"the winner picked on those capacities. {html.escape(settled_margin(rows))}</p><table><tr><th>trial</th>"
-        "<th>knobs</th><th>screened (req/s)</th><th>steady (req/s)</th><th>settled</th></tr>{body}</table>"
+        f"<th>knobs</th><th>screened (req/s)</th><th>steady (req/s)</th><th>settled</th></tr>{body}</table>"
     )
 
 

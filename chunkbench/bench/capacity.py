@@ -22,6 +22,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from chunkbench.bench.early_stop import certain_miss
 from chunkbench.bench.slo import SLO
 from chunkbench.bench.steady import judge, steady_state
@@ -44,6 +46,7 @@ class Probe:
     reason: str = ""  # what it missed
     full: dict | None = None  # its longest run's figures as `vllm bench serve` reports them, warm-up and drain in
     draws: int = 1  # workloads it ran on (Prober.draws)
+    drawn: dict | None = field(default=None, repr=False)  # the last draw's own steady figures
 
 
 @dataclass
@@ -118,13 +121,17 @@ class Prober:
     def probe(self, rate: float, may_stop: bool = True, start: int | None = None, grow: bool = True) -> Probe:
         """The steady verdict at `rate`. A long probe (`start` given) holds only where it holds on the pool and
         on every other draw: a rate at the knee of a tail latency holds on one sample of bursts and not on
-        the next, and a user's run is one more sample."""
+        the next, and a user's run is one more sample. Over several draws it must also hold with their noise:
+        each figure's mean over the draws plus twice their standard deviation within its limit."""
         pools = [self.pool, *self.draws] if start else [self.pool]
-        found = None
+        found, figures = None, []
         for pool in pools:
             found = self._one(pool, rate, may_stop, start, grow, found)
             if not found.feasible:
                 break
+            figures.append(found.drawn)
+        if found.feasible and len(figures) > 1 and (miss := noise_miss(figures, self.slos, self.max_sched_delay_ms)):
+            found = replace(found, feasible=False, reason=miss)
         if self.on_probe:
             self.on_probe(found)
         return found
@@ -154,7 +161,24 @@ class Prober:
         summary = steady.summary
         if verdict.feasible and before is not None and before.summary and _worse(before.summary, summary, self.slos):
             summary = before.summary  # the worst draw's figures
-        return Probe(rate, summary, verdict.feasible, False, n, clear, verdict.reason, done.summary, draws)
+        probe = Probe(rate, summary, verdict.feasible, False, n, clear, verdict.reason, done.summary, draws)
+        probe.drawn = steady.summary
+        return probe
+
+
+def noise_miss(figures: list[dict], slos: list[SLO], max_sched_delay_ms: float) -> str:
+    """What does not hold with the draws' noise (mean + 2 standard deviations over the limit), or ''."""
+    limits = [(s.summary_key, s.limit_ms, str(s)) for s in slos]
+    limits.append(
+        ("median_scheduling_delay_ms", max_sched_delay_ms, f"median scheduling delay <= {max_sched_delay_ms:g} ms")
+    )
+    misses = []
+    for key, limit, name in limits:
+        values = np.array([f[key] for f in figures])
+        mean, std = float(values.mean()), float(values.std(ddof=1))
+        if mean + 2 * std > limit:
+            misses.append(f"{name}: {mean:,.1f} +- {std:,.1f} ms over {len(values)} draws, within 2 sd of the limit")
+    return "; ".join(misses)
 
 
 def _worse(a: dict, b: dict, slos: list[SLO]) -> bool:

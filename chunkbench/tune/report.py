@@ -21,6 +21,7 @@ from chunkbench.tune.study import closest_trial, feasible_trials
 
 OUTPUTS = (
     "recommended.toml",
+    "capacity.json",
     "vllm.yaml",
     "vllm_flags.txt",
     "sglang.txt",

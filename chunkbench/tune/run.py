@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from chunkbench.bench.backends import EngineBackend
 from chunkbench.bench.workload import build_workload
 from chunkbench.errors import StudyFailed, show_warning
+from chunkbench.files import write_json
 from chunkbench.tune.objectives import evaluate, get
 from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, write_outputs
 from chunkbench.tune.report_text import results_table
@@ -164,6 +165,7 @@ def tune_and_report(
     )
     if confirmed:
         add_to_report(out, confirmation_section(confirmed))
+        write_json(confirmed.payload(), out / "capacity.json")
     if settled:
         add_to_report(out, settled_section(settled))
     elif remeasured:

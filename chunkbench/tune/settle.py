@@ -107,6 +107,20 @@ class Confirmation:
     runs: list[Probe]
     note: str
 
+    def payload(self) -> dict:
+        """capacity.json: the winner's capacity, its interval and each confirmation run."""
+        return {
+            "trial": self.trial,
+            "capacity_rps": self.capacity,
+            "interval_rps": [self.low, None if self.high == float("inf") else self.high],
+            "note": self.note,
+            "runs": [
+                {"rate_rps": p.rate, "requests": p.requests, "draws": p.draws, "held": p.feasible, "why": p.reason}
+                | {k: v for k, v in (p.summary or {}).items() if isinstance(v, (int, float)) and k.endswith("_ms")}
+                for p in self.runs
+            ],
+        }
+
     def lines(self) -> list[str]:
         """What the report and the recommendation's header say."""
         held = next((p for p in self.runs if p.feasible and p.rate <= self.capacity * (1 + 1e-9)), None)

@@ -11,8 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from chunkbench.bench.capacity import Probe
 from chunkbench.bench.load_sweep import PolicyLoad
+from chunkbench.bench.probing import Probe
 from chunkbench.bench.report import comparison_table, embedded_png, pyplot
 from chunkbench.bench.runs import BenchRun
 from chunkbench.bench.slo import SLO

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chunkbench.bench.backends import Backend
-from chunkbench.bench.capacity import Capacity, Probe, at_rate, base_rate, confirm, prefix, search_capacity, settle
+from chunkbench.bench.capacity import Capacity, confirm, search_capacity, settle
 from chunkbench.bench.harness import RunResult
-from chunkbench.bench.probing import make_prober
+from chunkbench.bench.probing import Probe, at_rate, base_rate, make_prober, prefix
 from chunkbench.bench.runs import BenchRun, measure
 from chunkbench.bench.slo import SLO
 from chunkbench.bench.steady import WARMUP

@@ -134,24 +134,7 @@ def tune_and_report(
             if process.exitcode:
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     no_trial_completed(study)
-    verified: dict[int, dict] = {}
-    remeasured: list[dict] = []
-    settled: list[dict] = []
-    if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py
-        if get(spec.objective).one_winner:  # a front has no one winner to pick
-            remeasured = verify_top(
-                spec, study, spec.backend, State(out / VERIFIED_FILE), best_distinct(spec, study, verify), repeats
-            )
-            verified = {r["trial"]: r["metrics"] for r in remeasured}
-    elif settled := settle_top(spec, study):  # a simulated capacity: the best few on long runs
-        remeasured = settled
-    if verify and spec.backend.kind != "launch":
-        workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
-        for trial in feasible_trials(study)[:verify]:
-            console.print(f"verifying trial {trial.number} on the real engine ...")
-            verified[trial.number] = evaluate(
-                spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(), progress=progress
-            ).metrics
+    verified, remeasured, settled = remeasure(spec, study, out, verify, repeats, progress)
     confirmed = confirm_best(spec, study, remeasured, progress)
     winner, lines = write_outputs(
         spec,
@@ -174,7 +157,6 @@ def tune_and_report(
     console.print(results_table(spec, study, verified))
     if settled:
         print_settled(settled)
-        console.print(settled_margin(settled), soft_wrap=True)
     elif remeasured:
         print_remeasured(remeasured, "one run")
     for line in lines:
@@ -182,3 +164,30 @@ def tune_and_report(
     written = [name for name in OUTPUTS if (out / name).exists()]
     console.print(f"wrote {out}/: {', '.join(written)}")
     return out
+
+
+def remeasure(
+    spec: TuneSpec, study: optuna.Study, out: Path, verify: int, repeats: int, progress: bool
+) -> tuple[dict[int, dict], list[dict], list[dict]]:
+    """The study's best measured again: relaunched (--backend launch, tune/verify.py), settled on long runs
+    (a simulated capacity, tune/settle.py), or on the real engine (`verify` trials of a simulated search).
+    Returns the figures by trial, the re-measured rows (best first) and which of them were settled."""
+    verified: dict[int, dict] = {}
+    remeasured: list[dict] = []
+    settled: list[dict] = []
+    if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py
+        if get(spec.objective).one_winner:  # a front has no one winner to pick
+            remeasured = verify_top(
+                spec, study, spec.backend, State(out / VERIFIED_FILE), best_distinct(spec, study, verify), repeats
+            )
+            verified = {r["trial"]: r["metrics"] for r in remeasured}
+    elif settled := settle_top(spec, study):  # a simulated capacity: the best few on long runs
+        remeasured = settled
+    if verify and spec.backend.kind != "launch":
+        workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
+        for trial in feasible_trials(study)[:verify]:
+            console.print(f"verifying trial {trial.number} on the real engine ...")
+            verified[trial.number] = evaluate(
+                spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(), progress=progress
+            ).metrics
+    return verified, remeasured, settled

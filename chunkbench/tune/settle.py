@@ -11,7 +11,8 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from chunkbench.bench.capacity import CONFIRM_ABOVE, Probe
+from chunkbench.bench.capacity import CONFIRM_ABOVE
+from chunkbench.bench.probing import Probe
 from chunkbench.bench.workload import build_workload
 from chunkbench.tune.objectives import get
 from chunkbench.tune.objectives.trial import open_run
@@ -63,6 +64,7 @@ def print_settled(rows: list[dict]) -> None:
             "yes" if m["capacity_steady"] else "below the best (an upper bound)",
         )
     console.print(table)
+    console.print(settled_margin(rows), soft_wrap=True)
 
 
 def settled_margin(rows: list[dict]) -> str:

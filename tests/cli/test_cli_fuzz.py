@@ -126,6 +126,7 @@ def test_run_takes_any_value_of_any_flag(flag, value, capsys, tmp_path_factory):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=st.text(alphabet="chunkedstaiorbg:=,0123456789-", max_size=30))
 def test_compare_takes_any_policy_spec(spec, capsys, tmp_path_factory):
+    # at one rate: the spec's parsing is under test, not a capacity search (seconds of long runs per draw)
     out = tmp_path_factory.mktemp("compare")
     check(
         [
@@ -135,6 +136,8 @@ def test_compare_takes_any_policy_spec(spec, capsys, tmp_path_factory):
             "sim",
             "--model",
             "llama-3-8b",
+            "--rate",
+            "2",
             "--num-requests",
             "5",
             "--no-progress",

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import pytest
 
 from chunkbench.bench.backends import Backend
-from chunkbench.bench.capacity import BISECTIONS, base_rate, resolution_pct
+from chunkbench.bench.capacity import BISECTIONS, resolution_pct
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.load_sweep import common_rate, run_at_common_rate, sweep_policy, verdict
 from chunkbench.bench.metrics import RequestRecord
+from chunkbench.bench.probing import base_rate
 from chunkbench.bench.slo import parse_slas
 from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.config import EngineConfig

@@ -7,9 +7,9 @@ than the card's 60: the claim is about the reported figure, not the search over 
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
+import tomllib
 
 from chunkbench.bench.backends import SimBackend
 from chunkbench.bench.runs import run_benchmark

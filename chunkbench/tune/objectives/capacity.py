@@ -13,8 +13,8 @@ import dataclasses
 import math
 
 from chunkbench.bench.capacity import Capacity as Found
-from chunkbench.bench.capacity import Probe, Prober, confirm, resolution_pct, search_capacity, settle
-from chunkbench.bench.probing import make_prober
+from chunkbench.bench.capacity import confirm, resolution_pct, search_capacity, settle
+from chunkbench.bench.probing import Probe, Prober, make_prober
 from chunkbench.bench.slo import violations
 from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.tune.objectives.base import METRIC_ATTRS, Objective, Run

@@ -23,7 +23,6 @@ from chunkbench.tune.settle import (
     confirmation_section,
     print_settled,
     settle_top,
-    settled_margin,
     settled_section,
 )
 from chunkbench.tune.spec import TuneSpec

@@ -186,7 +186,7 @@ def confirm(prober: Prober, found: Capacity, bisections: int = BISECTIONS) -> Ca
     if lo is None:
         return replace(found, capacity=0.0, low=0.0, confirmed=confirmed, note="; ".join(notes) + ": none held")
     rate = lattice.rate(lo)
-    above = prober.probe(rate * (1 + CONFIRM_ABOVE), start=length, grow=False)
+    above = prober.probe(rate * (1 + CONFIRM_ABOVE), start=length)  # grown while not yet steady
     confirmed.append(above)
     if above.feasible:
         notes.append(

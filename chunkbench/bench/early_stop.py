@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from chunkbench.bench.slo import SLO
-from chunkbench.bench.steady import MAX_GROWTH, window_bounds
+from chunkbench.bench.steady import MAX_GROWTH, MIN_THIRD, window_bounds
 from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.engine.request import Request
 
@@ -77,7 +77,7 @@ class CertainMiss:
         return False
 
     def _growing(self, window: list[Request], now: float) -> bool:
-        if self.thirds < 2:
+        if self.thirds < MIN_THIRD:
             return False
         early = [r for r in window if r.request_id in self.first_third]
         late = [r for r in window if r.request_id in self.last_third]

@@ -118,11 +118,12 @@ class Prober:
             if steady is None:
                 return Probe(rate, done.summary, False, requests=n, clear=False, reason="too few requests")
             verdict = judge(steady, self.slos, self.max_sched_delay_ms)
-            if verdict.clear or n >= limit or not grow:
+            if verdict.clear or (self.draws and start and verdict.long_enough) or n >= limit or not grow:
                 break
             n = min(limit, 2 * n)
-        # Over several draws the draws are the noise measure: their verdicts together are the clear one.
-        clear = verdict.clear or bool(self.draws and start)
+        # Over several draws the draws are the noise measure (in place of the halves' spread), once each run is
+        # long enough to have filled the server.
+        clear = verdict.clear or bool(self.draws and start and verdict.long_enough)
         summary = steady.summary
         if verdict.feasible and before is not None and before.summary and _worse(before.summary, summary, self.slos):
             summary = before.summary  # the worst draw's figures
@@ -155,6 +156,7 @@ def _worse(a: dict, b: dict, slos: list[SLO]) -> bool:
 LONG_FACTOR = 1  # a simulated long probe starts at this many times the requests a clear verdict needs
 POOL_FACTOR = 4  # and may grow to this many (the confirmation runs twice the longest, within the pool)
 DRAWS = 3  # and holds only where it holds on this many workloads drawn with consecutive seeds
+MIN_SHORT = 50  # a simulated short probe's requests at the least: fewer leave a window of nothing to judge
 
 
 @functools.lru_cache(maxsize=8)
@@ -177,8 +179,9 @@ def make_prober(
     stoppable: bool,
     probe_seconds: float | None = None,
 ) -> Prober:
-    """`run(requests, stop)` -> runs.BenchRun. `workload`: the user's requests (a short probe's). A workload
-    whose pools cannot hold a long probe (a short trace) gets short probes only."""
+    """`run(requests, stop)` -> runs.BenchRun. `workload`: the user's requests (a short probe's; on a
+    simulator at least MIN_SHORT). A workload whose pools cannot hold a long probe (a short trace) gets short
+    probes only."""
     first = load_size(workload)
     base, long, draws = workload, None, []
     if simulated and spec.num_requests:
@@ -189,6 +192,7 @@ def make_prober(
         ]
         if load_size(pools[0]) >= LONG_FACTOR * need:
             base, draws, long = pools[0], pools[1:], LONG_FACTOR * need
+            first = max(first, MIN_SHORT)
 
     def longest(rate: float) -> int:
         if simulated:

@@ -33,6 +33,7 @@ from chunkbench.bench.slo import SLO, violations
 WARMUP, COOLDOWN = 0.2, 0.1  # shares of the load's requests, by arrival, left out of the window
 MAX_GROWTH = 0.05  # seconds of scheduling delay gained per second of arrivals
 MIN_TAIL = 5  # requests beyond each SLA's percentile that a clear verdict needs
+MIN_THIRD = 30  # requests in each third of the window for a trend to count (fewer: a burst reads as growth)
 
 
 def window_bounds(n: int) -> tuple[int, int]:
@@ -129,7 +130,7 @@ def _growth(window: list[RequestRecord]) -> float:
     """Median scheduling delay of the window's last third minus its first third's, per second between their
     median arrivals (a request never scheduled waits until its end, or counts as the last third's longest)."""
     third = len(window) // 3
-    if third < 2:
+    if third < MIN_THIRD:
         return 0.0
     early, late = window[:third], window[-third:]
 
@@ -171,6 +172,7 @@ class Verdict:
     feasible: bool
     clear: bool
     reason: str  # what it missed, or '' when it met everything
+    long_enough: bool = True  # filled, with enough tail: clear but for the halves' spread
 
 
 def judge(steady: Steady, slos: list[SLO], max_sched_delay_ms: float) -> Verdict:
@@ -183,4 +185,4 @@ def judge(steady: Steady, slos: list[SLO], max_sched_delay_ms: float) -> Verdict
         abs(steady.summary[key] - limit) > abs(first[key] - second[key]) for key, limit in limits
     )
     enough = steady.summary["steady_requests"] >= tail_requests(slos)
-    return Verdict(not misses, steady.filled and settled and enough, "; ".join(misses))
+    return Verdict(not misses, steady.filled and settled and enough, "; ".join(misses), steady.filled and enough)

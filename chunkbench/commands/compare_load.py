@@ -84,6 +84,11 @@ def compare_across_load(
     rate = common_rate(loads)
     if rate is None:
         missed = [load.label for load in loads if load.capacity <= 0]
+        if all(p.reason == "too few requests" for load in loads for p in load.found.probes if not p.feasible):
+            raise StudyFailed(
+                f"no capacity: {len(requests)} requests are too few to judge a steady state (a window after the "
+                "warm-up needs at least 3); raise --num-requests, or compare at one rate with --rate"
+            )
         raise StudyFailed(
             f"no common rate: {', '.join(missed)} met the SLA at no rate probed (down to "
             f"{min(p.rate for load in loads for p in load.found.probes):.3g} req/s); relax the "

@@ -15,6 +15,7 @@ from chunkbench.bench.backends import EngineBackend
 from chunkbench.bench.workload import build_workload
 from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.files import write_json
+from chunkbench.launch.process import check_not_stopping
 from chunkbench.tune.objectives import evaluate, get
 from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, write_outputs
 from chunkbench.tune.report_text import results_table
@@ -134,7 +135,9 @@ def tune_and_report(
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     no_trial_completed(study)
     verified, remeasured, settled = remeasure(spec, study, out, verify, repeats, progress)
+    check_not_stopping()  # an interrupted re-measurement recommends nothing: the resumed tune finishes it
     confirmed = confirm_best(spec, study, remeasured, progress)
+    check_not_stopping()
     winner, lines = write_outputs(
         spec,
         study,

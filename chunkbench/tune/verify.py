@@ -23,6 +23,7 @@ from rich.console import Console
 from chunkbench.bench.backends import Backend
 from chunkbench.bench.workload import build_workload
 from chunkbench.files import write_json
+from chunkbench.launch.process import STOPPING
 from chunkbench.tune.objectives import evaluate_runs, median_outcome
 from chunkbench.tune.report_text import knobs_text, runs
 from chunkbench.tune.slots import SlotRun, slot_backends
@@ -173,6 +174,9 @@ def _remeasure(
     try:
         runs_ = evaluate_runs(spec, trial.user_attrs["knobs"], workload, backend=backend, repeats=count, log=log)
     except TRIAL_FAILURES as exc:  # as a trial's: said, and the tune goes on
+        if STOPPING.is_set():  # its server was stopped by an interrupt: the tune ends (tune/run.py says so)
+            finished(trial, None)
+            return
         console.print(
             f"[yellow]warning:[/] trial {trial.number} could not be re-measured{where} "
             f"({type(exc).__name__}: {exc}); left out",

@@ -95,6 +95,7 @@ def steady_state(
     steps = [s for s in result.steps if t0 <= s.start <= t1]
     summary = summarize(window, steps, span, goodput_ms, num_kv_blocks, extra_percentiles=percentiles)
     summary |= _rates(window, load, t0, t1)
+    summary |= result.server or {}  # a server's own queue times (its /metrics) cover the whole run
     half = len(window) // 2
     halves = [
         summarize(part, [], span / 2, goodput_ms, None, extra_percentiles=percentiles)
@@ -123,6 +124,7 @@ def _rates(window: list[RequestRecord], load: list[RequestRecord], t0: float, t1
         "steady_window_s": t1 - t0,
         "steady_start_s": t0,
         "steady_requests": len(window),
+        "run_requests": len(load),
     }
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -61,8 +63,8 @@ def _worker(spec: TuneSpec, name: str, url: str, worker: int, out: Path) -> None
     run_study(spec, create_study(spec, name, storage, worker), storage, url, out=out)
 
 
-def confirm_best(spec: TuneSpec, study: optuna.Study, remeasured: list[dict], progress: bool):
-    """The winner's capacity confirmed on a longer run (tune/settle.py), or None."""
+def confirm_best(spec: TuneSpec, study: optuna.Study, remeasured: list[dict], progress: bool, deadline: float):
+    """The winner's capacity confirmed on a longer run (tune/settle.py), or None (also past --timeout, said)."""
     if remeasured:
         row = remeasured[0] if remeasured[0]["feasible"] else None
         chosen = None if row is None else (row["trial"], study.trials[row["trial"]].user_attrs["knobs"], row["metrics"])
@@ -70,6 +72,10 @@ def confirm_best(spec: TuneSpec, study: optuna.Study, remeasured: list[dict], pr
         best = feasible_trials(study)
         chosen = (best[0].number, best[0].user_attrs["knobs"], best[0].user_attrs["metrics"]) if best else None
     if chosen is None:
+        return None
+    if time.monotonic() > deadline:
+        if hasattr(get(spec.objective), "confirm"):
+            console.print("[yellow]--timeout reached: the winner's capacity was not confirmed on a longer run[/]")
         return None
     if progress:
         console.print(f"confirming trial {chosen[0]}'s capacity on a longer run ...")
@@ -92,6 +98,7 @@ def tune_and_report(
     relaunched `repeats` times each (`verify` distinct configurations, --backend launch, where the winner is
     then picked on those measurements; not for pareto, whose front has no one winner)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else math.inf  # --timeout bounds the end too
     out = out or study_folder(name)
     if storage_url is None:
         out.mkdir(parents=True, exist_ok=True)
@@ -134,10 +141,26 @@ def tune_and_report(
             if process.exitcode:
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     no_trial_completed(study)
-    verified, remeasured, settled = remeasure(spec, study, out, verify, repeats, progress)
+    verified, remeasured, settled = remeasure(spec, study, out, verify, repeats, progress, deadline)
     check_not_stopping()  # an interrupted re-measurement recommends nothing: the resumed tune finishes it
-    confirmed = confirm_best(spec, study, remeasured, progress)
+    confirmed = confirm_best(spec, study, remeasured, progress, deadline)
     check_not_stopping()
+    finish(spec, study, out, verified, remeasured, settled, confirmed, command, backend_note)
+    return out
+
+
+def finish(
+    spec: TuneSpec,
+    study: optuna.Study,
+    out: Path,
+    verified: dict[int, dict],
+    remeasured: list[dict],
+    settled: list[dict],
+    confirmed,
+    command: str,
+    backend_note: str | None,
+) -> None:
+    """Write the outputs and say the tune's end: the table, what was re-measured or settled, the winner."""
     winner, lines = write_outputs(
         spec,
         study,
@@ -165,11 +188,10 @@ def tune_and_report(
         console.print(line, soft_wrap=True)
     written = [name for name in OUTPUTS if (out / name).exists()]
     console.print(f"wrote {out}/: {', '.join(written)}")
-    return out
 
 
 def remeasure(
-    spec: TuneSpec, study: optuna.Study, out: Path, verify: int, repeats: int, progress: bool
+    spec: TuneSpec, study: optuna.Study, out: Path, verify: int, repeats: int, progress: bool, deadline: float
 ) -> tuple[dict[int, dict], list[dict], list[dict]]:
     """The study's best measured again: relaunched (--backend launch, tune/verify.py), settled on long runs
     (a simulated capacity, tune/settle.py), or on the real engine (`verify` trials of a simulated search).
@@ -183,7 +205,7 @@ def remeasure(
                 spec, study, spec.backend, State(out / VERIFIED_FILE), best_distinct(spec, study, verify), repeats
             )
             verified = {r["trial"]: r["metrics"] for r in remeasured}
-    elif settled := settle_top(spec, study):  # a simulated capacity: the best few on long runs
+    elif settled := settle_top(spec, study, deadline=deadline):  # a simulated capacity: the best few, long
         remeasured = settled
     if verify and spec.backend.kind != "launch":
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)

@@ -5,6 +5,8 @@ outputs name the winner on the settled figures as they do on re-measured ones.""
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 import optuna
@@ -25,11 +27,18 @@ SETTLE_TOP = 3  # configurations settled on long runs
 STEADY = "on long simulated runs (steady state)"
 
 
-def settle_top(spec: TuneSpec, study: optuna.Study, k: int = SETTLE_TOP) -> list[dict]:
+def settle_top(spec: TuneSpec, study: optuna.Study, k: int = SETTLE_TOP, deadline: float = math.inf) -> list[dict]:
     """The k best distinct configurations' steady capacities, best first; empty where nothing is settled (an
-    objective other than capacity, a real server, no capacity found)."""
+    objective other than capacity, a real server, no capacity found, --timeout reached: said)."""
     objective = get(spec.objective)
     if not hasattr(objective, "settle") or not spec.backend.simulated:
+        return []
+    if time.monotonic() > deadline:
+        console.print(
+            "[yellow]--timeout reached: the best configurations were not settled on long runs; their capacities "
+            "are their short runs' (upper bounds)[/]",
+            soft_wrap=True,
+        )
         return []
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     rows, floor = [], None
@@ -37,6 +46,8 @@ def settle_top(spec: TuneSpec, study: optuna.Study, k: int = SETTLE_TOP) -> list
         metrics = trial.user_attrs["metrics"]
         if not metrics.get("capacity_rps") or metrics.get("capacity_steady"):
             continue
+        if rows and time.monotonic() > deadline:  # the best one settled; the others would pass --timeout
+            break
         console.print(f"settling trial {trial.number} ({knobs_text(trial)}) on long runs ...", soft_wrap=True)
         with open_run(spec, trial.user_attrs["knobs"], workload) as run:
             out = objective.settle(run, metrics, floor)

@@ -287,7 +287,8 @@ def test_capacity_over_a_launched_server_bisects_against_that_server(tmp_path, c
     metrics = trial.user_attrs["metrics"]
     assert trial.values[0] == metrics["capacity_rps"] > 0
     assert metrics["scheduling_delay_source"] == "server"
-    assert metrics["server_requests"] == metrics["completed"]  # the best probe's requests (no warm-up, as vLLM)
+    # the best probe's requests (no warm-up, as vLLM): its whole run's, of which its steady window measured some
+    assert metrics["server_requests"] == metrics["run_requests"] > metrics["steady_requests"] == metrics["completed"]
     assert not (tmp_path / "verified.json").exists()  # --verify-top 0: the best single run wins
     assert "re-measured" not in (tmp_path / "recommended.toml").read_text()
 

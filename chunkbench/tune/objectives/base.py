@@ -32,6 +32,8 @@ METRIC_ATTRS = (
     "completed",
     "server_requests",
     "scheduling_delay_source",
+    "steady_requests",
+    "run_requests",
 )  # the last two: over HTTP, from the server
 
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from chunkbench.bench.probing import Probe, Prober, base_rate, load_size
+from chunkbench.bench.probing import CONFIRM_DRAWS, Probe, Prober, base_rate, load_size
 
 BRACKET = 7  # the bracket's rates are base * 2**k for k in [-BRACKET, BRACKET]
 BISECTIONS = 5
-CONFIRM_LENGTH = 2  # the confirmation runs this many times the longest probe's requests (as the pool allows)
+CONFIRM_LENGTH = 4  # the confirmation runs this many times the longest probe's requests (as the pool allows)
 CONFIRM_ABOVE = 0.15  # and a run this much above the capacity, which must not hold
 
 
@@ -56,9 +56,15 @@ class Lattice:
     `ceiling`: rates above it are not sustained, without a run (compare: the saturation throughput)."""
 
     def __init__(
-        self, prober: Prober, bisections: int = BISECTIONS, ceiling: float | None = None, length: int | None = None
+        self,
+        prober: Prober,
+        bisections: int = BISECTIONS,
+        ceiling: float | None = None,
+        length: int | None = None,
+        draws: int = 0,
     ):
-        self.prober, self.ceiling, self.length = prober, ceiling, length  # length: long runs of exactly this
+        self.prober, self.ceiling = prober, ceiling
+        self.length, self.draws = length, draws  # long runs of exactly `length` on `draws` pools (0: the default)
         self.base, self.per_octave = base_rate(prober.pool), 2**bisections
         self.edge = BRACKET * self.per_octave  # rates within base * 2**(+-BRACKET)
         self.probes: list[Probe] = []
@@ -75,7 +81,8 @@ class Lattice:
         if self.ceiling is not None and rate > self.ceiling:
             probe = Probe(rate, None, False, above_ceiling=True, reason="above its saturation throughput")
         elif long:
-            probe = prober.probe(rate, may_stop, start=self.length or prober.long, grow=self.length is None)
+            start, grow = self.length or prober.long, self.length is None
+            probe = prober.probe(rate, may_stop, start=start, grow=grow, draws=self.draws)
         else:
             two_phase = prober.long is not None
             probe = prober.probe(rate, may_stop, grow=not two_phase)
@@ -171,7 +178,7 @@ def confirm(prober: Prober, found: Capacity, bisections: int = BISECTIONS) -> Ca
         return found
     longest = max(p.requests for p in found.probes if p.rate <= found.capacity * (1 + 1e-9))
     length = min(CONFIRM_LENGTH * longest, prober.longest(found.capacity), load_size(prober.pool))
-    lattice = Lattice(prober, bisections, length=length)
+    lattice = Lattice(prober, bisections, length=length, draws=CONFIRM_DRAWS)
     lattice.probes = list(found.probes)
     top = lattice.index(found.capacity)
     lo, hi = (

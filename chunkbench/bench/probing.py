@@ -83,12 +83,14 @@ class Prober:
     draws: list[list[WorkloadRequest]] = field(default_factory=list)
     on_probe: Callable[[Probe], None] | None = None
 
-    def probe(self, rate: float, may_stop: bool = True, start: int | None = None, grow: bool = True) -> Probe:
+    def probe(
+        self, rate: float, may_stop: bool = True, start: int | None = None, grow: bool = True, draws: int = 0
+    ) -> Probe:
         """The steady verdict at `rate`. A long probe (`start` given) holds only where it holds on the pool and
         on every other draw: a rate at the knee of a tail latency holds on one sample of bursts and not on
         the next, and a user's run is one more sample. Over several draws it must also hold with their noise:
         each figure's mean over the draws plus twice their standard deviation within its limit."""
-        pools = [self.pool, *self.draws] if start else [self.pool]
+        pools = [self.pool, *self.draws[: (draws or DRAWS) - 1]] if start else [self.pool]
         found, figures = None, []
         for pool in pools:
             found = self._one(pool, rate, may_stop, start, grow, found)
@@ -156,6 +158,7 @@ def _worse(a: dict, b: dict, slos: list[SLO]) -> bool:
 LONG_FACTOR = 1  # a simulated long probe starts at this many times the requests a clear verdict needs
 POOL_FACTOR = 4  # and may grow to this many (the confirmation runs twice the longest, within the pool)
 DRAWS = 3  # and holds only where it holds on this many workloads drawn with consecutive seeds
+CONFIRM_DRAWS = 6  # as many for the confirmation: a tail's rare bursts show in more samples
 MIN_SHORT = 50  # a simulated short probe's requests at the least: fewer leave a window of nothing to judge
 
 
@@ -188,7 +191,7 @@ def make_prober(
         need = min_requests(slos)
         pools = [
             list(pool(dataclasses.replace(spec, seed=spec.seed + k), POOL_FACTOR * need, max_model_len))
-            for k in range(DRAWS)
+            for k in range(CONFIRM_DRAWS)
         ]
         if load_size(pools[0]) >= LONG_FACTOR * need:
             base, draws, long = pools[0], pools[1:], LONG_FACTOR * need

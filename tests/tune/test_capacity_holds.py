@@ -2,7 +2,11 @@
 with `chunkbench run`'s engine loop at the reported capacity on ten times the tune's requests per probe, meets
 the SLA (its percentile and the median scheduling delay bound); 15% above, it does not. Checked for the card's
 tune (rag-mix, p99 TTFT <= 300 ms) and for another workload and SLA (chat, p99 TBT <= 30 ms). Fewer trials
-than the card's 60: the claim is about the reported figure, not the search over knobs."""
+than the card's 60: the claim is about the reported figure, not the search over knobs.
+
+Near capacity one run's p99 is decided by rare bursts (at the card's capacity, four 3,000-request seeds gave
+p99 TTFT 217-333 ms: docs/measurements/capacity.md), so the claim is about a typical run: the median over three
+seeds holds at the capacity, and every seed fails 15% above."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ CASES = [
     ("chat", {"tbt": "30ms"}),
 ]
 TUNE_REQUESTS = 300
+SEEDS = (0, 1, 2)
 
 
 def held(summary: dict, slos) -> bool:
@@ -41,10 +46,19 @@ def test_the_tuned_capacity_holds_ten_times_longer_and_fails_15_percent_above(tm
     assert capacity > 0 and found["interval_rps"][0] <= capacity
     config = EngineConfig.create(**knobs["engine"])
     slos = parse_slas(slas)
-    spec = WorkloadSpec(name=workload, num_requests=10 * TUNE_REQUESTS, rate=1.0)
-    for rate, should_hold in ((capacity, True), (1.15 * capacity, False)):
-        requests = build_workload(WorkloadSpec(**{**spec.__dict__, "rate": rate}), config.scheduler.max_model_len)
-        summary = run_benchmark(
-            config, requests, backend=SimBackend(gpu="h100-sxm"), progress=False, percentiles=[99.0]
-        ).summary
-        assert held(summary, slos) == should_hold, (rate, {s.summary_key: summary[s.summary_key] for s in slos})
+    for rate in (capacity, 1.15 * capacity):
+        summaries = []
+        for seed in SEEDS:
+            spec = WorkloadSpec(name=workload, num_requests=10 * TUNE_REQUESTS, rate=rate, seed=seed)
+            requests = build_workload(spec, config.scheduler.max_model_len)
+            summaries.append(
+                run_benchmark(
+                    config, requests, backend=SimBackend(gpu="h100-sxm"), progress=False, percentiles=[99.0]
+                ).summary
+            )
+        figures = [{s.summary_key: round(m[s.summary_key]) for s in slos} for m in summaries]
+        if rate == capacity:  # the median seed holds
+            typical = sorted(summaries, key=lambda m: max(violations(m, slos)))[len(SEEDS) // 2]
+            assert held(typical, slos), (rate, figures)
+        else:
+            assert not any(held(m, slos) for m in summaries), (rate, figures)

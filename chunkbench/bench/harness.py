@@ -75,7 +75,7 @@ def run_workload(
 ) -> RunResult:
     """Serve `workload` on `engine` and record per-request token times and per-step composition.
     `stop(requests, start, now)`, asked every STOP_CHECK_STEPS steps with the requests added so far, may end
-    the run early (a capacity probe that has certainly missed its SLA: tune/early_stop.py)."""
+    the run early (a capacity probe that has certainly missed its SLA: chunkbench/bench/early_stop.py)."""
     if isinstance(engine.clock, RealClock):  # it sleeps until each arrival
         check_real_time(workload, "the engine")
     if not engine.clock.virtual:

@@ -7,10 +7,9 @@ loaded. Over the window (from its first arrival t0 to its last t1):
 
 - *keeps pace, its queue does not grow*: the median scheduling delay of the window's last third exceeds the
   first third's by at most MAX_GROWTH of the time between them (a server that falls behind by a share d of
-  what arrives makes each request wait d seconds longer per second). The rate deficit itself, arrivals minus
-  completions over the window less what a server still filling owes (E[(E2EL - t0)+] / (t1 - t0)), is
-  reported beside it but decides nothing: on runs of a few hundred requests it was off by 4-9% at rates
-  that held.
+  what arrives makes each request wait d seconds longer per second). What it served against what arrived
+  over the window is said beside it but decides nothing: a server still filling at t0 completes fewer than
+  arrive without falling behind (on runs of a few hundred requests, 4-9% fewer at rates that held).
 - the SLAs and the median scheduling delay bound hold over the window's requests.
 
 A verdict is *clear* when the run is long enough to trust it: the warm-up outlasts the median E2EL (the server
@@ -58,7 +57,6 @@ class Steady:
     summary: dict  # the window's figures (summarize's keys), throughputs over [t0, t1]
     offered: float  # req/s arriving in the window
     served: float  # req/s completed in the window
-    deficit: float  # share of the window's arrivals left unserved, fill-up taken off
     growth: float  # scheduling delay gained per second of arrivals, last third against first
     filled: bool  # the warm-up outlasted the window's median E2EL
     halves: list[dict]  # each half of the window's figures
@@ -86,12 +84,8 @@ def steady_state(
     window = load[first:last]
     t0, t1 = window[0].arrival_time, window[-1].arrival_time
     span = max(t1 - t0, 1e-9)
-    ends = np.array([r.token_times[-1] for r in load if r.ok])
     done = [r for r in window if r.ok]
     e2el = np.array([r.token_times[-1] - r.arrival_time for r in done]) if done else np.zeros(1)
-    fill = len(window) / span * float(np.mean(np.maximum(e2el - t0, 0.0)))  # completions owed by the fill-up
-    completed = int(((ends >= t0) & (ends <= t1)).sum())
-    deficit = (len(window) - completed - fill) / len(window)
     steps = [s for s in result.steps if t0 <= s.start <= t1]
     summary = summarize(window, steps, span, goodput_ms, num_kv_blocks, extra_percentiles=percentiles)
     summary |= _rates(window, load, t0, t1)
@@ -104,8 +98,7 @@ def steady_state(
     return Steady(
         summary,
         (len(window) - 1) / span,
-        completed / span,
-        deficit,
+        summary["request_throughput"],
         _growth(window),
         t0 >= float(np.median(e2el)),
         halves,

@@ -125,6 +125,10 @@ class SchedulerConfig:
     long_prefill_token_threshold_adaptive: bool = default("long_prefill_token_threshold_adaptive")
     max_num_active_seqs: int | None = default("max_num_active_seqs")
     watermark: float = default("watermark")
+    # vLLM 0.33+'s prefill cadence and 0.34's cache-aware admission (chunkbench/engine/knobs.py)
+    prefill_schedule_interval: int = default("prefill_schedule_interval")
+    cache_aware_admission_window: int = default("cache_aware_admission_window")
+    cache_aware_admission_threshold: float = default("cache_aware_admission_threshold")
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
@@ -174,6 +178,15 @@ class SchedulerConfig:
                 f"got {self.max_num_active_seqs}",
             )
         _require(0 <= self.watermark < 1, f"--watermark must be in [0, 1), got {self.watermark}")  # nan fails
+        _positive("--prefill-schedule-interval", self.prefill_schedule_interval)
+        _require(
+            self.cache_aware_admission_window >= 0,
+            f"--cache-aware-admission-window must be >= 0 (0 = off), got {self.cache_aware_admission_window}",
+        )
+        _require(
+            0 <= self.cache_aware_admission_threshold <= 1,
+            f"--cache-aware-admission-threshold must be in [0, 1], got {self.cache_aware_admission_threshold}",
+        )
 
     @property
     def max_active(self) -> int:

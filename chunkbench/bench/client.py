@@ -1,6 +1,7 @@
 """`chunkbench bench --endpoint`: the workloads and metrics of `run`, against any OpenAI-compatible server
-(chunkbench serve, vLLM, SGLang), measured as `vllm bench serve` 0.32 measures them. Each request's body and
-the read of its event stream are chunkbench/bench/openai_stream.py's; this is the run loop around them.
+(chunkbench serve, vLLM, SGLang), measured as `vllm bench serve` measures them, by the rules of one release
+(chunkbench/bench/client_rules.py; 0.32's unless given). Each request's body and the read of its event stream
+are chunkbench/bench/openai_stream.py's; this is the run loop around them.
 
 One loop sends each request when it is due (as vLLM's get_request: sleep to the due time, then start the
 request's task), after waiting for a --max-concurrency slot (the client queue time); every body is built and
@@ -8,7 +9,7 @@ encoded before the clock starts, so a send costs the loop a task and a write. Ho
 request against its due time is kept (send lag). Latencies start at the send.
 
 A request fails, and is kept with its error, when its stream fails (openai_stream.py), on a dropped
-connection, or at its timeout. As vLLM 0.32, no warm-up unless `num_warmups` asks for some: then that many
+connection, or at its timeout. As vLLM, no warm-up unless `num_warmups` asks for some: then that many
 copies of request 0, at once, untimed, before the clock starts.
 
 The HTTP client is aiohttp with vllm bench serve's connection settings (one pooled session, keep-alive): measured
@@ -28,6 +29,7 @@ import aiohttp
 import httpx
 
 from chunkbench.bench.arrivals import check_real_time
+from chunkbench.bench.client_rules import OLDEST, ClientRules
 from chunkbench.bench.gc_pause import frozen_heap
 from chunkbench.bench.harness import prompt_ids
 from chunkbench.bench.metrics import RequestRecord
@@ -63,13 +65,14 @@ async def _request(
     headers: dict,
     timeout_s: float,
     disconnect_after: int | None = None,
+    rules: ClientRules = OLDEST,
 ) -> tuple[float, float, Received, str | None]:
     """(send time, end time, what arrived, error): one request, failures caught and named."""
     received = Received()
     send = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            error = await read_stream(session, url, body, headers, received, disconnect_after)
+            error = await read_stream(session, url, body, headers, received, disconnect_after, rules)
     except TimeoutError:
         error = f"timed out after {timeout_s:g} s"
     except (aiohttp.ClientError, OSError) as exc:
@@ -95,6 +98,7 @@ async def bench_endpoint(
     num_warmups: int = 0,
     sampling: dict | None = None,
     probe_rate: float = 0.0,
+    rules: ClientRules = OLDEST,
 ) -> EndpointResult:
     """Run `workload` against `endpoint` (the base URL, e.g. http://host:8000/v1).
 
@@ -103,8 +107,10 @@ async def bench_endpoint(
     of request 0 sent at once before the clock starts (vLLM's --num-warmups, default 0).
     `disconnect` maps request index -> chunks after which that client hangs up (for robustness tests).
     probe_rate: as vllm bench serve's --probe-request-rate, one-token requests ("Hi", one token out) one at a
-    time beside the load, each followed by a pause of 1/probe_rate s, outside --max-concurrency, from before
-    the first request until the last has ended; their E2ELs are kept apart (EndpointResult.probes)."""
+    time beside the load, each followed by a pause of 1/probe_rate s, outside --max-concurrency's slots, from
+    before the first request until the last has ended; their E2ELs are kept apart (EndpointResult.probes).
+    rules: the vLLM release's client rules (client_rules.py): how chat chunks are timed, whether the probes
+    share the pool and count in the duration, whether the server's per-request metrics are kept."""
     if api not in APIS:
         raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
     check_real_time(workload, "the server")
@@ -118,7 +124,7 @@ async def bench_endpoint(
 
     async def limited(body: Prepared, disconnect_after: int | None = None):
         async with semaphore:
-            return await _request(session, url, body, all_headers, timeout_s, disconnect_after)
+            return await _request(session, url, body, all_headers, timeout_s, disconnect_after, rules)
 
     connection = _connection(max_concurrency)
     with frozen_heap():  # no ~130 ms collection of the imports inside a timed request (chunkbench/bench/gc_pause.py)
@@ -139,6 +145,7 @@ async def bench_endpoint(
                         probe_rate,
                         probes,
                         probing,
+                        rules,
                     )
                 )
                 if probe_rate
@@ -148,7 +155,8 @@ async def bench_endpoint(
             if prober is not None:
                 probing.set()
                 await prober
-    return _result(workload, start, dispatched, outcomes, warmup_error, probes)
+            probes_end = time.perf_counter() if prober is not None and rules.probe_tail_in_duration else None
+    return _result(workload, start, dispatched, outcomes, warmup_error, probes, probes_end)
 
 
 def _connection(max_concurrency: int | None) -> dict:
@@ -195,15 +203,17 @@ def _result(
     outcomes: list,
     warmup_error: str | None,
     probes: list[tuple[float, str | None]],
+    probes_end: float | None = None,
 ) -> EndpointResult:
-    """The run's records and per-request outcomes, times relative to the clock start."""
+    """The run's records and per-request outcomes, times relative to the clock start. The duration ends with
+    the last request, or (0.32's rules, `probes_end`) when the probes had stopped, if later."""
     records = [_record(w, start, dispatch, *outcome) for w, dispatch, outcome in zip(workload, dispatched, outcomes)]
     end_times = [end - start for _, end, _, _ in outcomes]
     return EndpointResult(
         records,
         [received.response_id for _, _, received, _ in outcomes],
         [error for *_, error in outcomes],
-        max(end_times, default=0.0),
+        max([*end_times, probes_end - start] if probes_end is not None else end_times, default=0.0),
         end_times,
         start,
         warmup_error,
@@ -220,13 +230,22 @@ async def _probe_loop(
     rate: float,
     into: list[tuple[float, str | None]],
     stop: asyncio.Event,
+    rules: ClientRules = OLDEST,
 ) -> None:
-    """One probe at a time until `stop`: send, wait for its end, pause 1/rate s (as vLLM 0.32's probe_loop)."""
-    while not stop.is_set():
-        send, end, _, error = await _request(session, url, body, headers, timeout_s)
-        into.append((end - send, error))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0 / rate)
+    """One probe at a time until `stop`: send, wait for its end, pause 1/rate s (as vLLM's probe_loop). 0.33's
+    rules: on a connection of their own (vLLM's session of one), the pause cut short by `stop` (the clock has
+    stopped); 0.32's: through the run's pool, and the last pause waited out (the duration holds it)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if rules.probes_own_connection:
+            session = await stack.enter_async_context(aiohttp.ClientSession(**_connection(1)))
+        while not stop.is_set():
+            send, end, _, error = await _request(session, url, body, headers, timeout_s, rules=rules)
+            into.append((end - send, error))
+            if rules.probe_tail_in_duration:
+                await asyncio.sleep(1.0 / rate)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0 / rate)
 
 
 def _record(
@@ -248,6 +267,8 @@ def _record(
         end_time=end - start,
         response_id=received.response_id,
         probe=w.probe,
+        server_queue_time=received.server_queue_time,
+        server_ttft=received.server_ttft,
     )
 
 

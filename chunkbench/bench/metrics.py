@@ -53,6 +53,8 @@ class RequestRecord:
     response_id: str | None = None  # endpoint runs: the server's id for it
     dispatch_time: float | None = None  # endpoint runs: when the client's loop started it (due time + send lag)
     probe: bool = False  # a --probe-request-rate probe: summarized apart (probe_figures)
+    server_queue_time: float | None = None  # endpoint runs: the server's own queue time, when it sent it (s)
+    server_ttft: float | None = None  # endpoint runs: the server's own TTFT, from scheduling, when sent (s)
 
     @property
     def ok(self) -> bool:

@@ -1,11 +1,13 @@
-"""`chunkbench bench --save-result`: the run as the JSON file `vllm bench serve --save-result` (0.32) writes, with
-its key names and layout, so that tools that read vLLM's results read chunkbench's.
+"""`chunkbench bench --save-result`: the run as the JSON file `vllm bench serve --save-result` writes, with its
+key names and layout, so that tools that read vLLM's results read chunkbench's.
 
 The layout: the setup (date, endpoint_type, backend, label, model_id, tokenizer_id, num_prompts), the traffic
 (request_rate, burstiness, max_concurrency), the totals and throughputs, the per-request latencies and client
 queue times, the peaks, then mean/median/std and each --metric-percentiles percentile of each
 --percentile-metrics metric (ttft,tpot,itl by default); the client queue time's (and the E2EL including it)
-when --max-concurrency is set. Times are ms in the statistics and s in the lists, as vLLM's.
+when --max-concurrency is set. With --save-detailed, the per-request lists, and (0.33's client) the server's
+own queue times and TTFTs when it sent them (server_queue_times, server_ttfts). Times are ms in the statistics
+and s in the lists, as vLLM's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ from chunkbench.errors import UserError
 from chunkbench.files import write_json
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
-DETAILED_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors")
+DETAILED_KEYS = (
+    "input_lens",
+    "output_lens",
+    "start_times",
+    "ttfts",
+    "itls",
+    "generated_texts",
+    "errors",
+    "server_queue_times",
+    "server_ttfts",
+)
 
 
 def parse_percentiles(metrics: str, percentiles: str) -> tuple[list[str], list[float]]:
@@ -113,6 +125,12 @@ def vllm_result(
         "max_concurrent_requests": summary["max_concurrent_requests"],
         "rtfx": 0.0,
     }
+    if any(r.server_queue_time is not None or r.server_ttft is not None for r in records):
+        # 0.33's client: the server's per-request metrics (s; null where a request had none), when any came
+        result |= {
+            "server_queue_times": [r.server_queue_time for r in records],
+            "server_ttfts": [r.server_ttft for r in records],
+        }
     values = {
         "ttft": [r.ttft for r in done],
         "tpot": [r.tpot for r in done if r.tpot is not None],

@@ -1,5 +1,6 @@
 """The steps of `chunkbench bench` (declared in serve.py): check its options, read vllm bench serve's flags,
-run the workload against the server, print the result, and write --save-result and --plot-timeline.
+choose the vLLM release whose client rules the run measures by (bench/client_rules.py), run the workload
+against the server, print the result, and write --save-result and --plot-timeline.
 
 Each step takes the command's options as one namespace (`args`): bench's own (commands/bench_options.py's
 BENCH_OPTIONS) by name, and the workload's and vllm bench serve's other flags as `args.options`."""
@@ -34,8 +35,9 @@ def run_bench(args: SimpleNamespace) -> None:
     slos = parse_goodput(args.goodput)
     endpoint, api, served_model, options = resolve_vllm_flags(args)
     backend = connect(args, endpoint, api, served_model, sampling, headers)
+    timing = choose_timing(args, backend)
     spec, requests, run = measure(args, backend, endpoint, options, slos)
-    out, failures = save_outputs(args, run, spec, endpoint)
+    out, failures = save_outputs(args, run, spec, endpoint, timing.record())
     title = f"{endpoint}, {spec.name}, {len(requests)} requests"
     print_result(run, title, failures, args.probe_request_rate, out)
     path = None
@@ -58,6 +60,10 @@ def check_client_options(args: SimpleNamespace) -> tuple[dict, dict[str, str]]:
         check_number("--vocab-size", args.vocab_size, low=2)
     check_number("--num-warmups", args.num_warmups, low=0, integer=True)
     check_number("--probe-request-rate", args.probe_request_rate, low=0)
+    if args.vllm_version is not None:
+        from chunkbench.bench.client_rules import known_version
+
+        known_version(args.vllm_version)
     if args.api not in APIS:  # checked again once vLLM's --backend or --endpoint path has chosen it
         raise UserError(f"--api must be {' or '.join(APIS)}, got '{args.api}'")
     check_number("--request-timeout", args.request_timeout, low=0, low_open=True)
@@ -124,6 +130,17 @@ def connect(
     )
 
 
+def choose_timing(args: SimpleNamespace, backend):
+    """The vLLM release whose client rules the run measures by (--vllm-version, else the server's /version),
+    given to the client and said."""
+    from chunkbench.bench.client_rules import choose_timing as choose
+
+    timing = choose(backend.endpoint, args.vllm_version)
+    backend.client_options["rules"] = timing.rules
+    console.print(timing.line())
+    return timing
+
+
 def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
     """Build the workload (prompts fit --max-model-len, else the server's, else 8192) and run it against the
     server: (its spec, the requests, the run)."""
@@ -137,14 +154,14 @@ def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
     return spec, requests, run
 
 
-def save_outputs(args: SimpleNamespace, run, spec, endpoint: str) -> tuple[Path, list[dict]]:
+def save_outputs(args: SimpleNamespace, run, spec, endpoint: str, timing: dict) -> tuple[Path, list[dict]]:
     """Write summary.json and requests.parquet (with the failed requests and their errors) in --out, and --json;
-    return the folder and the failures."""
+    return the folder and the failures. `timing`: the vLLM version measured as, and where it came from."""
     from chunkbench.bench.runs import save_run
 
     failures = [{"request": i, "error": r.error} for i, r in enumerate(run.result.requests) if r.error]
     out = args.out or default_out("bench")
-    payload = save_run(run, out, spec, endpoint=endpoint, failed_requests=failures)
+    payload = save_run(run, out, spec, endpoint=endpoint, failed_requests=failures, **timing)
     save_json(args.json_out, payload)
     return out, failures
 
@@ -175,10 +192,12 @@ def write_vllm_result(
     args: SimpleNamespace, run, spec, api: str, model: str, goodput: bool, metrics, percentiles
 ) -> Path:
     """--save-result: the result in vllm bench serve's keys and layout; return its path. Timed workloads (a
-    trace, all at once, multi-turn) report vLLM's request rate of inf."""
+    trace, all at once, multi-turn) and --request-rate inf report vLLM's request rate of inf."""
+    import math
+
     from chunkbench.bench.vllm_result import result_path, save_vllm_result, vllm_result
 
-    timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn"
+    timed = spec.arrival in (None, "trace", "all-at-once") or spec.name == "multi-turn" or math.isinf(spec.rate)
     result = vllm_result(
         run.summary,
         run.result.requests,

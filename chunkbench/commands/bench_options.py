@@ -76,6 +76,18 @@ BENCH_CLIENT_OPTIONS = {  # where and how requests are sent
         0,
     ),
     "probe_request_rate": (ProbeRate, 0.0),  # sent by the client, never added to the workload's requests
+    "vllm_version": (
+        Annotated[
+            Optional[str],
+            typer.Option(
+                help="Measure as this vLLM release's vllm bench serve client does (X.Y.Z: 0.32.0, 0.33.0 or "
+                "0.34.0): 0.32 takes a chat stream's TTFT at its role-only first chunk and sends probes "
+                "through the --max-concurrency pool; 0.33+ times only chunks that carry output, probes on "
+                "their own connection. Default: the server's GET /version; the newest when it has none."
+            ),
+        ],
+        None,
+    ),
 }
 
 Sampling = Annotated[

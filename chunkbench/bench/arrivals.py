@@ -78,7 +78,7 @@ def sample_arrivals(
     """Arrival times (s). gamma follows vLLM's shape: shape = burstiness, mean gap = 1/rate; burstiness 1 =
     poisson. vllm: vLLM's own schedule for `seed` (vllm_arrivals), the other kinds draw from `rng`. `ramp`
     (strategy, start, end): the rate rises (or falls) over the requests instead of staying at `rate`."""
-    if kind == "all-at-once":
+    if kind == "all-at-once" or (rate == float("inf") and not ramp):  # vLLM's --request-rate inf: every gap 0
         return np.zeros(n)
     if rate <= 0:
         raise UserError(f"--rate must be > 0 requests/s, got {rate}")

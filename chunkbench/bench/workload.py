@@ -43,7 +43,7 @@ class WorkloadSpec:
     name: str = "chat"  # a named workload, "synthetic", or a file path
     num_requests: int | None = 100
     duration: float | None = None  # seconds of arrivals to keep
-    rate: float = 1.0  # requests/s
+    rate: float = 1.0  # requests/s; inf: all at once (every arrival 0), as vLLM's --request-rate inf
     arrival: str | None = None  # None: the trace's timestamps when it has them, else poisson
     burstiness: float = 1.0
     time_scale: float = 1.0  # trace timestamps are multiplied by this
@@ -93,7 +93,8 @@ class WorkloadSpec:
             check_number("--num-requests", self.num_requests, low=1, high=MAX_REQUESTS, integer=True)
         if self.duration is not None:
             check_number("--duration", self.duration, low=0, low_open=True)
-        check_number("--rate", self.rate, low=0, low_open=True)
+        if self.rate != float("inf"):  # inf: every request at once, vllm bench serve's default
+            check_number("--rate", self.rate, low=0, low_open=True)
         check_number("--burstiness", self.burstiness, low=0, low_open=True)
         check_number("--time-scale", self.time_scale, low=0, low_open=True)
         check_number("--prefix-len", self.prefix_len, low=0, high=MAX_TOKENS, integer=True)

@@ -31,9 +31,16 @@ def chat_tok(text: str | None = "x", role: str | None = None) -> dict:
     return {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
 
-def usage(completion_tokens: int, prompt_tokens: int | None = None) -> dict:
+def chat_finish(reason: str = "length") -> dict:
+    """vLLM's chat chunk that only ends the choice: an empty delta and the finish reason."""
+    return {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}
+
+
+def usage(completion_tokens: int, prompt_tokens: int | None = None, metrics: dict | None = None) -> dict:
+    """The final usage chunk; `metrics`: what vLLM's server started with --enable-per-request-metrics adds
+    (queue_time_ms, time_to_first_token_ms, ...)."""
     counts = {"completion_tokens": completion_tokens} | ({"prompt_tokens": prompt_tokens} if prompt_tokens else {})
-    return {"id": "cmpl-1", "choices": [], "usage": counts}
+    return {"id": "cmpl-1", "choices": [], "usage": counts} | ({"metrics": metrics} if metrics else {})
 
 
 def is_choice(item) -> bool:
@@ -63,11 +70,18 @@ class Served:
 class ScriptedServer:
     """Plays a script per request (keyed by its max_tokens). `card`: /v1/models answers it (else 404);
     `vocab_size`: /detokenize decodes as vLLM's does with a Hugging Face tokenizer: ids 0-3 (special) and ids
-    past the vocabulary to "", the others to text (else 404)."""
+    past the vocabulary to "", the others to text (else 404); `version`: /version answers it as vLLM's server
+    does, {"version": ...} at the root (else 404)."""
 
-    def __init__(self, scripts: dict[int, list], card: dict | None = None, vocab_size: int | None = None):
+    def __init__(
+        self,
+        scripts: dict[int, list],
+        card: dict | None = None,
+        vocab_size: int | None = None,
+        version: str | None = None,
+    ):
         self.scripts = scripts
-        self.card, self.vocab_size = card, vocab_size
+        self.card, self.vocab_size, self.version = card, vocab_size, version
         self.probes: list[str] = []  # the paths of requests that were not scripted completions
         self.served: list[Served] = []
         self.loop = asyncio.new_event_loop()
@@ -126,10 +140,12 @@ class ScriptedServer:
             writer.close()
 
     async def _answer(self, path: str, body: dict, writer: asyncio.StreamWriter) -> None:
-        """The model card, vLLM's /detokenize, or a 404."""
+        """The model card, vLLM's /detokenize or /version, or a 404."""
         code, answer = 404, {"detail": "Not Found"}
         if path.endswith("/models") and self.card is not None:
             code, answer = 200, {"object": "list", "data": [self.card]}
+        elif path == "/version" and self.version is not None:
+            code, answer = 200, {"version": self.version}
         elif path == "/detokenize" and self.vocab_size is not None:
             code, answer = 200, {"prompt": "".join("x" for t in body.get("tokens", []) if 4 <= t < self.vocab_size)}
         text = json.dumps(answer)

@@ -84,7 +84,8 @@ def load_burstgpt(spec, path: Path, n: int | None, rng) -> Drawn:
 def load_custom(spec, path: Path, n: int | None, rng) -> Drawn:
     """vLLM's custom JSONL: a `prompt` per line, its tokens counted (--tokenizer, else 4 characters per token;
     no chat template), and --custom-output-len tokens out (-1: the line's `output_tokens`)."""
-    frame = _read_frame(path, lambda p: pd.read_json(p, lines=True), "JSONL")
+    # prompts stay text, as vLLM 0.34 reads them: pandas would read a file of prompts like "00123" as numbers
+    frame = _read_frame(path, lambda p: pd.read_json(p, lines=True, dtype={"prompt": str}), "JSONL")
     if "prompt" not in frame.columns:
         raise UserError(f"--workload custom: {path} has no 'prompt' field")
     if spec.custom_output_len == -1 and "output_tokens" not in frame.columns:

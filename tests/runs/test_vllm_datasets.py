@@ -299,3 +299,10 @@ def test_timeline_colours_each_gap_by_the_thresholds():
 def test_vllm_style_bench_flags_are_checked_before_any_request(args, error, capsys):
     code, _, err = run_cli(["bench", *args, "--num-prompts", "1"], capsys)
     assert code == 2 and err.count("\n") == 1 and error in err, err
+
+
+def test_custom_prompts_that_look_like_numbers_are_text(tmp_path):
+    """As vLLM 0.34 reads a custom JSONL: "00123" is five characters of text, not the number 123 (then no text)."""
+    path = tmp_path / "digits.jsonl"
+    path.write_text('{"prompt": "00123456"}\n{"prompt": "0042"}\n')
+    assert counts(f"custom:{path}", num_requests=None, custom_output_len=8) == [(2, 8), (1, 8)]

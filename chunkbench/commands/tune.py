@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import typer
 
+from chunkbench import servers
 from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.bench.backend_choice import resolve
 from chunkbench.commands.common import announce, console
@@ -23,8 +24,9 @@ from chunkbench.commands.tune_options import (
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
-from chunkbench.launch.backend import launch_command, launches_vllm
+from chunkbench.launch.backend import launch_command
 from chunkbench.launch.node import plan_slots, varies_by_slot
+from chunkbench.launch.versions import launched_target
 from chunkbench.tune.objectives import resolve as resolve_objective
 
 
@@ -62,7 +64,7 @@ def run_tune(args: SimpleNamespace) -> None:
         if v is not None
     }
     config = EngineConfig.create(args.model, **overrides)  # the fixed flags, validated
-    resolved, search_space = tune_backend(args, config, search_space)
+    resolved, search_space, versions = tune_backend(args, config, search_space)
     spec = TuneSpec(
         model=args.model,
         slos=slos,
@@ -76,6 +78,7 @@ def run_tune(args: SimpleNamespace) -> None:
         max_sched_delay_ms=args.max_sched_delay,
         probe_seconds=args.probe_seconds,
         engine_overrides=overrides,
+        versions=versions,
     )
     check_workload(spec_workload, search_space, given)
     name = args.study or default_study_name(spec)
@@ -198,16 +201,22 @@ def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
             engine_overhead=args.engine_overhead,
         )
     )
-    if resolved.backend.kind == "launch":
-        resolved = replace(resolved, backend=replace(resolved.backend, slot=node[0], node=tuple(node)))
-        launch_command(args.launch, config)  # placeholders checked before anything starts
+    versions = {"vllm": servers.get("vllm").target(args.vllm_version)}  # what the emitted vllm.yaml targets
+    if resolved.backend.kind != "launch":
+        search_space, note = search_space.for_server(servers.get("vllm"), versions["vllm"], launched=False)
+    else:
+        kind, version, how = launched_target(args.launch, args.vllm_version)
+        versions |= {kind.name: version} if kind else {}
+        backend = replace(resolved.backend, slot=node[0], node=tuple(node), versions=versions)
+        resolved = replace(resolved, backend=backend)
+        launch_command(args.launch, config, versions=versions)  # placeholders checked before anything starts
         if len(node) > 1:
             console.print(f"{len(node)} slots: " + "; ".join(map(str, node)), soft_wrap=True)
-        if launches_vllm(args.launch):
-            search_space, note = search_space.for_vllm()
-            if note:
-                console.print(f"[yellow]{note}[/]", soft_wrap=True)
-    return resolved, search_space
+        console.print(f"launching {kind.label(version) if kind else 'a server'}: {how}", soft_wrap=True)
+        search_space, note = search_space.for_server(kind, version) if kind else (search_space, None)
+    if note:
+        console.print(f"[yellow]{note}[/]", soft_wrap=True)
+    return resolved, search_space, versions
 
 
 def check_workload(spec_workload, search_space, given: dict) -> None:

@@ -153,9 +153,22 @@ TUNE_LAUNCH_OPTIONS = {  # --backend launch: the server command, its endpoint, a
                 help="--backend launch: server command per trial, with "
                 '{model} and knob placeholders (unset: 0), e.g. "vllm serve '
                 '{model} --max-num-batched-tokens {max_num_batched_tokens}"; '
-                "{vllm_flags} and {chunkbench_flags} are the trial's whole flag "
-                'list, unset knobs left out: "vllm serve {model} '
-                '{vllm_flags}".'
+                "{vllm_flags}, {sglang_flags} and {chunkbench_flags} are the "
+                "trial's whole flag list for that server, unset knobs left out: "
+                '"vllm serve {model} {vllm_flags}", "python -m '
+                'sglang.launch_server --model-path {model} {sglang_flags} --port {port}".'
+            ),
+        ],
+        None,
+    ),
+    "vllm_version": (
+        Annotated[
+            Optional[str],
+            typer.Option(
+                help="The vLLM release the search and the emitted vllm.yaml target "
+                "(0.32.0, 0.33.0 or 0.34.0): knobs it has no option for are left "
+                "out. Default: a launched vLLM's own (`vllm --version`), else the "
+                "newest."
             ),
         ],
         None,

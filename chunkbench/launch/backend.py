@@ -1,5 +1,6 @@
 """Servers launched per configuration from a command template (`tune --backend launch --launch ...`): the
-template's placeholders ({model}, every knob, {vllm_flags}, {chunkbench_flags}, and the slot's {port}, {gpus},
+template's placeholders ({model}, every knob, each server kind's {vllm_flags}, {sglang_flags}, {chunkbench_flags},
+and the slot's {port}, {gpus},
 {cpus}, {slot}: chunkbench/launch/node.py), and the LaunchBackend that starts, checks, measures and stops one server
 per session.
 
@@ -12,13 +13,13 @@ dies, SIGKILL included."""
 from __future__ import annotations
 
 import contextlib
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from chunkbench import servers
 from chunkbench.bench.backends import Backend, EndpointBackend, Serve
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import KNOBS
@@ -27,23 +28,17 @@ from chunkbench.launch.gpu_monitor import GpuMonitor
 from chunkbench.launch.node import Slot, fill_endpoint
 from chunkbench.launch.ports import holder_text, port_busy
 from chunkbench.launch.process import Launched, LaunchError, check_not_stopping, check_owner, start_server
+from chunkbench.servers.kind import first_chunk_cap
 
-__all__ = ["LaunchBackend", "LaunchError", "launch_command", "launch_values", "launches_vllm", "log_tail"]
-
-
-def launches_vllm(template: str) -> bool:
-    """Whether a --launch command starts vLLM: `vllm serve` (any path to the CLI), vLLM's API server module, or
-    a template filled with {vllm_flags}."""
-    return bool(re.search(r"(^|[\s/])vllm\s+serve\b|vllm\.entrypoints|\{vllm_flags\}", template))
+__all__ = ["LaunchBackend", "LaunchError", "launch_command", "launch_values", "log_tail"]
 
 
-def launch_values(config: EngineConfig) -> dict:
+def launch_values(config: EngineConfig, versions: dict | None = None) -> dict:
     """The placeholders of a --launch command: {model}, every knob of chunkbench/engine/knobs.py by name and by its vLLM
-    option (dashes as underscores), a knob the config leaves unset as 0 (vLLM's 'no cap'); and whole flag
-    lists with unset knobs left out: {vllm_flags} (vLLM's options, e.g. `vllm serve {model} {vllm_flags}`) and
-    {chunkbench_flags} (`chunkbench serve --model small {chunkbench_flags}`)."""
-    from chunkbench.tune.emit import chunkbench_flags, first_chunk_cap, sglang_option_flags, vllm_option_flags
-
+    option (dashes as underscores), a knob the config leaves unset as 0 (vLLM's 'no cap'); and each server
+    kind's whole flag list with unset knobs left out (chunkbench/servers/): {vllm_flags} (`vllm serve {model}
+    {vllm_flags}`), {sglang_flags}, {chunkbench_flags} (`chunkbench serve --model small {chunkbench_flags}`),
+    for the release `versions` names per kind (default: its newest)."""
     values = {"model": config.model.hf_dir or config.model.name}
     for knob in KNOBS.values():
         value = knob.read(config)
@@ -51,16 +46,13 @@ def launch_values(config: EngineConfig) -> dict:
         values[knob.name] = 0 if value in (None, "") else value
     values["long_prefill_token_threshold"] = first_chunk_cap(config.scheduler) or 0
     values |= {k.vllm.replace("-", "_"): values[k.name] for k in KNOBS.values() if k.vllm}
-    values |= {
-        "vllm_flags": vllm_option_flags(config),
-        "sglang_flags": sglang_option_flags(config),
-        "chunkbench_flags": chunkbench_flags(config),
-    }
+    versions = versions or {}
+    values |= {k.placeholder: k.option_flags(config, versions.get(k.name, "")) for k in servers.kinds()}
     return values
 
 
-def launch_command(template: str, config: EngineConfig, slot: Slot | None = None) -> str:
-    values = launch_values(config) | (slot or Slot()).values()
+def launch_command(template: str, config: EngineConfig, slot: Slot | None = None, versions: dict | None = None) -> str:
+    values = launch_values(config, versions) | (slot or Slot()).values()
     try:
         return template.format(**values)
     except (KeyError, IndexError, ValueError) as exc:
@@ -94,6 +86,7 @@ class LaunchBackend(Backend):
     slot: Slot = field(default_factory=Slot)
     node: tuple[Slot, ...] = ()  # every slot of the tune (--slots); empty: this one
     gpu_figures: dict = field(default_factory=dict, repr=False)  # the last session's NVML figures (gpu_monitor)
+    versions: dict = field(default_factory=dict)  # server kind -> the release its flags target (servers/)
     kind = "launch"
     warms_up = True
 
@@ -124,7 +117,7 @@ class LaunchBackend(Backend):
                     "from before, or another program; stop it, or choose another --port-base"
                 )
             env = {"CUDA_VISIBLE_DEVICES": self.slot.values()["gpus"]} if self.slot.gpus else {}
-            server = start_server(launch_command(self.launch, config, self.slot), log, env, port)
+            server = start_server(launch_command(self.launch, config, self.slot, self.versions), log, env, port)
             stack.callback(server.stop)
             try:
                 wait_healthy(url, self.timeout_s, server.guard)

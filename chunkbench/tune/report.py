@@ -7,9 +7,10 @@ from pathlib import Path
 
 import optuna
 
+from chunkbench import servers
 from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.knobs import KNOBS
 from chunkbench.files import write_text
-from chunkbench.tune import emit
 from chunkbench.tune.node_report import importance_line, importances
 from chunkbench.tune.objectives import get
 from chunkbench.tune.plots import plot_knobs
@@ -19,18 +20,11 @@ from chunkbench.tune.search_plot import plot_search
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trial, feasible_trials
 
-OUTPUTS = (
-    "recommended.toml",
-    "capacity.json",
-    "vllm.yaml",
-    "vllm_flags.txt",
-    "sglang.txt",
-    "trials.csv",
-    "search.png",
-    "knobs.png",
-    "pareto_gpu.png",
-    "report.html",
-)
+
+def outputs() -> list[str]:
+    """The files a study's folder may hold: each server kind's configs, then the study's own."""
+    own = ["capacity.json", "trials.csv", "search.png", "knobs.png", "pareto_gpu.png", "report.html"]
+    return [name for kind in servers.kinds() for name in kind.outputs or (f"{kind.name}.txt",)] + own
 
 
 def trial_config(spec: TuneSpec, trial: optuna.trial.FrozenTrial) -> EngineConfig:
@@ -84,17 +78,15 @@ def write_outputs(
             header += [f"command: {command}", measured_text(measured)]
         header += list(confirmed)
         lines += list(confirmed)
-        write_text(emit.chunkbench_toml(config, header), out_dir / "recommended.toml")
         served, note = server_trial(spec, study, chosen)
         if note:
             lines.append(note)
-            header = header + [note]
-            config = trial_config(spec, served)
-        write_text(emit.vllm_yaml(config, header), out_dir / "vllm.yaml")
-        write_text(emit.vllm_flags(config) + "\n", out_dir / "vllm_flags.txt")
-        write_text(emit.sglang_flags(config) + "\n", out_dir / "sglang.txt")
-        lines.append(f"vllm: {emit.vllm_flags(config)}")
-        lines.append(f"sglang: {emit.sglang_flags(config)}")
+        for kind in servers.kinds():  # a server without a step-time target gets the best trial without one
+            own = kind.expresses(KNOBS["step_time_target_ms"])
+            cfg, version = (config if own else trial_config(spec, served)), spec.versions.get(kind.name, "")
+            for name, text in kind.files(cfg, header + ([note] if note and not own else []), version).items():
+                write_text(text, out_dir / name)
+            lines.append(f"{kind.name}: {kind.command(cfg, version)}")
     frame = study.trials_dataframe(attrs=("number", "state", "values", "params", "user_attrs", "duration"))
     write_text(frame.to_csv(index=False), out_dir / "trials.csv")
     plot_search(spec, study, out_dir)

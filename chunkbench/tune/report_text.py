@@ -7,14 +7,25 @@ import optuna
 from rich.table import Table
 
 from chunkbench.bench.slo import SLO
-from chunkbench.tune import emit
+from chunkbench.engine.knobs import KNOBS
 from chunkbench.tune.objectives import get
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import closest_trials, feasible_trials
 
 
 def knobs_text(trial: optuna.trial.FrozenTrial) -> str:
-    return emit.knobs_text(trial.user_attrs["knobs"])
+    return point_text(trial.user_attrs["knobs"])
+
+
+def point_text(knobs: dict) -> str:
+    """'chunked, budget 2048, seqs 256, chunk 512' from a trial's knobs (engine keyword arguments)."""
+    parts = [str(knobs.get("policy", "chunked"))]
+    for knob in KNOBS.values():
+        value = knobs.get(knob.name)
+        if knob.label and value not in (None, (), [], 0, False) and not (knob.default_is_off and value == knob.default):
+            text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            parts.append(f"{knob.label} {text}" if value is not True else knob.label)
+    return ", ".join(parts)
 
 
 def _ms(value) -> str:

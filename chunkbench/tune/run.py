@@ -19,7 +19,7 @@ from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.files import write_json
 from chunkbench.launch.process import check_not_stopping
 from chunkbench.tune.objectives import evaluate, get
-from chunkbench.tune.report import OUTPUTS, add_runs_to_csv, write_outputs
+from chunkbench.tune.report import add_runs_to_csv, outputs, write_outputs
 from chunkbench.tune.report_text import results_table
 from chunkbench.tune.settle import (
     confirm_winner,
@@ -186,7 +186,7 @@ def finish(
         print_remeasured(remeasured, "one run")
     for line in lines:
         console.print(line, soft_wrap=True)
-    written = [name for name in OUTPUTS if (out / name).exists()]
+    written = [name for name in outputs() if (out / name).exists()]
     console.print(f"wrote {out}/: {', '.join(written)}")
 
 

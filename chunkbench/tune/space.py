@@ -12,7 +12,7 @@ from chunkbench import sweeps
 from chunkbench.bench.workload import WorkloadSpec
 from chunkbench.engine import policies as engine_policies
 from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, min_budget
-from chunkbench.engine.knobs import CHUNKED_ONLY, VLLM_VERSION
+from chunkbench.engine.knobs import CHUNKED_ONLY
 from chunkbench.engine.knobs import KNOBS as ENGINE_KNOBS
 from chunkbench.engine.knobs import SEARCHABLE as KNOBS
 from chunkbench.errors import UserError, read_toml
@@ -74,12 +74,12 @@ class SearchSpace:
                     f"{where}: unknown chunk_schedule family '{family}'; use {', '.join(SCHEDULE_FAMILIES)}"
                 )
         for key in (k for k in KNOBS if ENGINE_KNOBS[k].type is int):
-            required = 0 if key in CHUNKED_ONLY else 1  # the chunked policy's caps: 0 = no cap
+            required = 0 if key in CHUNKED_ONLY and not ENGINE_KNOBS[key].default else 1  # the caps: 0 = no cap
             for v in self.values.get(key, []):
                 if not isinstance(v, int) or isinstance(v, bool) or v < required:
                     raise UserError(
                         f"{where}: '{key}' values must be whole numbers "
-                        f"{'>= 1' if required else '>= 0 (0 = no cap)'}, got {v!r}"
+                        f"{'>= 1' if required else '>= 0 (0 = off)'}, got {v!r}"
                     )
         for key in (k for k in KNOBS if ENGINE_KNOBS[k].type is float):  # 0 = off (a time target: tokens only)
             for v in self.values.get(key, []):
@@ -94,32 +94,37 @@ class SearchSpace:
         if tiles and min(tiles) > max(budgets):
             raise UserError(f"{where}: contradictory: every tile ({min(tiles)}+) exceeds every budget ({max(budgets)})")
 
-    def for_vllm(self) -> tuple[SearchSpace, str | None]:
-        """The space a launched vLLM can search, and a note on what was left out. vLLM (chunkbench/engine/knobs.py's
-        VLLM_VERSION) has no option for the chunkbench-only knobs (progressive schedules, tile, partial prefills,
-        step-time target, chunk count) nor the static and orca policies: a built-in space leaves them out, with the
-        note; the user's own space file naming them is refused in one line, before any launch."""
-        only = [
-            k
-            for k in self.values
-            if k != "policy" and not ENGINE_KNOBS[k].vllm and self.values[k] not in (["fixed"], [0])
-        ]  # a single 'off' value changes nothing
-        policies = [p for p in self.values.get("policy", []) if not engine_policies.get(p).in_vllm]
+    def for_server(self, kind, version: str = "", launched: bool = True) -> tuple[SearchSpace, str | None]:
+        """The space a server `kind` (chunkbench/servers/) at `version` can search, and a note on what was left
+        out. Launched, it searches only the knobs and policies it has an option for (vLLM has none for
+        progressive schedules, tile, partial prefills, a step-time target or a chunk count, nor the static and
+        orca policies); simulated, the simulator runs every knob but those `version` has not got yet (a vLLM
+        knob newer than the targeted release). A built-in space leaves them out, with the note; the user's own
+        space file naming them is refused in one line, before any launch."""
+        version = kind.target(version)
+
+        def lacks(key: str) -> bool:
+            knob, values = ENGINE_KNOBS[key], self.values[key]
+            if key == "policy" or (len(values) == 1 and values[0] in ("fixed", 0, knob.default)):
+                return False  # a single 'off' value changes nothing
+            return not kind.expresses(knob, version) if launched else bool(knob.vllm and not knob.in_vllm(version))
+
+        only = [k for k in self.values if lacks(k)]
+        policies = [p for p in self.values.get("policy", []) if launched and not kind.runs_policy(p)]
         if not only and not policies:
             return self, None
         what = ", ".join(only + [f"policy {p}" for p in policies])
         if not self.source.startswith(sweeps.BUILTIN):
             raise UserError(
-                f"--space {self.source}: no vLLM {VLLM_VERSION} option for {what} (chunkbench-only); "
-                "leave it out of the space to tune a launched vLLM"
+                f"--space {self.source}: {kind.label(version)} has no option for {what}; leave it out of the "
+                f"space to tune {'a launched' if launched else 'for'} {kind.label(version)}"
             )
         values = {k: v for k, v in self.values.items() if k not in only}
         if policies:
             values["policy"] = [p for p in values["policy"] if p not in policies] or ["chunked"]
-        return (
-            dataclasses.replace(self, values=values),
-            f"vLLM {VLLM_VERSION} has no option for {what} (chunkbench-only): left out of the search",
-        )
+        return dataclasses.replace(
+            self, values=values
+        ), f"{kind.label(version)} has no option for {what}: left out of the search"
 
     def params(self, suggest) -> dict:
         """A point of the space: `suggest(name, choices)` picks each knob (an Optuna trial's
@@ -132,8 +137,8 @@ class SearchSpace:
         if "enable_prefix_caching" in self.values:
             point["enable_prefix_caching"] = suggest("enable_prefix_caching", self.values["enable_prefix_caching"])
         if engine_policies.chunks_prompts(point["policy"]):
-            for key in CHUNKED_ONLY:
-                if key in self.values:
+            for key in CHUNKED_ONLY:  # cache-aware admission reorders by prefix-cache hits: only with the cache on
+                if key in self.values and (key != "cache_aware_admission_window" or point.get("enable_prefix_caching")):
                     point[key] = suggest(key, self.values[key])
         return point
 
@@ -168,4 +173,7 @@ def engine_kwargs(point: dict, max_model_len: int) -> dict:
         step_time_target_ms=point.get("step_time_target_ms") or None,
         num_chunks=point.get("num_chunks") or None,
     )
+    for key in ("prefill_schedule_interval", "cache_aware_admission_window"):  # vLLM's own: off is their default
+        if key in point:
+            kwargs[key] = point[key]
     return kwargs

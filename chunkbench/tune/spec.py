@@ -28,6 +28,7 @@ class TuneSpec:
     early_stop: bool = True  # capacity: end a probe once it has certainly missed (bench/early_stop.py)
     probe_seconds: float | None = None  # capacity on a real clock: a probe may grow to this many s of arrivals
     engine_overrides: dict = field(default_factory=dict)  # fixed flags: max_model_len, num_blocks, ...
+    versions: dict = field(default_factory=dict)  # server kind -> the release its configs target; absent: newest
 
     def base_config(self, **knobs) -> EngineConfig:
         return EngineConfig.create(self.model, **{**self.engine_overrides, **knobs})

@@ -9,7 +9,7 @@ from chunkbench.calibration.gpu_kernels import PROFILES, fit, gpu_of, linear_err
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.errors import UserError
 from chunkbench.sim.cost_model import StepShape
-from chunkbench.sim.engine_overhead import ENGINE_OVERHEAD_S, engine_overhead
+from chunkbench.sim.engine_overhead import engine_overhead, overheads
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.kernel_constants import calibration_for
 from chunkbench.sim.roofline import RooflineCostModel
@@ -72,7 +72,7 @@ LLAMA_2_7B = ModelConfig(
 
 
 def cpp_engine(gpu):
-    return RooflineCostModel(LLAMA_2_7B, GPUS[gpu], step_overhead_s=ENGINE_OVERHEAD_S["trtllm"], engine="trtllm")
+    return RooflineCostModel(LLAMA_2_7B, GPUS[gpu], step_overhead_s=overheads()["trtllm"], engine="trtllm")
 
 
 # Published batch-1 figures for Llama-2-7B in fp16 on one A100-80GB SXM (seconds), C++ engines:
@@ -104,7 +104,7 @@ def test_uncalibrated_gpus_say_so_everywhere():
 
 
 def test_engine_overhead_belongs_to_the_engine():
-    assert engine_overhead(None) == (ENGINE_OVERHEAD_S["vllm"], "vllm")
+    assert engine_overhead(None) == (overheads()["vllm"], "vllm")
     assert engine_overhead("sglang")[0] < engine_overhead("vllm")[0] < engine_overhead("chunkbench")[0]
     assert engine_overhead("0.8ms") == (pytest.approx(0.8e-3), "0.8 ms")
     config = EngineConfig.create("llama-3-8b")

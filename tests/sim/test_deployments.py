@@ -18,6 +18,8 @@ from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import kv_bytes_per_token_per_gpu, kv_heads_per_gpu
 from chunkbench.errors import UserError
+from chunkbench.servers.sglang import SGLANG
+from chunkbench.servers.vllm import VLLM
 from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.kernel_times import layer_gemms
@@ -28,7 +30,6 @@ from chunkbench.sim.roofline import (
     RooflineCostModel,
     ring_all_reduce_seconds,
 )
-from chunkbench.tune.emit import sglang_flags, vllm_yaml
 
 SHAPES = {
     "prefill2048": StepShape(((2048, 0),), (), 1),
@@ -146,10 +147,10 @@ def test_cli_refuses_tp_on_the_engine_in_one_line(capsys):
 
 def test_emitted_configs_carry_tensor_parallelism():
     config = EngineConfig.create("llama-3.1-70b", tensor_parallel_size=4, kv_cache_dtype="fp8", max_model_len=32768)
-    text = vllm_yaml(config, [])
+    text = VLLM.yaml(config, [])
     assert "model: meta-llama/Llama-3.1-70B-Instruct" in text and "tensor-parallel-size: 4" in text
     assert "kv-cache-dtype: fp8" in text and "max-model-len: 32768" in text
-    assert "--tp 4" in sglang_flags(config) and "--kv-cache-dtype fp8_e4m3" in sglang_flags(config)
+    assert "--tp 4" in SGLANG.command(config) and "--kv-cache-dtype fp8_e4m3" in SGLANG.command(config)
 
 
 def test_long_context_presets_accept_their_full_length():

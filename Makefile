@@ -27,9 +27,11 @@ test: $(STAMP)
 	$(PY) -m pytest -q -m "not vllm"
 
 # The vLLM tier: vLLM 0.32.0's CPU build in its own venv (.venv-vllm, installed once by scripts/vllm_env.sh,
-# with the tiny model it serves), then the tests that hold chunkbench against it (tests/vllm/).
+# with the tiny model it serves) and SGLang 0.5.23's command-line parser (.venv-sglang, scripts/sglang_env.sh: about
+# a minute), then the tests that hold chunkbench against them (tests/vllm/).
 test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh
+	PYTHON=$(PYTHON) bash scripts/sglang_env.sh
 	$(PY) -m pytest -q -m vllm tests/vllm
 
 # The documentation site (mkdocs-material) into build/site/; --strict: a broken link or page fails. The CLI

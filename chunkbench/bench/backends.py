@@ -247,17 +247,20 @@ class EndpointBackend(Backend):
         import asyncio
 
         from chunkbench.bench.client import bench_endpoint
+        from chunkbench.bench.client_rules import choose_timing
         from chunkbench.bench.metrics import probe_figures
         from chunkbench.bench.server_metrics import scrape_metrics, server_figures
+
+        # measured as the client of the server's own vLLM release measures it (the newest: not vLLM)
+        timing = choose_timing(self.endpoint, None)
 
         def serve(workload, *, seed=0, warmup_steps=0, progress=False, label="run") -> RunResult:
             vocab = self.vocab_size or (config.model.vocab_size if config else 32000)
             before = scrape_metrics(self.endpoint)
-            result = asyncio.run(
-                bench_endpoint(self.endpoint, workload, vocab, self.model, seed=seed, **self.client_options)
-            )
+            options = {"rules": timing.rules} | self.client_options
+            result = asyncio.run(bench_endpoint(self.endpoint, workload, vocab, self.model, seed=seed, **options))
             ttfts = [r.ttft for r in result.records if r.ok]
-            server = server_figures(before, scrape_metrics(self.endpoint), ttfts)
+            server = server_figures(before, scrape_metrics(self.endpoint), ttfts) | timing.record()
             if self.client_options.get("probe_rate"):
                 server |= probe_figures(result.probes)
             return RunResult(result.records, [], result.duration, 0, server=server)

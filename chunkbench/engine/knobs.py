@@ -296,7 +296,7 @@ KNOBS: dict[str, Knob] = {
             "simulator only: the real engine runs on one device.",
             short="tp",
             vllm="tensor-parallel-size",
-            sglang="--tp",
+            sglang="--tp-size",
             label="TP",
         ),
         Knob(

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from chunkbench import servers
 from chunkbench.bench.backends import Backend, EndpointBackend, Serve
 from chunkbench.engine.config import EngineConfig
-from chunkbench.engine.knobs import KNOBS
+from chunkbench.engine.knobs import KNOBS, release
 from chunkbench.errors import UserError
 from chunkbench.launch.gpu_monitor import GpuMonitor
 from chunkbench.launch.node import Slot, fill_endpoint
@@ -85,7 +85,7 @@ class LaunchBackend(Backend):
     client_options: dict = field(default_factory=dict)
     slot: Slot = field(default_factory=Slot)
     node: tuple[Slot, ...] = ()  # every slot of the tune (--slots); empty: this one
-    gpu_figures: dict = field(default_factory=dict, repr=False)  # the last session's NVML figures (gpu_monitor)
+    figures: dict = field(default_factory=dict, repr=False)  # the last session's: its server's release, NVML figures
     versions: dict = field(default_factory=dict)  # server kind -> the release its flags target (servers/)
     kind = "launch"
     warms_up = True
@@ -93,7 +93,7 @@ class LaunchBackend(Backend):
     @property
     def slots(self) -> list[LaunchBackend]:
         """One backend per slot of the node, each launching into its own slot."""
-        return [replace(self, slot=slot, gpu_figures={}) for slot in self.node] or [self]
+        return [replace(self, slot=slot, figures={}) for slot in self.node] or [self]
 
     @property
     def url(self) -> str:
@@ -124,14 +124,33 @@ class LaunchBackend(Backend):
                 owner = check_owner(server, port)
             except RuntimeError as exc:
                 raise LaunchError(f"{exc}; its output ended: {log_tail(log)}{where}") from None
+            self.figures.clear()
+            version = self._check_version(url, log)
             with log.open("a") as out:
-                out.write(f"chunkbench: healthy at {url}: {owner}\n")
+                out.write(f"chunkbench: healthy at {url}: {owner}" + (f"; vLLM {version}" if version else "") + "\n")
             monitor = GpuMonitor.maybe(self.slot.gpus)
             if monitor is not None:
-                stack.callback(lambda: self.gpu_figures.update(monitor.stop()))
-            self.gpu_figures.clear()
+                stack.callback(lambda: self.figures.update(monitor.stop()))
             with EndpointBackend(url, client_options=self.client_options).session(config) as serve:
                 yield self._checked(serve, server, parts.hostname or "127.0.0.1", port, log)
+
+    def _check_version(self, url: str, log: Path) -> str | None:
+        """The launched server's vLLM release (GET /version), kept in the trial's figures; a release other than
+        the one the tune targets fails the trial: its configs would name options that server has not got."""
+        from chunkbench.bench.client_rules import server_version
+
+        version = server_version(url)
+        if version is None:
+            return None
+        self.figures["server_version"] = version
+        target = self.versions.get("vllm")
+        if target and servers.recognise(self.launch) is servers.get("vllm"):
+            if release(version)[:2] != release(target)[:2]:
+                raise LaunchError(
+                    f"the launched server is vLLM {version}, and the tune targets vLLM {target}: give "
+                    f"--vllm-version {version}, or launch vLLM {target}; its output ended: {log_tail(log)}"
+                )
+        return version
 
     @staticmethod
     def _checked(serve: Serve, server: Launched, host: str, port: int, log: Path) -> Serve:

@@ -150,7 +150,7 @@ def test_emitted_configs_carry_tensor_parallelism():
     text = VLLM.yaml(config, [])
     assert "model: meta-llama/Llama-3.1-70B-Instruct" in text and "tensor-parallel-size: 4" in text
     assert "kv-cache-dtype: fp8" in text and "max-model-len: 32768" in text
-    assert "--tp 4" in SGLANG.command(config) and "--kv-cache-dtype fp8_e4m3" in SGLANG.command(config)
+    assert "--tp-size 4" in SGLANG.command(config) and "--kv-cache-dtype fp8_e4m3" in SGLANG.command(config)
 
 
 def test_long_context_presets_accept_their_full_length():

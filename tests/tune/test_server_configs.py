@@ -54,7 +54,7 @@ def test_a_chosen_knob_is_set_even_at_chunkbench_default():
     big = EngineConfig.create("llama-3-70b", tensor_parallel_size=4, kv_cache_dtype="fp8", block_size=32)
     got = options(big)[0]
     assert got["tensor-parallel-size"] == 4 and got["kv-cache-dtype"] == "fp8" and got["block-size"] == 32
-    assert "--mem-fraction-static" not in SGLANG.command(big) and "--tp 4" in SGLANG.command(big)
+    assert "--mem-fraction-static" not in SGLANG.command(big) and "--tp-size 4" in SGLANG.command(big)
 
 
 def test_every_knob_with_a_vllm_option_names_it_in_dashes():

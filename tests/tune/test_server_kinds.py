@@ -167,3 +167,52 @@ def test_a_tune_for_an_unknown_vllm_release_is_refused_in_one_line(tmp_path, cap
     code, stdout, err = run_cli(["tune", "--vllm-version", "0.29.0", "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "vLLM 0.29.0: chunkbench targets" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+FAKE_SGLANG = Path(__file__).with_name("fake_sglang.py")
+
+
+def test_a_launched_tune_of_sglang_completes_with_its_flags(tmp_path, capsys):
+    """The fake SGLang (tests/tune/fake_sglang.py: SGLang 0.5.23's flags, health and streams) launched per trial
+    with {sglang_flags}; it exits 2 on a flag SGLang has not got, so every complete trial parsed its flags."""
+    out = tmp_path / "sglang"
+    launch = f"{sys.executable} {FAKE_SGLANG} --model-path {{model}} {{sglang_flags}} --port {{port}} --enable-metrics"
+    code, stdout, err = run_cli(
+        [
+            "tune",
+            "--model",
+            "tiny",
+            "--backend",
+            "launch",
+            "--launch",
+            launch,
+            "--objective",
+            "goodput",
+            "--workload",
+            "chat",
+            "--num-requests",
+            "6",
+            "--rate",
+            "8",
+            "--n-trials",
+            "3",
+            "--verify-top",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    flat = " ".join(stdout.split())
+    assert "launching SGLang 0.5.23" in flat and "SGLang 0.5.23 has no option for" in flat
+    url = f"sqlite:///{out / 'study.db'}"
+    study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    for trial in study.trials:
+        log = (out / "trials" / str(trial.number) / "launch.log").read_text()
+        budget = trial.user_attrs["knobs"]["max_num_batched_tokens"]
+        assert f"'max_prefill_tokens': {budget}" in log  # the server ran with the trial's budget
+        assert trial.user_attrs["metrics"].get("server_metrics") == "sglang"  # its /metrics were read
+    assert (out / "sglang.txt").read_text().startswith("python -m sglang.launch_server --model-path ")

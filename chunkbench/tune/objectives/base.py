@@ -34,7 +34,9 @@ METRIC_ATTRS = (
     "scheduling_delay_source",
     "steady_requests",
     "run_requests",
-)  # the last two: over HTTP, from the server
+    "server_metrics",
+    "client_rules_since",
+)  # over HTTP: whose /metrics were read (vllm, sglang), and which vLLM release's client rules timed the run
 
 
 @dataclass

@@ -53,10 +53,10 @@ def evaluate_runs(
     slot = getattr(backend, "slot", None)
     with open_run(spec, knobs, workload, backend, log, progress, capacity_hint) as run:
         outcomes = [objective.score(run) for _ in range(repeats)]
-    for outcome in outcomes:  # where each run was measured (a launched server's slot), its GPUs' figures
+    for outcome in outcomes:  # where each run was measured (a launched server's slot and release), its GPUs' figures
         if slot is not None:
             outcome.metrics["slot"] = str(slot)
-        outcome.metrics |= getattr(backend, "gpu_figures", {})
+        outcome.metrics |= getattr(backend, "figures", {})
     return outcomes
 
 

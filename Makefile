@@ -27,10 +27,12 @@ test: $(STAMP)
 	$(PY) -m pytest -q -m "not vllm"
 
 # The vLLM tier: vLLM 0.32.0's CPU build in its own venv (.venv-vllm, installed once by scripts/vllm_env.sh,
-# with the tiny model it serves) and SGLang 0.5.23's command-line parser (.venv-sglang, scripts/sglang_env.sh: about
-# a minute), then the tests that hold chunkbench against them (tests/vllm/).
+# with the tiny model it serves), vLLM 0.34.0's scheduler (.venv-vllm034, scripts/vllm034_env.sh: the wheel without
+# its CUDA dependencies, about three minutes) and SGLang 0.5.23's command-line parser (.venv-sglang,
+# scripts/sglang_env.sh: about a minute), then the tests that hold chunkbench against them (tests/vllm/).
 test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh
+	PYTHON=$(PYTHON) bash scripts/vllm034_env.sh
 	PYTHON=$(PYTHON) bash scripts/sglang_env.sh
 	$(PY) -m pytest -q -m vllm tests/vllm
 

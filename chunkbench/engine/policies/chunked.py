@@ -81,8 +81,9 @@ def prefill_held(s: Scheduler) -> bool:
 def put_cached_first(s: Scheduler) -> None:
     """vLLM 0.34's cache-aware admission: once the KV cache is at least cache_aware_admission_threshold used,
     the requests among the first cache_aware_admission_window waiting ones whose prompt prefix is cached move
-    ahead, the deepest cached prefix first, arrival order breaking ties. Only requests never run take part:
-    a preempted one keeps its place and nothing moves past it. Needs the prefix cache."""
+    ahead, the deepest cached prefix first, arrival order breaking ties. Only requests never run take part,
+    in each other's places: a preempted one keeps its own (as in vLLM, the others may still move across it).
+    Needs the prefix cache."""
     config, bm, waiting = s.config, s.block_manager, s.waiting
     if len(waiting) < 2 or not bm.enable_caching:
         return

@@ -24,8 +24,9 @@ from chunkbench.commands.tune_options import (
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
-from chunkbench.launch.backend import launch_command
-from chunkbench.launch.node import plan_slots, varies_by_slot
+from chunkbench.launch.backend import launch_command, launch_values
+from chunkbench.launch.node import Slot, plan_slots, varies_by_slot
+from chunkbench.launch.template import check_endpoint, check_launch, placeholders
 from chunkbench.launch.versions import launched_target
 from chunkbench.tune.objectives import resolve as resolve_objective
 
@@ -184,7 +185,7 @@ def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
     node = plan_slots(args.slots, args.port_base, args.gpus, args.gpus_per_trial, args.cpus, args.cpus_per_trial)
     endpoint = args.endpoint
     if args.backend == "launch":
-        endpoint = launch_slots(args.launch, endpoint, args.jobs, node)
+        endpoint = launch_slots(args.launch, endpoint, args.jobs, node, config)
     elif any(v is not None for v in (args.slots, args.gpus, args.cpus)):
         raise UserError("--slots, --gpus and --cpus place launched servers: they need --backend launch")
     resolved = announce(
@@ -240,16 +241,26 @@ def check_workload(spec_workload, search_space, given: dict) -> None:
 DEFAULT_PROBE_RATE = 2.0  # --sla-probe without --probe-request-rate: probes per second (vLLM's docs' example)
 
 
-def launch_slots(launch: str | None, endpoint: str | None, jobs: int, node: list) -> str | None:
+def launch_slots(launch: str | None, endpoint: str | None, jobs: int, node: list, config: EngineConfig) -> str:
     """The endpoint of --backend launch (its default where --launch has {port}), after refusing what cannot
-    work: --jobs (trials of launched servers run in --slots), one fixed port for several slots."""
+    work, before anything is launched: --jobs (trials of launched servers run in --slots), a template or an
+    endpoint that does not form for every slot, one fixed port for several slots."""
     if jobs > 1:
         raise UserError("--jobs runs simulated trials in processes; launched servers run in --slots N")
-    if endpoint is None and launch and "{port}" in launch:
+    if not launch:
+        raise UserError('--backend launch needs --launch COMMAND, e.g. "vllm serve {model} {vllm_flags} --port {port}"')
+    check_launch(launch, config, node, launch_values(config) | Slot().values())
+    if endpoint is None:
+        if "port" not in placeholders("--launch", launch):
+            raise UserError(
+                "--backend launch needs --endpoint URL, the launched server's OpenAI base URL (or a {port} in "
+                "--launch: the endpoint is then http://127.0.0.1:{port}/v1)"
+            )
         endpoint = "http://127.0.0.1:{port}/v1"
+    check_endpoint(endpoint, node)
     if len(node) > 1:
         for flag, text in (("--launch", launch), ("--endpoint", endpoint)):
-            if text and not varies_by_slot(text):
+            if not varies_by_slot(text):
                 raise UserError(
                     f"{flag} names one fixed port, and {len(node)} slots would launch on it: put "
                     "{port} where the port goes (slot i gets --port-base + i)"

@@ -23,11 +23,11 @@ from chunkbench import servers
 from chunkbench.bench.backends import Backend, EndpointBackend, Serve
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import KNOBS, release
-from chunkbench.errors import UserError
 from chunkbench.launch.gpu_monitor import GpuMonitor
 from chunkbench.launch.node import Slot, fill_endpoint
 from chunkbench.launch.ports import holder_text, port_busy
 from chunkbench.launch.process import Launched, LaunchError, check_not_stopping, check_owner, start_server
+from chunkbench.launch.template import check_launch
 from chunkbench.servers.kind import first_chunk_cap
 
 __all__ = ["LaunchBackend", "LaunchError", "launch_command", "launch_values", "log_tail"]
@@ -53,13 +53,8 @@ def launch_values(config: EngineConfig, versions: dict | None = None) -> dict:
 
 def launch_command(template: str, config: EngineConfig, slot: Slot | None = None, versions: dict | None = None) -> str:
     values = launch_values(config, versions) | (slot or Slot()).values()
-    try:
-        return template.format(**values)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise UserError(
-            f"--launch: cannot fill '{template}': unknown placeholder {exc}; use "
-            f"{', '.join('{' + k + '}' for k in sorted(values))}"
-        ) from None
+    check_launch(template, config, [slot or Slot()], values)
+    return template.format(**values)
 
 
 def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:

@@ -73,11 +73,20 @@ def plan_slots(
     count = slots if slots is not None else min(possible, default=1)
     if count < 1:
         raise UserError(f"--slots must be at least 1, got {count}")
-    for flag, found in zip(("--gpus", "--cpus"), groups):
+    for flag, ids, per, found in zip(
+        ("--gpus", "--cpus"), (gpu_ids, cpu_ids), (gpus_per_trial, cpus_per_trial), groups
+    ):
         if found is not None and found < count:
-            raise UserError(f"--slots {count}: {flag} makes only {found} groups of its -per-trial")
+            raise UserError(
+                f"--slots {count} needs {count * per} of {flag} ({per} per slot: {flag}-per-trial), and {flag} "
+                f"names {len(ids)}: name more, or give fewer --slots"
+            )
     if not 1 <= port_base <= 65535 - count + 1:
-        raise UserError(f"--port-base must leave {count} ports below 65536, got {port_base}")
+        last = 65535 - count + 1
+        raise UserError(
+            f"--port-base must be a port from 1 to {last} (slot i listens on --port-base + i, ports end at 65535), "
+            f"got {port_base}"
+        )
     return [
         Slot(
             i,

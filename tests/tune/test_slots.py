@@ -175,7 +175,7 @@ def test_slot_placeholders_and_refusals(tmp_path, capsys):
     node = plan_slots(None, 9000, gpus="0-3", gpus_per_trial=2)
     assert [(s.port, s.gpus) for s in node] == [(9000, (0, 1)), (9001, (2, 3))]
     assert [s.cpus for s in plan_slots(2, 9000, cpus="4,5")] == [(4,), (5,)]
-    with pytest.raises(UserError, match="makes only 1 groups"):
+    with pytest.raises(UserError, match="--slots 3 needs 6 of --gpus .* and --gpus names 2"):
         plan_slots(3, 9000, gpus="0,1", gpus_per_trial=2)
     backend = LaunchBackend("x --port {port}", "http://127.0.0.1:{port}/v1", node=tuple(node), slot=node[0])
     assert [b.url for b in backend.slots] == ["http://127.0.0.1:9000/v1", "http://127.0.0.1:9001/v1"]

@@ -1,10 +1,9 @@
 """Every engine knob declared once: name, type, default, unit and help, where it lives in EngineConfig, its
 vLLM and SGLang option, its short name in `compare` policy specs, and whether the tuner may search it.
 
-Everything else is derived from this table: the config dataclasses' defaults, `EngineConfig.create`, the
-CLI options, search-space validation, the emitted vLLM/SGLang/chunkbench configs, the tune report's knob
-text and the `--launch` placeholders. To add a knob, add a row here and read it where the engine uses it.
-Plain data: no torch, no typer.
+Everything else is derived from it: config defaults, `EngineConfig.create`, CLI options, search-space checks,
+server configs (chunkbench/servers/), report text and `--launch` placeholders. To add a knob, add a row here and
+read it where the engine uses it. Plain data: no torch, no typer.
 """
 
 from __future__ import annotations
@@ -242,6 +241,7 @@ KNOBS: dict[str, Knob] = {
             searchable=True,
             chunked_only=True,
             label="cache-aware window",
+            default_is_off=True,
         ),
         Knob(
             "cache_aware_admission_threshold",

@@ -57,8 +57,8 @@ def server_knobs(config: EngineConfig):
         if knob.name in DEPLOYMENT:
             if DEPLOYMENT[knob.name](value):
                 yield knob, value
-        elif value is not None and knob.name in config.chosen:
-            yield knob, value
+        elif value is not None and knob.name in config.chosen and not (knob.default_is_off and value == knob.default):
+            yield knob, value  # a rule chosen off is left at the server's own default: off
 
 
 def is_set(knob: Knob, value) -> bool:

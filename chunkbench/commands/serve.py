@@ -82,7 +82,8 @@ def serve(
 @with_options(BENCH_OPTIONS)
 def bench(**options) -> None:
     """Benchmark any OpenAI-compatible server with chunkbench's workloads and metrics (same files as `run`),
-    including failed requests and their errors, as vllm bench serve 0.32 measures: no sampling parameter or
+    including failed requests and their errors, as vllm bench serve of the server's release measures (its
+    /version, or --vllm-version: 0.32's or 0.33+'s client rules): no sampling parameter or
     warm-up unless asked, and synthetic arrivals on vLLM's own schedule for --rate, --burstiness and --seed
     (--arrival vllm, the default here). vllm bench serve's command lines run as they are: its --base-url,
     --host/--port, --endpoint path, --backend, --dataset-name/--dataset-path, --request-rate, --num-prompts

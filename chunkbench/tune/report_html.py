@@ -11,7 +11,7 @@ import optuna
 from chunkbench.bench.report import embedded_png, html_page
 from chunkbench.files import write_text
 from chunkbench.tune.node_report import node_section
-from chunkbench.tune.report_text import knobs_text, sla_misses
+from chunkbench.tune.report_text import knobs_text, sla_misses, trials_text
 from chunkbench.tune.study import closest_trials, feasible_trials, is_feasible
 
 
@@ -62,7 +62,7 @@ def write_html(spec, study, out_dir, winner, chosen, verified, command, ahead, n
     )
     body = f"""<h1>chunkbench tune: {esc(study.study_name)}</h1><p><code>{esc(command)}</code></p>
 <p>{esc(spec.model)}, workload {esc(spec.workload.name)} at {spec.workload.rate} req/s, objective
-{spec.objective}, {esc(str(spec.backend))}, {len(study.trials)} trials.</p>
+{spec.objective}, {esc(str(spec.backend))}, {trials_text(study)}.</p>
 <h2>{esc(title)}</h2>{f"<p><b>{esc(ahead)}</b></p>" if ahead else ""}
 <table><tr><th>SLA</th><th>measured</th><th></th></tr>{slo_rows}</table>
 {embedded_png(out_dir / "search.png")}

@@ -28,6 +28,14 @@ def point_text(knobs: dict) -> str:
     return ", ".join(parts)
 
 
+def trials_text(study: optuna.Study) -> str:
+    """'60 trials', or '58 trials (2 failed)': the complete trials a study holds (a resumed study's interrupted and
+    replaced ones are not counted), its failed ones apart."""
+    complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    return f"{complete} trials" + (f" ({failed} failed)" if failed else "")
+
+
 def _ms(value) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -40,11 +48,8 @@ def results_table(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict]
     winners = feasible_trials(study)
     keys = [s.summary_key for s in spec.slos]
     closest = [] if winners else closest_trials(study, spec.slos)
-    what = (
-        f"best of {len(study.trials)} trials"
-        if winners or not closest
-        else f"none of {len(study.trials)} trials met the SLAs; the closest"
-    )
+    counted = trials_text(study)
+    what = f"best of {counted}" if winners or not closest else f"none of {counted} met the SLAs; the closest"
     winners = winners or closest
     title, metric = get(spec.objective).column
     table = Table(title=f"{spec.model}: {what} ({spec.objective}, {spec.backend})")

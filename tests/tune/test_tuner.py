@@ -388,3 +388,17 @@ def test_two_processes_share_one_postgres_study(tmp_path):
     assert sorted(t.number for t in trials) == list(range(16))  # none lost, none twice
     workers = {t.user_attrs.get("worker") for t in trials}
     assert len(workers) == 2, "both processes ran trials"
+
+
+def test_a_resumed_studys_trial_count_is_its_complete_trials():
+    """An interrupted trial (left RUNNING, then replaced on resume) and a failed one are not 'trials' of the
+    search: the header counts the complete ones and names the failed apart."""
+    from chunkbench.tune.report_text import trials_text
+
+    study = optuna.create_study()
+    for value in (1.0, 2.0, 3.0):
+        study.add_trial(optuna.trial.create_trial(value=value))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING))
+    assert trials_text(study) == "3 trials (1 failed)"
+    assert trials_text(optuna.create_study()) == "0 trials"

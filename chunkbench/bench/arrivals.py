@@ -4,9 +4,11 @@ wait for days."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from chunkbench.errors import UserError
+from chunkbench.errors import UserError, check_number
 
 ARRIVALS = ("poisson", "gamma", "constant", "all-at-once", "vllm")
 MAX_SPAN_S = 1e9  # arrivals within ~30 years: float64 seconds keep microseconds
@@ -30,6 +32,37 @@ def check_real_time(requests: list, where: str) -> None:
 
 
 RAMP_UPS = ("linear", "exponential")
+
+
+def check_ramp(strategy: str | None, start: float | None, end: float | None) -> None:
+    """vllm bench serve's --ramp-up-* rules (0.32 and 0.34 alike: main_async's "Validate ramp-up arguments",
+    then get_request's assert that every request's rate is > 0): whole numbers of requests/s, both given,
+    0 <= start <= end, and a start above 0 (exponential: by main_async; linear: its first request's rate would
+    be 0). Without a strategy vLLM ignores the start and end: so does chunkbench, and says so."""
+    if strategy is None:
+        if start is not None or end is not None:
+            warnings.warn(
+                "--ramp-up-start-rps and --ramp-up-end-rps are ignored without --ramp-up-strategy "
+                "(as vllm bench serve ignores them)",
+                stacklevel=3,
+            )
+        return
+    if strategy not in RAMP_UPS:
+        raise UserError(f"--ramp-up-strategy must be one of {', '.join(RAMP_UPS)}, got '{strategy}'")
+    if start is None or end is None:
+        raise UserError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
+    check_number("--ramp-up-start-rps", start, low=0, integer=True)
+    check_number("--ramp-up-end-rps", end, low=0, integer=True)
+    if start > end:
+        raise UserError(
+            f"--ramp-up-start-rps ({start:g}) must be at most --ramp-up-end-rps ({end:g}): a ramp-up rises, as "
+            "vllm bench serve requires"
+        )
+    if start == 0:
+        raise UserError(
+            f"--ramp-up-start-rps must be at least 1 with --ramp-up-strategy {strategy}: the first request's "
+            "rate would be 0 requests/s (vllm bench serve refuses it too)"
+        )
 
 
 def ramp_rates(strategy: str, start: float, end: float, n: int) -> np.ndarray:
@@ -94,7 +127,8 @@ def sample_arrivals(
     elif kind == "gamma":
         if burstiness <= 0:
             raise UserError(f"--burstiness must be > 0, got {burstiness}")
-        gaps = rng.gamma(burstiness, 1.0 / (rates * burstiness))
+        # inf: the gaps' spread vanishes (vLLM's get_request takes them constant)
+        gaps = 1.0 / rates if burstiness == float("inf") else rng.gamma(burstiness, 1.0 / (rates * burstiness))
     else:
         raise UserError(f"--arrival must be one of {', '.join(ARRIVALS)} or trace, got '{kind}'")
     gaps[0] = 0.0  # the first request opens the run

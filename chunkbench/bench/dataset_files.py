@@ -6,6 +6,7 @@ datasets, and the drawn ones (random, prefix_repetition), are in chunkbench/benc
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -37,7 +38,8 @@ def _read_frame(path: Path, reader: Callable, what: str) -> pd.DataFrame:
     try:
         return reader(path)
     except (ValueError, OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-        raise UserError(f"--workload: cannot read {path} as {what}: {str(exc).splitlines()[0]}") from None
+        why = "not JSON lines (one JSON object a line)" if what == "JSONL" else str(exc).splitlines()[0]
+        raise UserError(f"--workload: cannot read {path} as {what}: {why}") from None
 
 
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
@@ -116,17 +118,28 @@ def load_hf(spec, path: Path, n: int | None, rng) -> Drawn:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets
 
+    if Path(path).is_file():
+        raise UserError(
+            f"--workload hf: {path} is a file; hf reads a dataset folder (Dataset.save_to_disk's, or data files "
+            "by split) or a name in the datasets cache"
+        )
     datasets.disable_progress_bars()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(logging.CRITICAL + 1)  # its log line of a bad file: the error below says it
     try:
         if (Path(path) / "state.json").is_file():  # a Dataset.save_to_disk folder
             rows = datasets.load_from_disk(str(path))
         else:
             rows = datasets.load_dataset(str(path), name=spec.hf_subset, split=spec.hf_split)
     except Exception as exc:  # datasets raises many types for a missing or bad dataset
+        while exc.__cause__ is not None:  # "An error occurred while generating the dataset": what it was
+            exc = exc.__cause__
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise UserError(
             f"--workload hf: cannot load {path} here (local folder or the datasets cache, no download): {first}"
         ) from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
     if spec.shuffle:
         rows = rows.shuffle(seed=spec.seed)
     if n:
@@ -178,10 +191,13 @@ def load_timed_trace(spec, path: Path, n: int | None, rng) -> Drawn:
         where = f"--workload timed_trace: {path} line {number}"
         try:
             entry = json.loads(line)
-            timestamp, length, output = (entry[label] for label in labels)
-            ids = entry.get(spec.timed_trace_label_hash_ids, [])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"{where}: not a JSON object with {', '.join(labels)} ({exc})") from None
+        except ValueError:
+            raise UserError(f"{where} is not JSON (a JSON object a line, with {', '.join(labels)})") from None
+        missing = [label for label in labels if label not in entry] if isinstance(entry, dict) else labels
+        if missing:
+            raise UserError(f"{where}: not a JSON object with {', '.join(labels)} (no {', '.join(missing)})")
+        timestamp, length, output = (entry[label] for label in labels)
+        ids = entry.get(spec.timed_trace_label_hash_ids, [])
         if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
             raise UserError(f"{where}: {spec.timed_trace_label_hash_ids} must be a list of integers")
         segments, left = [], _whole(length, where)

@@ -115,9 +115,7 @@ def _trace(file: str) -> Callable:
 
 
 def _user_file(spec, n: int, rng) -> Drawn:
-    path = Path(spec.name)
-    if not path.is_file():
-        raise UserError(f"--workload: no such file: {path}")
+    path = Path(spec.name)  # each reader checks the file (user_files.check_file)
     return _frame(spec, read_sharegpt(path, spec.tokenizer) if path.suffix == ".json" else read_token_file(path))
 
 

@@ -4,6 +4,9 @@ a bad file is one clear error, never a traceback or a silently wrong workload.""
 
 from __future__ import annotations
 
+import codecs
+import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +28,13 @@ OPTIONAL_COLUMNS = ("arrival_time", "prefix_group", "prefix_len")
 
 
 def read_token_file(path: Path) -> pd.DataFrame:
+    check_file(path)
     try:
         if path.suffix in (".jsonl", ".ndjson"):
             frame = pd.read_json(path, lines=True)
         else:
             frame = pd.read_csv(path)
-    except (ValueError, OSError, pd.errors.ParserError) as exc:
+    except (ValueError, OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
         raise UserError(f"--workload: cannot read {path}: {str(exc).splitlines()[0]}") from None
     columns = {}
     for name, aliases in COLUMN_ALIASES.items():
@@ -64,21 +68,47 @@ def check_counts(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame
 
 
-def read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
-    """First human turn as the prompt, the first answer after it as the output."""
-    import datasets
-
-    datasets.disable_progress_bars()  # its bars would fill the terminal around our one-line errors
+def check_file(path: Path, where: str = "--workload") -> int:
+    """A data file's size, once it is known to be a readable regular file that is not empty and begins as text
+    (UTF-8: every file kind read here is text); else one UserError starting `where` and naming the file."""
+    if not path.exists():
+        raise UserError(f"{where}: no such file: {path}")
+    if not path.is_file():
+        raise UserError(
+            f"{where}: {path} is a folder, not a file" if path.is_dir() else f"{where}: {path} is not a file"
+        )
     try:
-        rows = datasets.load_dataset("json", data_files=str(path), split="train")
-    except Exception as exc:  # datasets raises many types for a bad file
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"--workload: cannot read {path} as ShareGPT JSON: {first}") from None
-    if "conversations" not in rows.column_names:
+        with path.open("rb") as f:
+            head = f.read(1 << 16)
+    except OSError as exc:
+        raise UserError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+    if not head.strip():
+        raise UserError(f"{where}: {path} is empty")
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head)  # a character cut at the end is not an error
+    except UnicodeDecodeError:
+        raise UserError(f"{where}: {path} is not text (UTF-8): is it the right file?") from None
+    return path.stat().st_size
+
+
+def read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
+    """First human turn as the prompt, the first answer after it as the output; conversations with fewer
+    than two turns are skipped (as vLLM's ShareGPT loader does). Read once per file and tokenizer."""
+    check_file(path)
+    return _sharegpt(str(path), path.stat().st_mtime_ns, tokenizer_dir).copy()
+
+
+@functools.lru_cache(maxsize=2)
+def _sharegpt(path: str, mtime_ns: int, tokenizer_dir: str | None) -> pd.DataFrame:
+    entries = _json_entries(Path(path))
+    if not any(isinstance(e, dict) and "conversations" in e for e in entries):
         raise UserError(f"--workload: {path} has no 'conversations' field (ShareGPT format)")
     count = token_counter(tokenizer_dir)
     prompts, outputs = [], []
-    for conversation in rows["conversations"]:
+    for entry in entries:
+        conversation = entry.get("conversations") if isinstance(entry, dict) else None
+        if conversation is None:
+            continue
         if not isinstance(conversation, list) or not all(isinstance(t, dict) for t in conversation):
             raise UserError(
                 f"--workload: {path}: each 'conversations' must be a list of turns ({{'from': ..., 'value': ...}})"
@@ -91,6 +121,34 @@ def read_sharegpt(path: Path, tokenizer_dir: str | None) -> pd.DataFrame:
     if not prompts:
         raise UserError(f"--workload: {path} has no conversation with a prompt and an answer")
     return pd.DataFrame({"prompt_len": prompts, "output_len": outputs})
+
+
+def _json_entries(path: Path) -> list:
+    """A JSON file's list of entries (ShareGPT's: one list, as vLLM reads it), or JSON lines, one each."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg != "Extra data":
+            raise UserError(
+                f"--workload: {path} is not JSON ({exc.msg.lower()} at line {exc.lineno}, column {exc.colno}); "
+                'ShareGPT\'s format is a list of {"conversations": [...]} objects'
+            ) from None
+        data = []
+        for number, line in enumerate(text.splitlines(), start=1):  # JSON lines
+            try:
+                data += [json.loads(line)] if line.strip() else []
+            except json.JSONDecodeError as line_exc:
+                raise UserError(f"--workload: {path} line {number} is not JSON ({line_exc.msg.lower()})") from None
+    if isinstance(data, dict):
+        return [data]
+    if not isinstance(data, list):
+        kind = {str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
+        raise UserError(
+            f"--workload: {path} holds a JSON {kind}; ShareGPT's format is a list of "
+            '{"conversations": [...]} objects'
+        )
+    return data
 
 
 def token_counter(tokenizer_dir: str | None):

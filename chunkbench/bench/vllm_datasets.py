@@ -25,7 +25,7 @@ from chunkbench.bench.dataset_files import (
     load_sharegpt,
     load_timed_trace,
 )
-from chunkbench.bench.user_files import MAX_TOKENS
+from chunkbench.bench.user_files import MAX_TOKENS, check_file
 from chunkbench.errors import UserError, check_number
 
 
@@ -117,8 +117,8 @@ def parse(name: str) -> tuple[str, Path | None] | None:
     if DATASETS[kind].takes_path != bool(sep):
         form = f"{kind}:PATH" if DATASETS[kind].takes_path else kind
         raise UserError(f"--workload: write '{form}' for vLLM's {kind} dataset, got '{name}'")
-    if sep and kind != "hf" and not Path(path).is_file():  # hf: a folder, or a name in the datasets cache
-        raise UserError(f"--workload {kind}: no such file: {path}")
+    if sep and kind != "hf":  # hf: a folder, or a name in the datasets cache
+        check_file(Path(path), f"--workload {kind}")
     return kind, Path(path) if sep else None
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from chunkbench.bench import vllm_datasets as datasets
-from chunkbench.bench.arrivals import MAX_SPAN_S, RAMP_UPS, arrival_span, sample_arrivals
+from chunkbench.bench.arrivals import MAX_SPAN_S, arrival_span, check_ramp, sample_arrivals
 from chunkbench.bench.sources import NAMED, find  # noqa: F401  (NAMED: the named workloads, for --help)
 from chunkbench.bench.user_files import MAX_TOKENS
 from chunkbench.engine.limits import longest_prompt, prompt_fits
@@ -95,22 +95,13 @@ class WorkloadSpec:
             check_number("--duration", self.duration, low=0, low_open=True)
         if self.rate != float("inf"):  # inf: every request at once, vllm bench serve's default
             check_number("--rate", self.rate, low=0, low_open=True)
-        check_number("--burstiness", self.burstiness, low=0, low_open=True)
+        if self.burstiness != float("inf"):  # inf: constant gaps, as vLLM's get_request takes it
+            check_number("--burstiness", self.burstiness, low=0, low_open=True)
         check_number("--time-scale", self.time_scale, low=0, low_open=True)
         check_number("--prefix-len", self.prefix_len, low=0, high=MAX_TOKENS, integer=True)
         check_number("--num-prefixes", self.num_prefixes, low=1, integer=True)
         check_number("--seed", self.seed, low=0, high=2**32 - 1, integer=True)
-        if self.ramp_up_strategy is not None:
-            if self.ramp_up_strategy not in RAMP_UPS:
-                raise UserError(
-                    f"--ramp-up-strategy must be one of {', '.join(RAMP_UPS)}, got '{self.ramp_up_strategy}'"
-                )
-            if self.ramp_up_start_rps is None or self.ramp_up_end_rps is None:
-                raise UserError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
-            check_number("--ramp-up-start-rps", self.ramp_up_start_rps, low=0, low_open=True)
-            check_number("--ramp-up-end-rps", self.ramp_up_end_rps, low=0, low_open=True)
-        elif self.ramp_up_start_rps is not None or self.ramp_up_end_rps is not None:
-            raise UserError("--ramp-up-start-rps and --ramp-up-end-rps need --ramp-up-strategy linear|exponential")
+        check_ramp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
         check_number("--probe-request-rate", self.probe_request_rate, low=0)
         datasets.validate(self)
         defaults = {f.name: f.default for f in fields(self)}

@@ -7,12 +7,13 @@ BENCH_OPTIONS) by name, and the workload's and vllm bench serve's other flags as
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 from chunkbench.bench.timeline import parse_thresholds, write_timeline
 from chunkbench.commands.bench_options import SAMPLING_OPTIONS
-from chunkbench.commands.common import console, default_out, load_workload, save_json
+from chunkbench.commands.common import clip_shown, console, default_out, load_workload, save_json
 from chunkbench.commands.options import WORKLOAD_OPTIONS, pick
 from chunkbench.commands.vllm_flags import dataset_workload, server_url
 from chunkbench.errors import UserError, check_number
@@ -34,9 +35,10 @@ def run_bench(args: SimpleNamespace) -> None:
     thresholds = parse_thresholds(args.timeline_itl_thresholds)
     slos = parse_goodput(args.goodput)
     endpoint, api, served_model, options = resolve_vllm_flags(args)
+    spec, requests = read_workload(args, options)  # a bad dataset file is said before the server is asked
     backend = connect(args, endpoint, api, served_model, sampling, headers)
     timing = choose_timing(args, backend)
-    spec, requests, run = measure(args, backend, endpoint, options, slos)
+    requests, run = measure(args, backend, endpoint, requests, slos)
     out, failures = save_outputs(args, run, spec, endpoint, timing.record())
     title = f"{endpoint}, {spec.name}, {len(requests)} requests"
     print_result(run, title, failures, args.probe_request_rate, out)
@@ -58,8 +60,10 @@ def check_client_options(args: SimpleNamespace) -> tuple[dict, dict[str, str]]:
         check_number("--max-concurrency", args.max_concurrency, low=1)
     if args.vocab_size is not None:
         check_number("--vocab-size", args.vocab_size, low=2)
-    check_number("--num-warmups", args.num_warmups, low=0, integer=True)
-    check_number("--probe-request-rate", args.probe_request_rate, low=0)
+    if args.num_warmups < 0:  # vllm bench serve's range(num_warmups): none
+        console.print(f"[yellow]warning:[/] --num-warmups {args.num_warmups}: no warm-ups, as in vllm bench serve")
+        args.num_warmups = 0
+    args.probe_request_rate = probe_rate(args.probe_request_rate)
     if args.vllm_version is not None:
         from chunkbench.bench.client_rules import known_version
 
@@ -71,6 +75,19 @@ def check_client_options(args: SimpleNamespace) -> tuple[dict, dict[str, str]]:
     for name, value in sampling.items():  # finite, before any request (JSON has no NaN; the server judges ranges)
         check_number("--" + name.replace("_", "-"), value)
     return sampling, parse_headers(args.header)
+
+
+def probe_rate(rate: float) -> float:
+    """--probe-request-rate as vllm bench serve's benchmark takes it: a rate that is not > 0 (NaN too) sends no
+    probes, inf sends them back to back (each after the last one's end, with no pause)."""
+    if rate > 0:
+        return rate
+    if rate != 0:
+        console.print(
+            f"[yellow]warning:[/] --probe-request-rate {rate}: no probes (vllm bench serve sends them only at a "
+            "rate above 0)"
+        )
+    return 0.0
 
 
 def parse_headers(items: list[str] | None) -> dict[str, str]:
@@ -141,17 +158,27 @@ def choose_timing(args: SimpleNamespace, backend):
     return timing
 
 
-def measure(args: SimpleNamespace, backend, endpoint: str, options: dict, slos):
-    """Build the workload (prompts fit --max-model-len, else the server's, else 8192) and run it against the
-    server: (its spec, the requests, the run)."""
+def read_workload(args: SimpleNamespace, options: dict):
+    """The workload's spec and requests, not yet fit to a context length (the server's may set it). A bad
+    --dataset-path file is named by vllm bench serve's flag, as given."""
+    try:
+        return load_workload(None, seed=args.seed, **options)
+    except UserError as exc:
+        if args.options["dataset_name"] is None:
+            raise
+        raise UserError(re.sub(r"^--workload(?: [a-z_]+)?", "--dataset-path", str(exc), count=1)) from None
+
+
+def measure(args: SimpleNamespace, backend, endpoint: str, requests: list, slos):
+    """Fit the prompts to --max-model-len, else the server's, else 8192, and run them against the server: (the
+    requests, the run)."""
     from chunkbench.bench.runs import run_benchmark
 
-    limit = args.max_model_len or backend.max_model_len or 8192
-    spec, requests = load_workload(limit, seed=args.seed, **options)
+    requests = clip_shown(requests, args.max_model_len or backend.max_model_len or 8192)
     run = run_benchmark(
         None, requests, backend=backend, label=endpoint, goodput_ms=slos, seed=args.seed, progress=False, warmup_steps=0
     )
-    return spec, requests, run
+    return requests, run
 
 
 def save_outputs(args: SimpleNamespace, run, spec, endpoint: str, timing: dict) -> tuple[Path, list[dict]]:

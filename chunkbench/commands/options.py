@@ -63,8 +63,13 @@ Duration = Annotated[
     Optional[float], typer.Option(help="Keep only requests arriving in the first this many seconds (s).")
 ]
 Rate = Annotated[
-    float,
-    typer.Option("--rate", "--request-rate", help="Mean arrival rate (requests/s); traces with timestamps ignore it."),
+    Optional[float],
+    typer.Option(
+        "--rate",
+        "--request-rate",
+        help="Mean arrival rate (requests/s); traces with timestamps ignore it. Unset: 1 (compare: across load); "
+        "not with --ramp-up-strategy, as in vllm bench serve.",
+    ),
 ]
 Arrival = Annotated[
     Optional[str],
@@ -160,8 +165,8 @@ RampUpStrategy = Annotated[
         "--rate."
     ),
 ]
-RampUpRps = Annotated[
-    Optional[float], typer.Option(help="--ramp-up-strategy's first (start) or last (end) request's rate (requests/s).")
+RampUpRps = Annotated[  # whole numbers, as vllm bench serve's (int) flags
+    Optional[int], typer.Option(help="--ramp-up-strategy's first (start) or last (end) request's rate (requests/s).")
 ]
 ProbeRate = Annotated[
     float,
@@ -209,7 +214,7 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
     "workload": (Workload, _SPEC["name"]),
     "num_requests": (NumRequests, _SPEC["num_requests"]),
     "duration": (Duration, _SPEC["duration"]),
-    "rate": (Rate, _SPEC["rate"]),
+    "rate": (Rate, None),  # unset: the spec's 1 req/s (commands/common.load_workload)
     "arrival": (Arrival, _SPEC["arrival"]),
     "burstiness": (Burstiness, _SPEC["burstiness"]),
     "time_scale": (TimeScale, _SPEC["time_scale"]),

@@ -1,0 +1,129 @@
+"""Hostile input to `bench`, `run`, `compare` and `tune`: each bad value or file is one line on stderr naming the
+flag and what was wrong, exit code 2, before any work, nothing written, no library's text."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+SIM = ["--backend", "sim", "--model", "llama-3-8b", "--no-progress"]
+UNREACHABLE = ["--endpoint", "http://127.0.0.1:9/v1"]  # refused before the server would be asked
+
+SHAREGPT = '[{"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]}]'
+BAD_FILES = {  # name -> (content, what the line says); every file kind vLLM's datasets and chunkbench read
+    "empty.json": (b"", "is empty"),
+    "blank.jsonl": (b"\n  \n", "is empty"),
+    "random.json": (bytes(range(128, 256)) * 8, "is not text"),
+    "random.parquet": (b"PAR2" + bytes(range(200, 256)) * 9, "is not text"),
+    "prose.json": (b"hello world\n", "not JSON"),
+    "number.json": (b"42", "holds a JSON number"),
+    "no_conversations.json": (b'[{"id": 1}]', "no 'conversations'"),
+    "turns_not_a_list.json": (b'[{"conversations": "hi"}]', "must be a list of turns"),
+    "columns.csv": (b"a,b\n1,2\n", "no prompt_len column"),
+    "fractions.csv": (b"prompt_len,output_len\n1.5,2\n", "fractional"),
+}
+
+
+def bad_file(tmp_path: Path, name: str) -> tuple[Path, str]:
+    content, says = BAD_FILES[name]
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path, says
+
+
+def fails_in_one_line(args: list[str], capsys, out: Path, *says: str) -> str:
+    code, stdout, err = run_cli(args, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert all(s in lines[0] for s in says) and "Traceback" not in stdout + err, lines[0]
+    assert not out.exists()
+    return lines[0]
+
+
+# ---- dataset files: ShareGPT, vLLM's file datasets and chunkbench's own files, in every command ----
+
+SHAREGPT_BAD = ["empty.json", "blank.jsonl", "random.json", "random.parquet", "prose.json", "number.json"]
+SHAREGPT_BAD += ["no_conversations.json", "turns_not_a_list.json"]
+
+
+@pytest.mark.parametrize("name", SHAREGPT_BAD)
+def test_a_bad_sharegpt_file_in_bench_names_dataset_path(name, tmp_path, capsys):
+    path, says = bad_file(tmp_path, name)
+    args = ["bench", *UNREACHABLE, "--dataset-name", "sharegpt", "--dataset-path", str(path)]
+    fails_in_one_line([*args, "--out", str(tmp_path / "o")], capsys, tmp_path / "o", "--dataset-path", str(path), says)
+
+
+@pytest.mark.parametrize("name", SHAREGPT_BAD)
+@pytest.mark.parametrize("form", ["sharegpt:{}", "{}"])
+def test_a_bad_sharegpt_file_in_run_names_workload(name, form, tmp_path, capsys):
+    path, says = bad_file(tmp_path, name)
+    if form == "{}" and path.suffix != ".json":  # a bare path is read by its suffix
+        return
+    args = ["run", *SIM, "--workload", form.format(path), "--out", str(tmp_path / "o")]
+    fails_in_one_line(args, capsys, tmp_path / "o", "--workload", str(path), says)
+
+
+@pytest.mark.parametrize("kind", ["custom", "burstgpt", "timed_trace"])
+@pytest.mark.parametrize("name", ["empty.json", "random.json", "random.parquet", "prose.json", "columns.csv"])
+def test_vllm_file_datasets_refuse_bad_files_in_one_line(kind, name, tmp_path, capsys):
+    path, _ = bad_file(tmp_path, name)
+    out = tmp_path / "o"
+    args = ["bench", *UNREACHABLE, "--dataset-name", kind, "--dataset-path", str(path), "--out", str(out)]
+    line = fails_in_one_line(args, capsys, out, "--dataset-path", str(path))
+    assert "codec" not in line and "position 0" not in line, line  # the reason in the user's terms
+
+
+@pytest.mark.parametrize("name", ["columns.csv", "fractions.csv", "empty.json"])
+def test_chunkbench_token_files_refuse_bad_content(name, tmp_path, capsys):
+    path, says = bad_file(tmp_path, name)
+    out = tmp_path / "o"
+    fails_in_one_line(["run", *SIM, "--workload", str(path), "--out", str(out)], capsys, out, str(path), says)
+
+
+def test_a_folder_where_a_file_belongs_is_named(tmp_path, capsys):
+    folder = tmp_path / "data.json"
+    folder.mkdir()
+    out = tmp_path / "o"
+    for args in (
+        ["run", *SIM, "--workload", str(folder)],
+        ["run", *SIM, "--workload", f"custom:{folder}"],
+        ["bench", *UNREACHABLE, "--dataset-name", "sharegpt", "--dataset-path", str(folder)],
+    ):
+        fails_in_one_line([*args, "--out", str(out)], capsys, out, str(folder), "is a folder")
+
+
+def test_a_bad_sharegpt_file_in_tune_writes_no_study(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path, says = bad_file(tmp_path, "empty.json")
+    args = ["tune", *SIM, "--workload", f"sharegpt:{path}", "--sla-ttft", "2s", "--n-trials", "1"]
+    fails_in_one_line(args, capsys, tmp_path / "results", "--workload", str(path), says)
+
+
+def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`chunkbench ARGS` in a process of its own: what a library prints to the terminal is seen too."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "chunkbench.cli", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=240
+    )
+
+
+def test_no_library_prints_around_the_one_line(tmp_path):
+    """datasets logs a bad file's pyarrow error itself; that line must not reach the terminal."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "train.parquet").write_bytes(BAD_FILES["random.parquet"][0])
+    (tmp_path / "sharegpt.json").write_bytes(BAD_FILES["random.json"][0])
+    for args in (
+        ["run", *SIM, "--workload", f"hf:{tmp_path / 'hf'}", "--out", str(tmp_path / "o")],
+        ["run", *SIM, "--workload", f"sharegpt:{tmp_path / 'sharegpt.json'}", "--out", str(tmp_path / "o")],
+        ["bench", *UNREACHABLE, "--dataset-name", "hf", "--dataset-path", str(tmp_path / "hf")],
+    ):
+        done = cli(args, tmp_path)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("chunkbench: error: "), done.stderr
+        assert "Failed to" not in done.stdout + done.stderr and not (tmp_path / "o").exists(), done.stdout

@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from chunkbench.errors import Interrupted
 from chunkbench.launch.ports import descendants, describe, holder_text, port_holders
@@ -93,6 +95,56 @@ def stopped_by() -> int:
 def check_not_stopping() -> None:
     if STOPPING.is_set():
         raise Interrupted(_SIGNAL[0])
+
+
+@contextlib.contextmanager
+def stopping_wins():
+    """Within: a failure once SIGINT/SIGTERM has stopped this process's servers is the interrupt (Interrupted),
+    not what it caused (a launch that "exited before it was healthy", a calibration that failed): the command
+    then exits 128 + the signal, never 1 or 2 with a message about a server the signal stopped."""
+    try:
+        yield
+    except Exception:
+        check_not_stopping()
+        raise
+
+
+def whole_runs(serve: Callable[..., Any]) -> Callable[..., Any]:
+    """A session's `serve` whose run either finished or raises Interrupted: the harness keeps what an interrupt
+    cut short (for `run`, which writes it as partial), and a probe, trial or calibration run must never count
+    those figures as a whole run's."""
+
+    def run(*args, **kwargs):
+        result = serve(*args, **kwargs)
+        if getattr(result, "interrupted", False):
+            raise Interrupted(stopped_by())
+        check_not_stopping()
+        return result
+
+    return run
+
+
+class WholeRunsBackend:
+    """A backend whose sessions' runs are whole_runs, all else the backend's (compare: a capacity probe or a
+    policy's run that an interrupt cut short raises, so no verdict is drawn from it)."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def __str__(self) -> str:
+        return str(self.backend)
+
+    @contextlib.contextmanager
+    def session(self, config, log: Path | None = None):
+        with self.backend.session(config, log=log) as serve:
+            yield whole_runs(serve)
+
+    def run(self, config, workload, **options):
+        with self.session(config) as serve:
+            return serve(workload, **options)
 
 
 def stop_all_servers() -> None:

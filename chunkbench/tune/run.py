@@ -17,7 +17,7 @@ from chunkbench.bench.backends import EngineBackend
 from chunkbench.bench.workload import build_workload
 from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.files import write_json
-from chunkbench.launch.process import check_not_stopping
+from chunkbench.launch.process import check_not_stopping, stopping_wins
 from chunkbench.tune.objectives import evaluate, get
 from chunkbench.tune.report import add_runs_to_csv, outputs, write_outputs
 from chunkbench.tune.report_text import results_table
@@ -82,6 +82,7 @@ def confirm_best(spec: TuneSpec, study: optuna.Study, remeasured: list[dict], pr
     return confirm_winner(spec, *chosen)
 
 
+@stopping_wins()
 def tune_and_report(
     spec: TuneSpec,
     name: str,
@@ -96,7 +97,9 @@ def tune_and_report(
 ) -> Path:
     """Run the study; then re-measure its best: on the real engine (`verify` trials, a simulated search), or
     relaunched `repeats` times each (`verify` distinct configurations, --backend launch, where the winner is
-    then picked on those measurements; not for pareto, whose front has no one winner)."""
+    then picked on those measurements; not for pareto, whose front has no one winner). SIGINT/SIGTERM in any
+    phase raises Interrupted before anything is written (stopping_wins); finished trials and re-measurements
+    are kept for the resumed tune."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else math.inf  # --timeout bounds the end too
     out = out or study_folder(name)
@@ -146,6 +149,7 @@ def tune_and_report(
     confirmed = confirm_best(spec, study, remeasured, progress, deadline)
     check_not_stopping()
     finish(spec, study, out, verified, remeasured, settled, confirmed, command, backend_note)
+    check_not_stopping()  # a signal while the outputs were written: they are whole, and the exit says it came
     return out
 
 

@@ -240,6 +240,7 @@ class _TrialLoop:
             )
             if self.slots.interrupted.is_set():
                 raise Interrupted()
+            check_not_stopping()  # a run that ended as the signal came: its figures are not counted either
         except KeyboardInterrupt:  # its server was stopped under it: not a result
             trial.set_user_attr("error", "interrupted (SIGINT or SIGTERM): not counted")
             self.study.tell(trial, state=TrialState.FAIL)

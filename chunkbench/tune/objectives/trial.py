@@ -12,6 +12,7 @@ from rich.console import Console
 
 from chunkbench.bench.backends import Backend
 from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.launch.process import whole_runs
 from chunkbench.tune.objectives.base import Run
 from chunkbench.tune.objectives.registry import get
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
@@ -70,10 +71,12 @@ def open_run(
     progress: bool = False,
     capacity_hint: float | None = None,
 ) -> Iterator[Run]:
-    """A configuration in a backend session of its own (a launched server), warmed up, for an objective."""
+    """A configuration in a backend session of its own (a launched server), warmed up, for an objective. A run
+    an interrupt cut short raises Interrupted (launch.process.whole_runs): never scored as a trial's."""
     backend = backend or spec.backend
     config = spec.base_config(**knobs)
-    with backend.session(config, log=log) as serve:
+    with backend.session(config, log=log) as session:
+        serve = whole_runs(session)
         warm_up_server(backend, serve, config, spec.seed)
         yield Run(spec, knobs, workload, serve, config, backend, progress, capacity_hint)
 

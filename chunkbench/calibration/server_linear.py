@@ -28,6 +28,7 @@ import numpy as np
 from chunkbench.calibration.linear_rows import direct_estimate, stall_period
 from chunkbench.calibration.linear_trace import Trace, trace
 from chunkbench.calibration.server_runs import residuals, run_figures, simulate_run, targets
+from chunkbench.launch.process import check_not_stopping
 from chunkbench.sim.cost_family import Scored
 from chunkbench.sim.linear_cost import LinearFamily
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
@@ -156,6 +157,7 @@ def _descend(
         return np.where(free, np.exp(x) * unit, 0.0)
 
     def objective(y: np.ndarray) -> float:
+        check_not_stopping()  # a fit takes a minute of CPU with no server to stop: SIGINT/SIGTERM end it here
         return 1e6 if np.any(np.abs(y - start[free]) > trust) else value(coefficients(y))
 
     n = int(free.sum())

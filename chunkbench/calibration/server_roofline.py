@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from chunkbench.calibration.server_runs import residuals, simulate_design
+from chunkbench.launch.process import check_not_stopping
 from chunkbench.sim.cost_family import CostFamily, Scored
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.spec import TuneSpec
@@ -50,6 +51,7 @@ def _fit_roofline(
         return ServerCalibration(device, *np.exp(x).tolist(), **meta)
 
     def vector(x, only=None) -> np.ndarray:
+        check_not_stopping()  # each point simulates the runs: SIGINT/SIGTERM end the fit here (server_linear's)
         if box is not None and np.any(np.abs(x - box) > BOX):  # outside: constants no server has
             return np.full(len(reference_vector), 1e3)
         main, extra = [], []

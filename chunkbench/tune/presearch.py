@@ -33,6 +33,7 @@ from chunkbench.bench.backends import Backend, SimBackend
 from chunkbench.calibration import server as cal
 from chunkbench.errors import StudyFailed, UserError
 from chunkbench.launch.backend import LaunchError
+from chunkbench.launch.process import check_not_stopping, stopping_wins
 from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibration
 from chunkbench.tune.objectives import get, one_winner_names
 from chunkbench.tune.presearch_report import drift_text, write_presearch_outputs
@@ -66,7 +67,8 @@ def calibration_for(
         console.print(f"calibrating: launching the server for the {design.name} run{where} ...", soft_wrap=True)
         try:
             run = cal.measure_design(backend, spec, design, out / "calibration" / design.name / "launch.log")
-        except LaunchError as exc:  # nothing to calibrate on: the tune cannot go on
+        except LaunchError as exc:  # nothing to calibrate on: the tune cannot go on (unless a signal stopped it)
+            check_not_stopping()
             raise StudyFailed(
                 f"calibration: the server for the {design.name} run never became healthy: {exc}"
             ) from None
@@ -95,6 +97,7 @@ def calibration_for(
 
     todo = [d for d in cal.designs(spec) if d.name not in runs]  # the others launched before this process
     SlotRun(slot_backends(launch)).map([functools.partial(launch_design, d) for d in todo])
+    check_not_stopping()  # the runs above were cut short: the resumed tune launches what did not finish
     console.print("calibrating: fitting the simulator to those runs ...")
     calibration = cal.fit(
         [runs[d.name] for d in cal.designs(spec)],
@@ -143,6 +146,7 @@ def check_drift(spec: TuneSpec, launch: Backend, state: State, calibration: Serv
     return state.data.get("drift")
 
 
+@stopping_wins()
 def presearch_tune(
     spec: TuneSpec,
     name: str,
@@ -174,8 +178,10 @@ def presearch_tune(
     sim_spec = dataclasses.replace(spec, backend=SimBackend(server_calibration=calibration))
     study = search_in_simulation(sim_spec, name, storage_url, out)
     verified = verify_top(spec, study, launch, state, spread_over_ties(spec, study, verify), repeats)
+    check_not_stopping()  # an interrupted verification recommends nothing: the resumed tune finishes it
     measured = {r["trial"]: r["metrics"] for r in verified}
     drift = check_drift(spec, launch, state, calibration)
+    check_not_stopping()
     write_outputs(sim_spec, study, out, measured, command, measured=verified[0] if verified else None)
     write_presearch_outputs(out, calibration, verified, drift)
     add_runs_to_csv(out, verified)
@@ -184,6 +190,7 @@ def presearch_tune(
     warn_drift(drift)
     warn_simulated_gap(verified)
     console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
+    check_not_stopping()  # a signal while the outputs were written: they are whole, and the exit says it came
     return out
 
 
@@ -231,6 +238,7 @@ def launch_every_trial(
         repeats=repeats,
     )
     write_presearch_outputs(out, calibration, [])
+    check_not_stopping()
     return result
 
 

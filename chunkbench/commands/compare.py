@@ -25,6 +25,7 @@ from chunkbench.commands.options import (
 from chunkbench.commands.run import run_options, workload_options
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
+from chunkbench.launch.process import WholeRunsBackend
 
 
 @with_options(SLA_OPTIONS)
@@ -86,6 +87,7 @@ def compare(
             engine_overhead=o["engine_overhead"],
         )
     ).backend
+    backend = WholeRunsBackend(backend)  # an interrupted run raises: no verdict from unfinished probes
     spec, requests, knobs = compare_workload(backend, base_config, options, policies, across_load)
     title = f"{model}, {options['workload']}, {len(requests)} requests"
     if across_load:

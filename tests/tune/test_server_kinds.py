@@ -20,6 +20,7 @@ from chunkbench.servers.kind import ServerKind
 from chunkbench.servers.vllm import VLLM
 from chunkbench.tune.space import SearchSpace
 from tests.conftest import run_cli
+from tests.tune.test_slots import tune_args
 
 SLOW_SERVER = Path(__file__).with_name("slow_server.py")
 
@@ -51,33 +52,7 @@ def toy():
 def test_a_registered_kind_runs_a_launched_tune_end_to_end(toy, tmp_path, capsys):
     out = tmp_path / "toy"
     launch = f"{sys.executable} {SLOW_SERVER} --port {{port}} --token-ms 1 --label {{toy_flags}}"
-    code, stdout, err = run_cli(
-        [
-            "tune",
-            "--model",
-            "tiny",
-            "--backend",
-            "launch",
-            "--launch",
-            launch,
-            "--objective",
-            "goodput",
-            "--workload",
-            "chat",
-            "--num-requests",
-            "4",
-            "--rate",
-            "8",
-            "--n-trials",
-            "3",
-            "--verify-top",
-            "0",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        capsys,
-    )
+    code, stdout, err = run_cli(tune_args(out, launch, n_trials=3), capsys)
     assert code == 0, err
     flat = " ".join(stdout.split())
     assert "launching Toy 1.0" in flat
@@ -177,33 +152,7 @@ def test_a_launched_tune_of_sglang_completes_with_its_flags(tmp_path, capsys):
     with {sglang_flags}; it exits 2 on a flag SGLang has not got, so every complete trial parsed its flags."""
     out = tmp_path / "sglang"
     launch = f"{sys.executable} {FAKE_SGLANG} --model-path {{model}} {{sglang_flags}} --port {{port}} --enable-metrics"
-    code, stdout, err = run_cli(
-        [
-            "tune",
-            "--model",
-            "tiny",
-            "--backend",
-            "launch",
-            "--launch",
-            launch,
-            "--objective",
-            "goodput",
-            "--workload",
-            "chat",
-            "--num-requests",
-            "6",
-            "--rate",
-            "8",
-            "--n-trials",
-            "3",
-            "--verify-top",
-            "0",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        capsys,
-    )
+    code, stdout, err = run_cli(tune_args(out, launch, n_trials=3), capsys)
     assert code == 0, err
     flat = " ".join(stdout.split())
     assert "launching SGLang 0.5.23" in flat and "SGLang 0.5.23 has no option for" in flat

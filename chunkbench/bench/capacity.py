@@ -53,7 +53,9 @@ class Lattice:
     """The rates a search may probe, base * 2**(j / 2**bisections) (base: the pool's own rate), so that two
     configurations with the same boundary get the same capacity; and the verdicts found on them, short and
     long. A short probe is its first run only; a long one starts at `prober.long` and grows until clear.
-    `ceiling`: rates above it are not sustained, without a run (compare: the saturation throughput)."""
+    `ceiling`: rates above it are not sustained, without a run (compare: the saturation throughput). The rates
+    probed lie within BRACKET octaves of `center` (a hint, a capacity found; default the base): a pool whose own
+    rate is far from the server's (a trace replayed fast) still has its capacity on the lattice."""
 
     def __init__(
         self,
@@ -62,19 +64,27 @@ class Lattice:
         ceiling: float | None = None,
         length: int | None = None,
         draws: int = 0,
+        center: float | None = None,
     ):
         self.prober, self.ceiling = prober, ceiling
         self.length, self.draws = length, draws  # long runs of exactly `length` on `draws` pools (0: the default)
         self.base, self.per_octave = base_rate(prober.pool), 2**bisections
-        self.edge = BRACKET * self.per_octave  # rates within base * 2**(+-BRACKET)
+        middle = self._nearest(center) if center and center > 0 else 0
+        self.lowest, self.highest = middle - BRACKET * self.per_octave, middle + BRACKET * self.per_octave
         self.probes: list[Probe] = []
         self.verdicts: dict[tuple[int, bool], Probe] = {}
 
     def rate(self, j: int) -> float:
         return self.base * 2.0 ** (j / self.per_octave)
 
+    def _nearest(self, rate: float) -> int:
+        return round(self.per_octave * math.log2(rate / self.base))
+
     def index(self, rate: float) -> int:
-        return max(-self.edge, min(self.edge, round(self.per_octave * math.log2(rate / self.base))))
+        return self.clamp(self._nearest(rate))
+
+    def clamp(self, j: int) -> int:
+        return max(self.lowest, min(self.highest, j))
 
     def feasible(self, j: int, long: bool = False, may_stop: bool = True) -> bool:
         rate, prober = self.rate(j), self.prober
@@ -94,7 +104,7 @@ class Lattice:
     def bracket(self, j: int, long: bool, step: int, lo: int | None, hi: int | None) -> tuple[int | None, int | None]:
         """Gallop from j (steps doubling) until lo holds and hi fails, then bisect them to adjacent points."""
         while lo is None or hi is None:
-            j = max(-self.edge, min(self.edge, (lo + step) if hi is None else (hi - step)))
+            j = self.clamp((lo + step) if hi is None else (hi - step))
             if (j, long) in self.verdicts:  # at the edge of the range
                 break
             lo, hi = (j, hi) if self.feasible(j, long) else (lo, j)
@@ -126,7 +136,7 @@ def search_capacity(
     holds and a rate above it fails, then bisect to adjacent lattice points. Where the prober has long runs
     (`prober.long`) these are short runs, which can only flatter (a server that starts empty has not met its
     worst yet): their misses stand, their passes are provisional until `settle` runs long."""
-    lattice = Lattice(prober, bisections, ceiling)
+    lattice = Lattice(prober, bisections, ceiling, center=hint)
     j = 0 if not hint or hint <= 0 else lattice.index(hint)
     lo, hi = (j, None) if lattice.feasible(j) else (None, j)
     lo, _ = lattice.bracket(j, False, max(1, lattice.per_octave // 4) if hint else lattice.per_octave, lo, hi)
@@ -146,7 +156,7 @@ def settle(
     further (converged False; its capacity is then an upper bound)."""
     if prober.long is None or short.capacity <= 0:
         return short
-    lattice = Lattice(prober, bisections, ceiling)
+    lattice = Lattice(prober, bisections, ceiling, center=short.capacity)
     lattice.probes = list(short.probes)
     lo, hi = lattice.index(short.capacity), lattice.index(short.high) if math.isfinite(short.high) else None
     top = None if floor is None else lattice.index(floor)
@@ -178,7 +188,7 @@ def confirm(prober: Prober, found: Capacity, bisections: int = BISECTIONS) -> Ca
         return found
     longest = max(p.requests for p in found.probes if p.rate <= found.capacity * (1 + 1e-9))
     length = min(CONFIRM_LENGTH * longest, prober.longest(found.capacity), load_size(prober.pool))
-    lattice = Lattice(prober, bisections, length=length, draws=CONFIRM_DRAWS)
+    lattice = Lattice(prober, bisections, length=length, draws=CONFIRM_DRAWS, center=found.capacity)
     lattice.probes = list(found.probes)
     top = lattice.index(found.capacity)
     lo, hi = (

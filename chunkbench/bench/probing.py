@@ -16,8 +16,9 @@ import numpy as np
 
 from chunkbench.bench.early_stop import certain_miss
 from chunkbench.bench.slo import SLO, goodput_slos
-from chunkbench.bench.steady import judge, min_requests, steady_state
+from chunkbench.bench.steady import MIN_LOAD, judge, min_requests, steady_state
 from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, add_probes, build_workload
+from chunkbench.errors import UserError
 
 
 @dataclass
@@ -183,19 +184,9 @@ def make_prober(
     probe_seconds: float | None = None,
 ) -> Prober:
     """`run(requests, stop)` -> runs.BenchRun. `workload`: the user's requests (a short probe's; on a
-    simulator at least MIN_SHORT). A workload whose pools cannot hold a long probe (a short trace) gets short
-    probes only."""
-    first = load_size(workload)
-    base, long, draws = workload, None, []
-    if simulated and spec.num_requests:
-        need = min_requests(slos)
-        pools = [
-            list(pool(dataclasses.replace(spec, seed=spec.seed + k), POOL_FACTOR * need, max_model_len))
-            for k in range(CONFIRM_DRAWS)
-        ]
-        if load_size(pools[0]) >= LONG_FACTOR * need:
-            base, draws, long = pools[0], pools[1:], LONG_FACTOR * need
-            first = max(first, MIN_SHORT)
+    simulator at least MIN_SHORT)."""
+    base, draws, long = probe_pools(workload, spec, slos, max_model_len, simulated)
+    first = max(load_size(workload), MIN_SHORT) if long else load_size(workload)
 
     def longest(rate: float) -> int:
         if simulated:
@@ -203,3 +194,47 @@ def make_prober(
         return max(first, int(rate * probe_seconds)) if probe_seconds else first
 
     return Prober(run, base, slos, max_sched_delay_ms, first, longest, long, stoppable, goodput_slos(slos), draws)
+
+
+def probe_pools(
+    workload: list[WorkloadRequest], spec: WorkloadSpec, slos: list[SLO], max_model_len: int, simulated: bool
+) -> tuple[list[WorkloadRequest], list[list[WorkloadRequest]], int | None]:
+    """The requests a capacity search probes, the other draws a long probe must hold on, and where a long probe
+    starts (None: none). On a simulator, pools of the workload drawn with consecutive seeds, long enough for a
+    clear verdict at the SLAs' percentiles; else, or where the pools cannot hold a long probe (a short trace),
+    the user's requests alone."""
+    if simulated and spec.num_requests:
+        need = min_requests(slos)
+        pools = [
+            list(pool(dataclasses.replace(spec, seed=spec.seed + k), POOL_FACTOR * need, max_model_len))
+            for k in range(CONFIRM_DRAWS)
+        ]
+        if load_size(pools[0]) >= LONG_FACTOR * need:
+            return pools[0], pools[1:], LONG_FACTOR * need
+    return workload, [], None
+
+
+def check_probe_pool(requests: list[WorkloadRequest], slos: list[SLO]) -> str:
+    """Before a capacity search: one line (UserError) where its requests can decide nothing at any rate (a
+    steady window needs MIN_LOAD of them, and arrivals that a rate can scale); a note where they are fewer than
+    a clear verdict at the SLAs' percentile needs (steady.min_requests: 716 for a p99), else ''."""
+    n, need = load_size(requests), min_requests(slos)
+    top = max((s.percentile for s in slos), default=50.0)
+    if n < MIN_LOAD:
+        raise UserError(
+            f"{n} request{'s' if n != 1 else ''} cannot decide a capacity: a steady window after the warm-up needs "
+            f"at least {MIN_LOAD}, a clear p{top:g} verdict {need}; give --num-requests {need} or more, or compare "
+            "at one rate with --rate"
+        )
+    if max(w.arrival_time for w in requests if not w.probe) <= 0:
+        raise UserError(
+            "the requests all arrive at once (--arrival all-at-once, --rate inf, or a trace with one timestamp): a "
+            "capacity search sets their arrival rate; give them an arrival process, or compare at one rate with "
+            "--rate"
+        )
+    if n < need:
+        return (
+            f"{n} requests per probe cannot decide a p{top:g} clearly ({need} can): the verdicts are marked not "
+            f"clear and the capacity's interval is wide; give --num-requests {need} or more for clear ones"
+        )
+    return ""

@@ -33,6 +33,7 @@ WARMUP, COOLDOWN = 0.2, 0.1  # shares of the load's requests, by arrival, left o
 MAX_GROWTH = 0.05  # seconds of scheduling delay gained per second of arrivals
 MIN_TAIL = 5  # requests beyond each SLA's percentile that a clear verdict needs
 MIN_THIRD = 30  # requests in each third of the window for a trend to count (fewer: a burst reads as growth)
+MIN_LOAD = 3  # load requests a run needs for a window at all
 
 
 def window_bounds(n: int) -> tuple[int, int]:
@@ -76,9 +77,9 @@ class Steady:
 def steady_state(
     result: RunResult, goodput_ms: dict | None = None, percentiles=(), num_kv_blocks: int | None = None
 ) -> Steady | None:
-    """The run's steady figures (None: fewer than 3 load requests, no window to speak of)."""
+    """The run's steady figures (None: fewer than MIN_LOAD load requests, no window to speak of)."""
     load = sorted((r for r in result.requests if not r.probe), key=lambda r: r.arrival_time)
-    if len(load) < 3:
+    if len(load) < MIN_LOAD:
         return None
     first, last = window_bounds(len(load))
     window = load[first:last]

@@ -3,6 +3,7 @@ rate, say the verdict, write the outputs."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from chunkbench.bench.load_sweep import (
 from chunkbench.bench.runs import config_for_policy
 from chunkbench.bench.slo import SLO
 from chunkbench.commands.common import console, save_json
-from chunkbench.errors import StudyFailed
+from chunkbench.errors import StudyFailed, UserError
 from chunkbench.files import write_json, write_text
 
 
@@ -52,12 +53,16 @@ def compare_across_load(
         label if policies.index(label) == i else f"{label}#{policies[: i + 1].count(label)}"
         for i, label in enumerate(policies)
     ]
+    rates = list(dict.fromkeys(rates))  # a rate given twice is run once
+    pool_note, pool = check_requests(requests, spec, slos, configs[0][1].scheduler.max_model_len, backend, rates)
     if slos:
         sla_note = "SLA: " + " and ".join(map(str, slos))
-    else:
-        slos, sla_note = default_slo(backend, configs[0][1], requests)
+    else:  # on the requests the probes run: a simulator's own draws where the user's are too few
+        slos, sla_note = default_slo(backend, configs[0][1], pool)
     console.print(sla_note, soft_wrap=True)
     announce_rates(console, len(policies), bisections, resolution_pct(bisections), rates, count)
+    if pool_note:
+        console.print(f"[bold yellow]{pool_note}[/]", soft_wrap=True)
     options = dict(seed=seed, goodput_ms=goodput_ms, warmup_steps=warmup_steps)
     loads = []
     for label, (_, config) in zip(labels, configs):
@@ -84,15 +89,11 @@ def compare_across_load(
     rate = common_rate(loads)
     if rate is None:
         missed = [load.label for load in loads if load.capacity <= 0]
-        if all(p.reason == "too few requests" for load in loads for p in load.found.probes if not p.feasible):
-            raise StudyFailed(
-                f"no capacity: {len(requests)} requests are too few to judge a steady state (a window after the "
-                "warm-up needs at least 3); raise --num-requests, or compare at one rate with --rate"
-            )
+        run = [p.rate for load in loads for p in load.found.probes if not p.above_ceiling]
+        lowest = f"down to {min(run):.3g} req/s" if run else "none is below the saturation throughput"
         raise StudyFailed(
-            f"no common rate: {', '.join(missed)} met the SLA at no rate probed (down to "
-            f"{min(p.rate for load in loads for p in load.found.probes):.3g} req/s); relax the "
-            "SLA (--sla-*) or compare at one rate with --rate"
+            f"no common rate: {', '.join(missed)} met the SLA at no rate probed ({lowest}); relax the SLA "
+            "(--sla-*) or compare at one rate with --rate"
         )
     runs = [
         run_at_common_rate(load, rate, backend, percentiles=[s.percentile for s in slos], **options) for load in loads
@@ -112,6 +113,37 @@ def compare_across_load(
         f"wrote {out}/load.png, comparison.json, comparison.md, report.html, the CDF and step plots, and "
         "one folder per policy (at the common rate)"
     )
+
+
+def check_requests(
+    requests, spec, slos: list[SLO], max_model_len: int, backend: Backend, rates: list[float]
+) -> tuple[str, list]:
+    """Before any run: the requests each probe draws on can decide a capacity (else one line: too few, or all
+    arriving at once), and each --rates rate's run spans no more time than its clock allows. Returns a note
+    when the verdicts cannot be clear or the simulator draws its own requests ('' otherwise), and the requests
+    that stand for the workload (the user's, or the simulator's draw where the user's are too few). Without
+    --sla-* the SLA is a p99 (default_slo), judged the same way."""
+    from chunkbench.bench.arrivals import MAX_REAL_WAIT_S, MAX_SPAN_S
+    from chunkbench.bench.probing import check_probe_pool, load_size, probe_pools
+    from chunkbench.bench.steady import min_requests
+
+    judged = slos or [SLO("tbt", 99.0, math.inf)]
+    pool, _, _ = probe_pools(requests, spec, judged, max_model_len, backend.simulated)
+    note = check_probe_pool(pool, judged)
+    drawn = pool is not requests and load_size(requests) < min_requests(judged)  # the simulator's own draws
+    if drawn:
+        note = (
+            f"{len(requests):,} requests are too few for a steady verdict: on the simulator each probe draws its "
+            f"own from the workload, up to {load_size(pool):,}"
+        )
+    longest, limit = load_size(pool), MAX_SPAN_S if backend.simulated else MAX_REAL_WAIT_S
+    for rate in rates:
+        if longest / rate > limit:
+            raise UserError(
+                f"--rates {rate:g}: a run of {longest:,} requests at that rate spans {longest / rate:.3g} s of "
+                f"arrivals, at most {limit:.3g} s here; give rates of at least {longest / limit:.3g} req/s"
+            )
+    return note, pool if drawn else requests
 
 
 def _add_to_outputs(out: Path, payload: dict, section: str) -> None:

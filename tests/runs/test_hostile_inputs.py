@@ -127,3 +127,110 @@ def test_no_library_prints_around_the_one_line(tmp_path):
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("chunkbench: error: "), done.stderr
         assert "Failed to" not in done.stdout + done.stderr and not (tmp_path / "o").exists(), done.stdout
+
+
+# ---- compare across load: a capacity search refuses what can decide nothing, before any run ----
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--backend", "sim", "--model", "llama-3-8b", "--workload", "{trace}"], "1 request cannot decide a capacity"),
+        (
+            ["--backend", "engine", "--model", "tiny", "--max-num-batched-tokens", "256", "--num-requests", "2"],
+            "give --num-requests 716 or more",
+        ),
+        (["--backend", "sim", "--model", "llama-3-8b", "--arrival", "all-at-once"], "all arrive at once"),
+        (["--backend", "sim", "--model", "llama-3-8b", "--rates", "1e-9"], "--rates 1e-09: a run of"),
+        (["--backend", "sim", "--model", "llama-3-8b", "--rates", "nan"], "--rates must be a finite number"),
+    ],
+)
+def test_compare_across_load_refuses_what_cannot_decide_a_capacity(args, says, tmp_path, capsys):
+    trace = tmp_path / "one.csv"
+    trace.write_text("prompt_len,output_len\n100,20\n")
+    out = tmp_path / "o"
+    args = ["compare", "continuous", "chunked", "--no-progress", *[a.format(trace=trace) for a in args]]
+    fails_in_one_line([*args, "--out", str(out)], capsys, out, says)
+
+
+def test_the_simulator_draws_its_own_requests_where_the_users_are_too_few():
+    """`--num-requests 1` on the simulator: the probes run on the workload's own draws, the SLA is set on
+    them, and the output says so (instead of no capacity at any rate)."""
+    from chunkbench.bench.backend_choice import resolve
+    from chunkbench.bench.workload import WorkloadSpec, build_workload
+    from chunkbench.commands.compare_load import check_requests
+
+    spec = WorkloadSpec(name="rag-mix", num_requests=1)
+    backend = resolve("sim", "llama-3-8b", gpu="h100-sxm").backend
+    note, pool = check_requests(build_workload(spec, 8192), spec, [], 8192, backend, [])
+    assert len(pool) >= 716 and "1 requests are too few" in note and "draws its own" in note
+
+
+def test_a_rate_given_twice_is_run_once(tmp_path, capsys, monkeypatch):
+    from chunkbench.commands import compare_load
+    from chunkbench.errors import StudyFailed
+
+    asked = []
+
+    def sweep(label, config, backend, requests, slos, delay, rates, *rest, **options):
+        asked.append(rates)
+        raise StudyFailed("stopped here")
+
+    monkeypatch.setattr(compare_load, "sweep_policy", sweep)
+    args = ["compare", "chunked", *SIM, "--num-requests", "20", "--rates", "2,2,4,2", "--out", str(tmp_path / "o")]
+    code, _, err = run_cli(args, capsys)
+    assert code == 1 and "stopped here" in err and asked == [[2.0, 4.0]], (asked, err)
+
+
+def test_the_rates_probed_reach_a_capacity_far_from_the_pool_s_own_rate():
+    """A trace replayed at 1e9 req/s against a server that sustains 0.5: the lattice is centred on the hint
+    (the saturation throughput), not clamped 7 octaves from the pool's rate (7.8e6 req/s)."""
+    from types import SimpleNamespace
+
+    from chunkbench.bench.capacity import Lattice
+    from chunkbench.bench.workload import WorkloadRequest
+
+    pool = [WorkloadRequest(10, 10, i * 1e-9) for i in range(10)]
+    lattice = Lattice(SimpleNamespace(pool=pool), center=0.5)
+    assert lattice.rate(lattice.index(0.5)) == pytest.approx(0.5, rel=0.03)
+    assert lattice.rate(lattice.index(1e-3)) == pytest.approx(0.5 / 2**7, rel=0.03)  # 7 octaves below
+
+
+# ---- other hostile values: paths that are not what the flag reads, numbers past what a run can do ----
+
+
+def test_unreadable_and_special_files_are_named(tmp_path, capsys):
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
+    out = tmp_path / "o"
+    fails_in_one_line(["run", *SIM, "--workload", str(fifo), "--out", str(out)], capsys, out, "is not a file")
+    if Path("/proc/self/mem").exists():  # a regular file that cannot be read from its start, even by root
+        args = ["run", *SIM, "--workload", "sharegpt:/proc/self/mem", "--out", str(out)]
+        fails_in_one_line(args, capsys, out, "cannot read /proc/self/mem")
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--tokenizer", "{folder}", "--workload", "random"], "no tokenizer that Hugging Face can load"),
+        (["--tokenizer", "{file}", "--workload", "random"], "is a file; give the tokenizer's folder"),
+        (["--cost-model", "{folder}"], "--cost-model: cannot read"),
+        (["--probe-request-rate", "1e308"], "--probe-request-rate 1e+308"),
+        (["--probe-request-rate", "99999999999999999999"], "at most 1e+07"),
+        (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "9", "--ramp-up-end-rps", "3"], "at most"),
+    ],
+)
+def test_run_refuses_hostile_values_in_one_line(flags, says, tmp_path, capsys):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("{}")
+    flags = [f.format(folder=tmp_path / "folder", file=tmp_path / "file") for f in flags]
+    out = tmp_path / "o"
+    line = fails_in_one_line(["run", *SIM, "--num-requests", "5", *flags, "--out", str(out)], capsys, out, says)
+    assert "\\n" not in line and "Errno" not in line, line
+
+
+def test_a_step_time_target_far_above_every_step_still_plots(tmp_path, capsys):
+    out = tmp_path / "o"
+    args = ["compare", "continuous", "chunked", *SIM, "--num-requests", "5", "--rate", "2", "--out", str(out)]
+    code, _, err = run_cli([*args, "--step-time-target", "1e308"], capsys)
+    assert code == 0 and (out / "step_times.png").exists(), err

@@ -76,7 +76,7 @@ def plot_load(loads: list[PolicyLoad], slos: list[SLO], path: Path) -> None:
         ax.set_xlabel("achieved throughput (req/s)")
         ax.set_ylabel(name)
         ax.set_yscale("log")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")  # latency rises to the right
     fig.suptitle(
         "latency against load (rightmost points: all requests at once; dotted: the run at each policy's capacity)"
     )

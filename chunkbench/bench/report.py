@@ -160,7 +160,7 @@ def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
         ax.set_ylabel("fraction of " + ("requests" if name == "ttft" else "token gaps"))
         ax.set_title(f"{name.upper()} CDF")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(loc="lower right")  # a fixed place: "best" searches every point (slow, and it warns)
         fig.tight_layout()
         paths.append(out_dir / f"{name}_cdf.png")
         write_figure(fig, paths[-1])
@@ -174,7 +174,7 @@ def plot_comparison(runs: list[BenchRun], out_dir: Path) -> list[Path]:
         ax.fill_between(starts, decode, total, step="post", color="tab:orange", label="prefill tokens", lw=0)
         ax.set_ylabel("tokens/step")
         ax.set_title(r.label, fontsize=9)
-    axes[0, 0].legend(fontsize=8)
+    axes[0, 0].legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("time (s)")
     fig.tight_layout()
     paths.append(out_dir / "timeline.png")
@@ -208,7 +208,7 @@ def plot_step_times(runs: list[BenchRun], path: Path) -> Path:
             label="decodes only",
         )
         target = step_target_ms(r)
-        if target:
+        if target and target <= 1000 * max(ms, default=0.0):  # a target far above every step: no line to see
             ax.axhline(target, color="black", ls="--", lw=1, label=f"target {target:g} ms")
         if ms and max(ms) > 20 * max(min(ms), 1e-3):
             ax.set_yscale("log")

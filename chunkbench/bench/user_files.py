@@ -154,10 +154,21 @@ def _json_entries(path: Path) -> list:
 def token_counter(tokenizer_dir: str | None):
     if tokenizer_dir is None:
         return lambda text: max(1, round(len(text) / CHARS_PER_TOKEN))
+    tokenizer = load_tokenizer(tokenizer_dir)
+    return lambda text: max(1, len(tokenizer(text)["input_ids"]))
+
+
+def load_tokenizer(tokenizer_dir: str):
+    """--tokenizer's Hugging Face tokenizer: a local folder or a name in its cache (never downloaded), or one
+    UserError in the user's terms."""
     from transformers import AutoTokenizer
 
+    if Path(tokenizer_dir).is_file():
+        raise UserError(f"--tokenizer: {tokenizer_dir} is a file; give the tokenizer's folder")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--tokenizer: cannot load a tokenizer from {tokenizer_dir}: {exc}") from None
-    return lambda text: max(1, len(tokenizer(text)["input_ids"]))
+        return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        raise UserError(
+            f"--tokenizer: no tokenizer that Hugging Face can load at {tokenizer_dir} (a folder with tokenizer.json "
+            "or tokenizer_config.json and its vocabulary, or a name in its cache; nothing is downloaded)"
+        ) from None

@@ -25,7 +25,7 @@ from chunkbench.bench.dataset_files import (
     load_sharegpt,
     load_timed_trace,
 )
-from chunkbench.bench.user_files import MAX_TOKENS, check_file
+from chunkbench.bench.user_files import MAX_TOKENS, check_file, load_tokenizer
 from chunkbench.errors import UserError, check_number
 
 
@@ -40,12 +40,7 @@ def special_tokens(tokenizer_dir: str | None) -> int:
     """Tokens the tokenizer adds to a prompt (1 for Llama's BOS); 0 without a tokenizer."""
     if tokenizer_dir is None:
         return 0
-    from transformers import AutoTokenizer
-
-    try:
-        return int(AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True).num_special_tokens_to_add())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--tokenizer: cannot load a tokenizer from {tokenizer_dir}: {exc}") from None
+    return int(load_tokenizer(tokenizer_dir).num_special_tokens_to_add())
 
 
 def _random(spec, path, n: int, rng: np.random.Generator) -> Drawn:

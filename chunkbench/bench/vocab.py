@@ -17,12 +17,9 @@ MAX_PROBED_VOCAB = 1 << 24  # larger than any tokenizer's: a server that accepts
 
 def tokenizer_vocab_size(path: str) -> int:
     """len(tokenizer): its base vocabulary and added tokens, the ids it can produce."""
-    from transformers import AutoTokenizer
+    from chunkbench.bench.user_files import load_tokenizer
 
-    try:
-        return len(AutoTokenizer.from_pretrained(path))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--tokenizer: cannot load a tokenizer from {path}: {exc}") from None
+    return len(load_tokenizer(path))
 
 
 def detokenize_vocab_size(endpoint: str, model: str | None, timeout_s: float = 10.0) -> int | None:

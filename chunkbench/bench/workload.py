@@ -166,6 +166,11 @@ def add_probes(requests: list[WorkloadRequest], rate: float) -> list[WorkloadReq
     if not rate or not requests:
         return requests
     span = max(r.arrival_time for r in requests)
+    if span * rate >= MAX_REQUESTS:  # 1e20/s asked Python for a list of 1e20 probes
+        raise UserError(
+            f"--probe-request-rate {rate:g}: {span:.3g} s of arrivals would hold {span * rate:.3g} probes, at most "
+            f"{MAX_REQUESTS:.0e}: lower it"
+        )
     probes = [WorkloadRequest(PROBE_PROMPT, 1, k / rate, probe=True) for k in range(int(span * rate) + 1)]
     return sorted(requests + probes, key=lambda r: r.arrival_time)
 

@@ -91,12 +91,13 @@ def probe_rate(rate: float) -> float:
 
 
 def parse_headers(items: list[str] | None) -> dict[str, str]:
-    """--header NAME:VALUE values as a dict (names and values stripped)."""
+    """--header NAME:VALUE (or vllm bench serve's KEY=VALUE) values as a dict (names and values stripped). A
+    header's name holds neither ':' nor '=', so the first of them ends it."""
     headers = {}
     for item in items or []:
-        name, sep, value = item.partition(":")
+        name, sep, value = re.split(r"([:=])", item, maxsplit=1) if re.search(r"[:=]", item) else (item, "", "")
         if not sep or not name.strip():
-            raise UserError(f"--header must be NAME:VALUE, got '{item}'")
+            raise UserError(f"--header must be NAME:VALUE or NAME=VALUE, got '{item}'")
         headers[name.strip()] = value.strip()
     return headers
 

@@ -54,7 +54,8 @@ BENCH_CLIENT_OPTIONS = {  # where and how requests are sent
     ),
     "header": (
         Annotated[
-            Optional[list[str]], typer.Option(help="Extra HTTP header on every request, NAME:VALUE (repeatable).")
+            Optional[list[str]],
+            typer.Option(help="Extra HTTP header on every request, NAME:VALUE or NAME=VALUE as vLLM's (repeatable)."),
         ],
         None,
     ),

@@ -157,5 +157,7 @@ class FittedCostModel:
                 idle,
                 clock,
             )
-        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        except OSError as exc:  # a folder, a missing or unreadable file: the reason, not Python's repr
+            raise UserError(f"--cost-model: cannot read {path}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise UserError(f"--cost-model: cannot use {path}: {exc}") from None

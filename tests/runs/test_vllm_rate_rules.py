@@ -1,8 +1,9 @@
 """`chunkbench bench` accepts and refuses vllm bench serve's rate, ramp-up, burstiness, prompt-count, probe,
-seed and concurrency flags as vLLM does. The verdicts are vLLM 0.32's own, found by running its code
-(scripts/vllm_rate_rules.py, in .venv-vllm): its parser (add_cli_args), main_async's checks ("Validate ramp-up
-arguments", --max-concurrency, np.random.seed) and get_request's asserts (burstiness > 0, a request at
-least, every request's rate > 0 from _get_current_request_rate). vLLM 0.34's code gives the same verdicts."""
+seed, concurrency, warm-up and header flags as vLLM does. The verdicts are vLLM 0.32's own, found by running
+its code (scripts/vllm_rate_rules.py, in .venv-vllm): its parser (add_cli_args), main_async's checks
+("Validate ramp-up arguments", --max-concurrency, np.random.seed, --header) and get_request's asserts
+(burstiness > 0, a request at least, every request's rate > 0 from _get_current_request_rate). vLLM 0.34's
+code gives the same verdicts."""
 
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ CASES = [
     (["--max-concurrency", "0"], "main_async"),
     (["--max-concurrency", "2.5"], "argparse"),
     (["--num-warmups", "-1"], "accepted"),  # range(-1): none
+    (["--header", "x-info=0.3"], "accepted"),  # vLLM's KEY=VALUE (chunkbench's NAME:VALUE too)
+    (["--header", "x-info"], "main_async"),
 ]
 # Where chunkbench refuses what vLLM takes, on purpose: (flags, vLLM's verdict, what chunkbench says)
 DIVERGES = [

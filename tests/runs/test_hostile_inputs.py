@@ -234,3 +234,17 @@ def test_a_step_time_target_far_above_every_step_still_plots(tmp_path, capsys):
     args = ["compare", "continuous", "chunked", *SIM, "--num-requests", "5", "--rate", "2", "--out", str(out)]
     code, _, err = run_cli([*args, "--step-time-target", "1e308"], capsys)
     assert code == 0 and (out / "step_times.png").exists(), err
+
+
+@pytest.mark.slow
+def test_compare_on_one_request_finds_a_capacity_on_the_simulator_s_own_draws(tmp_path, capsys):
+    """The probe's case: `compare ... --num-requests 1` met the SLA 'at no rate down to 7.81e+06 req/s'."""
+    import json
+
+    out = tmp_path / "o"
+    args = ["compare", "chunked", *SIM, "--gpu", "h100-sxm", "--num-requests", "1", "--out", str(out)]
+    code, stdout, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert "1 requests are too few for a steady verdict" in " ".join(stdout.split())
+    assert "a decode step of 32 requests" in stdout  # the default SLA is set on the draws, not on one request
+    assert json.loads((out / "comparison.json").read_text())["load"]["common_rate"] > 0

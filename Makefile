@@ -34,7 +34,7 @@ test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh
 	PYTHON=$(PYTHON) bash scripts/vllm034_env.sh
 	PYTHON=$(PYTHON) bash scripts/sglang_env.sh
-	$(PY) -m pytest -q -m vllm tests/vllm
+	$(PY) -m pytest -q -m vllm tests
 
 # The documentation site (mkdocs-material) into build/site/; --strict: a broken link or page fails. The CLI
 # reference and the knob table are generated from the code by scripts/docs_hooks.py.

@@ -89,7 +89,7 @@ def compare(
     ).backend
     backend = WholeRunsBackend(backend)  # an interrupted run raises: no verdict from unfinished probes
     spec, requests, knobs = compare_workload(backend, base_config, options, policies, across_load)
-    title = f"{model}, {options['workload']}, {len(requests)} requests"
+    title = f"{model}, {options['workload']}, {len(requests):,} request{'' if len(requests) == 1 else 's'}"
     if across_load:
         compare_load_curves(
             base,

@@ -18,9 +18,11 @@ clients (vllm/benchmarks/lib/endpoint_request_func.py and serve.py):
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 
+from chunkbench import servers
 from chunkbench.engine.knobs import VLLM_VERSION, VLLM_VERSIONS, release
 from chunkbench.errors import UserError
 
@@ -51,14 +53,14 @@ def rules_for(version: str) -> ClientRules:
 
 
 def known_version(given: str) -> str:
-    """--vllm-version as one of VLLM_VERSIONS ('0.34', 'v0.34.0' name 0.34.0), else a UserError."""
-    known = {release(v): v for v in VLLM_VERSIONS}
-    if not re.search(r"\d", given) or release(given) not in known:
-        raise UserError(
-            f"--vllm-version must be one of {', '.join(VLLM_VERSIONS)} (the releases chunkbench measures as), "
-            f"got '{given}'"
-        )
-    return known[release(given)]
+    """--vllm-version as the release chunkbench knows ('0.34', 'v0.34.0' and the patch release 0.34.1 name 0.34.0:
+    chunkbench/servers/kind.py's ServerKind.target), else a UserError; bench and tune alike."""
+    if re.search(r"\d", given):
+        with contextlib.suppress(UserError):
+            return servers.get("vllm").target(given)
+    raise UserError(
+        f"--vllm-version must be one of {', '.join(VLLM_VERSIONS)} (the releases chunkbench measures as), got '{given}'"
+    )
 
 
 def server_version(endpoint: str, timeout_s: float = 10.0) -> str | None:

@@ -12,6 +12,7 @@ import typer
 from chunkbench import servers
 from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
 from chunkbench.bench.backend_choice import resolve
+from chunkbench.bench.client_rules import known_version
 from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import SLA_OPTIONS, Model, pick, with_options
 from chunkbench.commands.tune_options import (
@@ -202,11 +203,12 @@ def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
             engine_overhead=args.engine_overhead,
         )
     )
-    versions = {"vllm": servers.get("vllm").target(args.vllm_version)}  # what the emitted vllm.yaml targets
+    asked = known_version(args.vllm_version) if args.vllm_version is not None else None  # as bench checks it
+    versions = {"vllm": servers.get("vllm").target(asked)}  # what the emitted vllm.yaml targets
     if resolved.backend.kind != "launch":
         search_space, note = search_space.for_server(servers.get("vllm"), versions["vllm"], launched=False)
     else:
-        kind, version, how = launched_target(args.launch, args.vllm_version)
+        kind, version, how = launched_target(args.launch, asked)
         versions |= {kind.name: version} if kind else {}
         backend = replace(resolved.backend, slot=node[0], node=tuple(node), versions=versions)
         resolved = replace(resolved, backend=backend)

@@ -4,6 +4,7 @@ Without CUDA, Triton kernels run under the interpreter; it must be on before tri
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,13 @@ def _bindable(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+@pytest.fixture
+def fine_gil_switching():
+    """The server's thread and the client share this process's GIL: switch every 0.5 ms (not 5), so a send is
+    stamped when it happens. Test modules that time a scripted server (tests/serving/scripted_server.py) use it."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    yield
+    sys.setswitchinterval(old)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 import pandas as pd
 import pytest
@@ -55,12 +54,7 @@ V032 = (ROLE, [A, B, C, FINISH], A + B + C + FINISH)
 CARD = {"id": "m", "vocab_size": 1000}
 
 
-@pytest.fixture(autouse=True)
-def fine_gil_switching():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fine_gil_switching")  # tests/conftest.py says why
 
 
 def test_a_chat_chunk_counts_under_0_33_when_its_delta_carries_output():

@@ -14,7 +14,6 @@ moves a value by 80 ms or more; the 1 s buckets are kept 250 ms or more away fro
 
 import asyncio
 import json
-import sys
 
 import numpy as np
 import pandas as pd
@@ -31,12 +30,7 @@ from tests.serving.scripted_server import DONE, DROP, ScriptedServer, chat_tok, 
 TOL_S = 0.040
 
 
-@pytest.fixture(autouse=True)
-def fine_gil_switching():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fine_gil_switching")  # tests/conftest.py says why
 
 
 def bench(scripts: dict[int, list], arrivals: dict[int, float] | None = None, **kwargs):

@@ -72,7 +72,8 @@ def record(model: str, stream: dict) -> dict:
     return result
 
 
-def main(src: str, dst: str) -> None:
+def main(src: str, dst: str, record=record) -> None:
+    """Each stream of IN.json through `record` (this engine's, or vllm_scheduler_oracle.py's), as OUT.json."""
     import vllm
 
     spec = json.loads(open(src).read())

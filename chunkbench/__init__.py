@@ -1,6 +1,6 @@
 """chunkbench: measure and tune chunked prefill for LLM serving."""
 
-from .llm import LLM
+from chunkbench.llm import LLM
+from chunkbench.version import __version__
 
-__all__ = ["LLM"]
-__version__ = "0.1.0"
+__all__ = ["LLM", "__version__"]

@@ -15,8 +15,7 @@ import typer.models
 from typer.exceptions import TyperException
 
 from chunkbench.commands import compare, gate, generate, kernels, profile, run, serve, tune
-from chunkbench.engine.config import ConfigError
-from chunkbench.errors import Interrupted, StudyFailed, show_warning
+from chunkbench.errors import ConfigError, Interrupted, StudyFailed, show_warning
 
 app = typer.Typer(
     name="chunkbench",
@@ -130,4 +129,7 @@ def _error(message: str, code: int = 2) -> None:
 
 
 if __name__ == "__main__":
+    # `python -m` puts the working directory first on sys.path: from a checkout, its kernels/ (installed as
+    # chunkbench.kernels) would hide Hugging Face's `kernels`, which transformers imports. Last, it hides nothing.
+    sys.path.append(sys.path.pop(0))
     main()

@@ -2,12 +2,13 @@
 
 import math
 import sys
+import tomllib
 import typing
 from pathlib import Path
 
-import tomllib
 
-from chunkbench.engine.config import ConfigError
+class ConfigError(ValueError):
+    """A configuration a user asked for is invalid. The message names the flag."""
 
 
 class UserError(ConfigError):

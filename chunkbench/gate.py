@@ -21,14 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from chunkbench import sweeps
-from chunkbench.bench.backends import Backend, EngineBackend, SimBackend
+from chunkbench.backends.engine import EngineBackend
+from chunkbench.backends.sim import SimBackend
+from chunkbench.bench.backend import Backend
 from chunkbench.bench.metrics import summarize
 from chunkbench.bench.runs import config_for_policy, environment, run_benchmark
 from chunkbench.bench.slo import parse_goodput
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine import policies
 from chunkbench.errors import UserError, check_number, read_toml
 from chunkbench.files import write_json
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 
 def known_metrics() -> set[str]:
@@ -218,7 +220,7 @@ def run_gate(cases: list[Case], baseline_path: Path, update: bool) -> list[Verdi
     if update:
         write_json(
             {
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "machine": environment(),
                 "cases": {
                     name: {metric: {"value": statistics.median(s), "samples": s} for metric, s in m.items()}

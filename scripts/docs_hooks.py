@@ -2,7 +2,7 @@
 
 A page holds a marker comment, `<!-- generated: NAME -->`, and the build replaces it with
 GENERATORS[NAME](): the CLI reference from the typer app (the same click objects `--help` renders) and the
-knob table from chunkbench/engine/knobs.py. tests/cli/test_docs.py checks the CLI reference against `--help`.
+knob table from engine/knobs.py. tests/cli/test_docs.py checks the CLI reference against `--help`.
 Run by mkdocs (mkdocs.yml `hooks:`); `python scripts/docs_hooks.py NAME` prints one generated block."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def cli_reference() -> str:
 
 
 def knob_table() -> str:
-    """chunkbench/engine/knobs.py as a table: chunkbench flag, vLLM option, SGLang flag, searchable, help."""
+    """engine/knobs.py as a table: chunkbench flag, vLLM option, SGLang flag, searchable, help."""
     from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
 
     out = [

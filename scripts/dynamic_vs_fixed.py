@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from chunkbench.bench.backends import SimBackend
+from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.slo import parse_slas
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 BUDGETS = (256, 512, 768, 1024, 1536, 2048, 3072)
 TARGET_FRACTIONS = (0.8, 0.9, 1.0)  # of the TBT SLA

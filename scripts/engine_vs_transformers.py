@@ -134,7 +134,6 @@ def main() -> None:
 def run(args: argparse.Namespace) -> None:
     import torch
     import transformers
-
     from chunkbench.engine.config import EngineConfig, ModelConfig
     from chunkbench.engine.engine import LLMEngine
     from chunkbench.engine.request import SamplingParams

@@ -9,7 +9,7 @@
 #   scripts/presearch_vs_launch_vllm.sh launches it (the flags are its vllm_flags.txt's, after the model); the
 #   workload is that script's tunes' (chat at 6 req/s, chunkbench's Poisson arrivals, seed 0; REQUESTS of them,
 #   12 unless set); TTFT_MS defaults to 150; each server serves the workload once, untimed, first (a fresh vLLM
-#   CPU server's first large steps are slow: calibration/server_runs.py, warmup_requests).
+#   CPU server's first large steps are slow: tune/presearch/runs.py, warmup_requests).
 # Prints every run and each configuration's medians.
 #   bash scripts/head_to_head.sh ROUNDS OUT "SERVE FLAGS A" "SERVE FLAGS B"
 #   e.g. ... 5 /tmp/h2h "--max-num-batched-tokens 8192 --chunk-size 512" "--max-num-batched-tokens 2048"

@@ -15,14 +15,16 @@ import argparse
 import json
 import statistics
 
-from chunkbench.bench.backends import SimBackend, engine_runner
-from chunkbench.bench.runs import measure, run_benchmark
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.executor import ModelExecutor
+
+from chunkbench.backends.engine import engine_runner
+from chunkbench.backends.sim import SimBackend
+from chunkbench.bench.runs import measure, run_benchmark
 from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.fitted import FittedCostModel
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 METRICS = (("median_ttft_ms", "median TTFT ms"), ("p99_itl_ms", "p99 ITL ms"), ("output_throughput", "output tok/s"))
 CASES = [  # (label, workload spec) sized for `small` on a 2-core CPU: each real run takes a few minutes

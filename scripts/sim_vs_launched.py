@@ -28,15 +28,15 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from chunkbench.bench.backends import SimBackend
+from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.slo import SLO
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.files import write_text
 from chunkbench.sim.server_calibration import ServerCalibration
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.report_text import knobs_text
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 FIGURES = ("request_goodput", "median_ttft_ms", "p99_ttft_ms", "p99_itl_ms", "p99_e2el_ms")
 VERIFIED = ("request_goodput", "p99_ttft_ms", "p99_itl_ms")  # what a presearch's verification compares

@@ -6,7 +6,7 @@ against the fixed token budget whose steps reach the same p99.
 Steps are timed in this thread's CPU time on one torch thread (as the CI gate does: engine.CpuClock, which
 has the executor time its steps in CPU time), so other processes on a shared machine move neither the
 measurement nor the online correction. The cost model is a quick calibration (device_defaults.quick_profile) in the same
-CPU time, corrected online (chunkbench/engine/step_time.py: OnlineCorrection).
+CPU time, corrected online (engine/step_time.py: OnlineCorrection).
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import argparse
 import time
 
 import torch
-
-from chunkbench.bench.device_defaults import quick_profile
-from chunkbench.bench.harness import run_workload
-from chunkbench.bench.metrics import summarize
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import CpuClock, LLMEngine
 from chunkbench.engine.executor import ModelExecutor
 from chunkbench.engine.step_time import OnlineCorrection
+
+from chunkbench.backends.device_defaults import quick_profile
+from chunkbench.bench.harness import run_workload
+from chunkbench.bench.metrics import summarize
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 
 def run(config: EngineConfig, executor, requests, step_cost=None) -> dict:

@@ -1,5 +1,5 @@
 """How much the tier's served vLLM changes speed: one launch (as the vLLM tier serves it: tests/vllm/env.py
-`vllm_env`), the calibration's warm-up, then the calibration's workload run (calibration/server_runs.py, the tier
+`vllm_env`), the calibration's warm-up, then the calibration's workload run (tune/presearch/runs.py, the tier
 calibration test's tune) served --passes times in a row; per pass, the ITL median, mean and p99 (ms), the
 longest gap, and the E2EL sum of each repeat of the workload over the requests every repeat has (the same
 requests at the same offsets, so equal sums mean an equally fast server: calibrate.copy_sums). Then, with
@@ -33,9 +33,9 @@ def main() -> None:
 
     import numpy as np
 
-    from chunkbench.bench.workload import WorkloadRequest
-    from chunkbench.calibration.server import copy_sums
-    from chunkbench.calibration.server_runs import design_requests, designs, run_figures, warm_up
+    from chunkbench.tune.presearch.runs import design_requests, designs, run_figures, warm_up
+    from chunkbench.tune.presearch.server import copy_sums
+    from chunkbench.workloads.spec import WorkloadRequest
     from tests.vllm.test_server_calibration import tier_launch, tune_spec
 
     launch = tier_launch()

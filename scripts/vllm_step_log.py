@@ -1,6 +1,6 @@
 """What a fresh vLLM server's steps cost, pass after pass: one launch as the vLLM tier serves it (tests/vllm/env.py
 `vllm_env`), the calibration's budget-sized warm-up (calibration_runs.warmup_requests) and then one calibration
-design's requests (calibration/server_runs.py, the tier calibration test's tune), or the test's held-out workload
+design's requests (tune/presearch/runs.py, the tier calibration test's tune), or the test's held-out workload
 at its budget (--design held-out), served --passes times in a row, each pass with other prompts, with the engine
 core's steps logged inside the server (scripts/vllm_step_log/sitecustomize.py, loaded through the server's
 PYTHONPATH). Per pass: the TTFTs (ms), its page faults, resident memory, median TTFT and p99 ITL; then the
@@ -46,8 +46,8 @@ def main() -> None:
     import numpy as np
 
     from chunkbench.bench.metrics import summarize
-    from chunkbench.bench.workload import build_workload
-    from chunkbench.calibration.server_runs import design_requests, designs, warm_up
+    from chunkbench.tune.presearch.runs import design_requests, designs, warm_up
+    from chunkbench.workloads.spec import build_workload
     from tests.vllm.test_server_calibration import HELD_OUT, HELD_OUT_BUDGET, tier_launch, tune_spec
 
     launch = tier_launch()

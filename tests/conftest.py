@@ -14,6 +14,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parent.parent
+# The checkout goes last on sys.path (pytest's --import-mode=append; `python -m pytest` puts it first): its
+# kernels/ (installed as chunkbench.kernels) would hide Hugging Face's `kernels`, which transformers imports.
+sys.path[:] = [p for p in sys.path if p not in ("", str(REPO))] + [str(REPO)]
 VLLM_TIER = REPO / "tests" / "vllm"
 
 

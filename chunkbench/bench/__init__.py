@@ -1,1 +1,2 @@
-"""Workloads, the clients and harness that run them, and the metrics and reports of a run."""
+"""The measuring harness: a workload run on an engine (harness.py) or over HTTP (client.py), the metrics and
+steady windows of a run, capacity searches over load, and the reports."""

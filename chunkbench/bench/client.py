@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import aiohttp
 import httpx
 
-from chunkbench.bench.arrivals import check_real_time
 from chunkbench.bench.client_rules import OLDEST, ClientRules
 from chunkbench.bench.gc_pause import frozen_heap
 from chunkbench.bench.harness import prompt_ids
@@ -43,7 +42,8 @@ from chunkbench.bench.openai_stream import (
     request_body,
     request_headers,
 )
-from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.workloads.arrivals import check_real_time
+from chunkbench.workloads.spec import WorkloadRequest
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Which vLLM release's `vllm bench serve` client `chunkbench bench` measures as: its rules for timing a stream
 and sending probes, chosen once per run from the server's GET /version (or --vllm-version).
 
-What changed between the releases chunkbench knows (chunkbench/engine/knobs.py's VLLM_VERSIONS), read in their
+What changed between the releases chunkbench knows (engine/knobs.py's VLLM_VERSIONS), read in their
 clients (vllm/benchmarks/lib/endpoint_request_func.py and serve.py):
 
 - Chat streams. 0.32 times every chunk that carries a choice: the opening chunk that only names the role is

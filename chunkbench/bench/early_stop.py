@@ -20,8 +20,8 @@ import numpy as np
 
 from chunkbench.bench.slo import SLO
 from chunkbench.bench.steady import MAX_GROWTH, MIN_THIRD, window_bounds
-from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.engine.request import Request
+from chunkbench.workloads.spec import WorkloadRequest
 
 
 def _ttft(r: Request, now: float) -> float:

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chunkbench.bench.arrivals import check_real_time
 from chunkbench.bench.gc_pause import paused_gc
-from chunkbench.bench.metrics import RequestRecord, StepRecord
-from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.bench.metrics import RequestRecord
 from chunkbench.engine.engine import LLMEngine, RealClock
+from chunkbench.engine.outputs import StepRecord
 from chunkbench.engine.request import Request, SamplingParams
 from chunkbench.sim.fastforward import fast_forward
+from chunkbench.workloads.arrivals import check_real_time
+from chunkbench.workloads.spec import WorkloadRequest
 
 
 @dataclass

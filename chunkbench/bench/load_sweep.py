@@ -23,17 +23,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from chunkbench.bench.backends import Backend
+from chunkbench.bench.backend import Backend
 from chunkbench.bench.capacity import Capacity, confirm, search_capacity, settle
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.probing import Probe, at_rate, base_rate, make_prober, prefix
 from chunkbench.bench.runs import BenchRun, measure
 from chunkbench.bench.slo import SLO
 from chunkbench.bench.steady import WARMUP
-from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.engine.shape import StepShape
+from chunkbench.errors import UserError
+from chunkbench.workloads.spec import WorkloadRequest, WorkloadSpec
 
 RELAXED_FACTOR = 25  # Sarathi-Serve's relaxed TBT SLO: 25x a decode iteration without prefill interference
 REFERENCE_BATCH, REFERENCE_CONTEXT = 32, 4096
@@ -105,7 +106,9 @@ def decode_iteration_s(backend: Backend, config: EngineConfig, workload: list[Wo
     mean_context = sum(w.prompt_len + w.output_len // 2 for w in workload) / len(workload)
     context = int(min(REFERENCE_CONTEXT, config.scheduler.max_model_len, mean_context))
     batch = min(REFERENCE_BATCH, config.scheduler.max_num_seqs, len(workload))
-    cost = backend.cost(config) if backend.kind == "sim" else backend.step_cost_model(config)[0]
+    cost = backend.step_cost(config)
+    if cost is None:
+        raise UserError(f"{backend} predicts no step times for the default SLA: set --sla-tbt or --sla-ttft")
     step = StepShape((), (context,) * batch, batch)
     return cost.predict(step), f"a decode step of {batch} requests at {context} tokens of context"
 

@@ -177,7 +177,7 @@ METRIC_TABLE: list[MetricInfo] = [
     MetricInfo(
         "peak_activation_bytes",
         "engine only: largest activation peak of any step, per GPU: measured on CUDA "
-        "(allocator peak minus what was allocated before the step), else chunkbench/engine/activation.py's formula",
+        "(allocator peak minus what was allocated before the step), else engine/activation.py's formula",
         "bytes",
         "chunkbench only",
     ),

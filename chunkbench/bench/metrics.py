@@ -8,7 +8,7 @@ ITL (every gap between consecutive tokens, pooled), E2EL (arrival to last token)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, get_type_hints
+from typing import get_type_hints
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from chunkbench.bench.token_gaps import (
     pooled_itls,
     token_times,
 )
+from chunkbench.engine.outputs import StepRecord
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -96,23 +97,6 @@ class RequestRecord:
     @property
     def itls(self) -> list[float]:
         return list(np.diff(self.token_times))
-
-
-class StepRecord(NamedTuple):
-    """One engine step. A tuple: hundreds of thousands per simulated trace, turned into one numpy table
-    (step_table) by a single C-level pass."""
-
-    start: float
-    seconds: float
-    prefill_tokens: int
-    decode_tokens: int
-    num_running: int
-    num_waiting: int
-    kv_blocks_used: int
-    num_preempted: int = 0
-    cached_tokens: int = 0  # prompt tokens the prefix cache supplied to requests admitted in this step
-    num_paused_decodes: int = 0  # running requests in decode this step left out
-    peak_activation_bytes: int = 0  # the step's activation peak (chunkbench/engine/activation.py; measured on CUDA)
 
 
 STEP_DTYPE = np.dtype([(name, "f8" if kind is float else "i8") for name, kind in get_type_hints(StepRecord).items()])

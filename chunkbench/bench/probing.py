@@ -17,8 +17,8 @@ import numpy as np
 from chunkbench.bench.early_stop import certain_miss
 from chunkbench.bench.slo import SLO, goodput_slos
 from chunkbench.bench.steady import MIN_LOAD, judge, min_requests, steady_state
-from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, add_probes, build_workload
 from chunkbench.errors import UserError
+from chunkbench.workloads.spec import WorkloadRequest, WorkloadSpec, add_probes, build_workload
 
 
 @dataclass

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from chunkbench.bench.backends import Backend, EngineBackend, Serve
+from chunkbench.bench.backend import Backend, Serve
 from chunkbench.bench.gc_pause import gc_paused
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.metrics import probe_figures, step_table, summarize
-from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec
 from chunkbench.engine.config import EngineConfig, default_budget, parse_chunk_schedule
 from chunkbench.engine.knobs import KNOBS
 from chunkbench.engine.policies import chunks_prompts
 from chunkbench.errors import UserError
 from chunkbench.files import write_json, write_parquet
+from chunkbench.workloads.spec import WorkloadRequest, WorkloadSpec
 
 
 @dataclass
@@ -34,11 +34,8 @@ class BenchRun:
     backend: str = "engine"
 
 
-def run_benchmark(
-    config: EngineConfig, workload: list[WorkloadRequest], *, backend: Backend | None = None, **options
-) -> BenchRun:
-    """One config over one workload on a backend (default: the real engine); see `measure` for options."""
-    backend = backend or EngineBackend()
+def run_benchmark(config: EngineConfig, workload: list[WorkloadRequest], *, backend: Backend, **options) -> BenchRun:
+    """One config over one workload on a backend; see `measure` for options."""
     with backend.session(config) as serve:
         return measure(serve, config, workload, backend=str(backend), **options)
 
@@ -146,7 +143,7 @@ def compare(
     base: dict,
     specs: list[str],
     workload: list[WorkloadRequest],
-    backend: Backend | None = None,
+    backend: Backend,
     on_done=None,
     chunked_defaults: dict | None = None,
     **run_kwargs,
@@ -156,7 +153,6 @@ def compare(
     if not specs:
         raise UserError("compare: name at least one policy, e.g. static continuous chunked")
     configs = [(spec, config_for_policy(base, spec, chunked_defaults)) for spec in specs]  # validated before any run
-    backend = backend or EngineBackend()
     runs = []
     for i, (spec, config) in enumerate(configs):
         label = spec if specs.index(spec) == i else f"{spec}#{specs[: i + 1].count(spec)}"  # a repeat keeps its own

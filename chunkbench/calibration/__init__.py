@@ -1,1 +1,2 @@
-"""Fits: the GPU kernel constants to operator profiles, the simulator to a launched server, step-cost profiles."""
+"""Fits on this machine or from profiles: GPU kernel constants (sim/calibration.json), step-cost profiles
+(`chunkbench profile`), and the attention kernels' benchmark (`chunkbench kernels bench`)."""

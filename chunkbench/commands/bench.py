@@ -120,8 +120,8 @@ def resolve_vllm_flags(args: SimpleNamespace) -> tuple[str, str, str | None, dic
 
 
 def has_timestamps(workload: str) -> bool:
-    """Whether the workload brings its own arrival times (chunkbench/bench/sources.py's table)."""
-    from chunkbench.bench.sources import has_timestamps as brings_them
+    """Whether the workload brings its own arrival times (chunkbench/workloads/named.py's table)."""
+    from chunkbench.workloads.named import has_timestamps as brings_them
 
     return brings_them(workload)
 
@@ -130,7 +130,7 @@ def connect(
     args: SimpleNamespace, endpoint: str, api: str, served_model: str | None, sampling: dict, headers: dict[str, str]
 ):
     """The server as a backend (its model, vocabulary and context length read from it where not given)."""
-    from chunkbench.bench.backends import EndpointBackend
+    from chunkbench.backends.endpoint import EndpointBackend
 
     return EndpointBackend.connect(
         endpoint,

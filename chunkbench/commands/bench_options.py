@@ -5,7 +5,7 @@ the client, the sampling parameters sent, the server's model, the files vllm ben
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,7 +14,7 @@ from chunkbench.commands.options import Goodput, JsonOut, MaxModelLen, Out, Prob
 BENCH_CLIENT_OPTIONS = {  # where and how requests are sent
     "endpoint": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="OpenAI-compatible base URL, e.g. "
                 "http://127.0.0.1:8000/v1 (chunkbench serve, vLLM, SGLang); "
@@ -27,7 +27,7 @@ BENCH_CLIENT_OPTIONS = {  # where and how requests are sent
     ),
     "max_concurrency": (
         Annotated[
-            Optional[int],
+            int | None,
             typer.Option(
                 help="Client slots: most requests in flight "
                 "(requests); default: no limit. TTFT and E2EL start "
@@ -49,12 +49,12 @@ BENCH_CLIENT_OPTIONS = {  # where and how requests are sent
         "completions",
     ),
     "api_key": (
-        Annotated[Optional[str], typer.Option(help="Sent as 'Authorization: Bearer KEY'; default: $OPENAI_API_KEY.")],
+        Annotated[str | None, typer.Option(help="Sent as 'Authorization: Bearer KEY'; default: $OPENAI_API_KEY.")],
         None,
     ),
     "header": (
         Annotated[
-            Optional[list[str]],
+            list[str] | None,
             typer.Option(help="Extra HTTP header on every request, NAME:VALUE or NAME=VALUE as vLLM's (repeatable)."),
         ],
         None,
@@ -79,7 +79,7 @@ BENCH_CLIENT_OPTIONS = {  # where and how requests are sent
     "probe_request_rate": (ProbeRate, 0.0),  # sent by the client, never added to the workload's requests
     "vllm_version": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="Measure as this vLLM release's vllm bench serve client does (X.Y.Z: 0.32.0, 0.33.0 or "
                 "0.34.0): 0.32 takes a chat stream's TTFT at its role-only first chunk and sends probes "
@@ -92,7 +92,7 @@ BENCH_CLIENT_OPTIONS = {  # where and how requests are sent
 }
 
 Sampling = Annotated[
-    Optional[float],
+    float | None,
     typer.Option(
         help="Sent with every request when given (as vllm bench serve's flag); default: not sent, the server's default."
     ),
@@ -102,7 +102,7 @@ SAMPLING_OPTIONS = {  # vllm bench serve's sampling flags, in the order they joi
     "top_p": (Sampling, None),
     "top_k": (
         Annotated[
-            Optional[int],
+            int | None,
             typer.Option(help="Sent with every request when given (as vllm bench serve's flag); default: not sent."),
         ],
         None,
@@ -116,14 +116,14 @@ SAMPLING_OPTIONS = {  # vllm bench serve's sampling flags, in the order they joi
 BENCH_SERVER_OPTIONS = {  # the model the server is asked for, and the token ids its vocabulary takes
     "served_model": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option("--model", help="Model name to send; default: the server's first /v1/models entry."),
         ],
         None,
     ),
     "vocab_size": (
         Annotated[
-            Optional[int],
+            int | None,
             typer.Option(
                 help="Token ids of the random prompts are below this; "
                 "default: --tokenizer's, else the server's (its model card, "
@@ -145,10 +145,10 @@ SAVE_RESULT_OPTIONS = {  # vllm bench serve's --save-result, and the --plot-time
         ],
         False,
     ),
-    "result_dir": (Annotated[Optional[Path], typer.Option(help="Folder for --save-result (default: .).")], None),
+    "result_dir": (Annotated[Path | None, typer.Option(help="Folder for --save-result (default: .).")], None),
     "result_filename": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(help="File name for --save-result (default: vLLM's {label}-{rate}qps-{model}-{date}.json)."),
         ],
         None,
@@ -157,7 +157,7 @@ SAVE_RESULT_OPTIONS = {  # vllm bench serve's --save-result, and the --plot-time
         Annotated[bool, typer.Option(help="--save-result keeps the per-request lists (as vLLM's).")],
         False,
     ),
-    "label": (Annotated[Optional[str], typer.Option(help="--save-result's label (default: the backend).")], None),
+    "label": (Annotated[str | None, typer.Option(help="--save-result's label (default: the backend).")], None),
     "plot_timeline": (
         Annotated[
             bool,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from chunkbench.bench.backend_choice import Resolved
-from chunkbench.bench.workload import WorkloadSpec, build_workload, clip_to_model
+from chunkbench.backends.choice import Resolved
 from chunkbench.errors import UserError
 from chunkbench.files import write_json
+from chunkbench.workloads.spec import WorkloadSpec, build_workload, clip_to_model
 
 console = Console()
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
-from chunkbench.bench.backend_choice import resolve
+from chunkbench.backends.choice import resolve
 from chunkbench.bench.slo import parse_goodput, parse_slas
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
 from chunkbench.commands.options import (
@@ -26,6 +25,7 @@ from chunkbench.commands.run import run_options, workload_options
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.launch.process import WholeRunsBackend
+from chunkbench.workloads.arrivals import MAX_REAL_WAIT_S
 
 
 @with_options(SLA_OPTIONS)
@@ -42,7 +42,7 @@ def compare(
     ],
     model: Model = "llama-3-8b",
     rates: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="Across load (the default, without --rate): arrival rates "
             "to run each policy at besides its capacity search, e.g. "
@@ -147,7 +147,7 @@ def check_load_options(
 def compare_workload(backend, base_config: EngineConfig, options: dict, policies: list[str], across_load: bool):
     """The requests every policy serves, as many as fit the device for all of compare's runs (said), their
     spec, and the chunked knobs fit_to_device chose."""
-    from chunkbench.bench.device_defaults import MIN_REQUESTS, fit_to_device
+    from chunkbench.backends.device_defaults import MIN_REQUESTS, fit_to_device
     from chunkbench.bench.runs import unsized_chunked
 
     spec, requests = load_workload(
@@ -182,8 +182,8 @@ def compare_load_curves(
 ) -> None:
     """compare across load: each policy's capacity at the SLA and its latency-load curves (one bisection on
     the CPU, where runs near capacity are long)."""
+    from chunkbench.backends.device_defaults import on_cpu
     from chunkbench.bench.capacity import BISECTIONS
-    from chunkbench.bench.device_defaults import on_cpu
     from chunkbench.commands.compare_load import compare_across_load
 
     bisections = CPU_BISECTIONS if on_cpu(backend, base_config) else BISECTIONS

@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-from chunkbench.bench.backends import Backend
+from chunkbench.bench.backend import Backend
 from chunkbench.bench.capacity import resolution_pct
 from chunkbench.bench.load_report import announce_rates, load_payload, load_section, load_table, plot_load, probe_line
 from chunkbench.bench.load_sweep import (
@@ -123,9 +123,9 @@ def check_requests(
     when the verdicts cannot be clear or the simulator draws its own requests ('' otherwise), and the requests
     that stand for the workload (the user's, or the simulator's draw where the user's are too few). Without
     --sla-* the SLA is a p99 (default_slo), judged the same way."""
-    from chunkbench.bench.arrivals import MAX_REAL_WAIT_S, MAX_SPAN_S
     from chunkbench.bench.probing import check_probe_pool, load_size, probe_pools
     from chunkbench.bench.steady import min_requests
+    from chunkbench.workloads.arrivals import MAX_REAL_WAIT_S, MAX_SPAN_S
 
     judged = slos or [SLO("tbt", 99.0, math.inf)]
     pool, _, _ = probe_pools(requests, spec, judged, max_model_len, backend.simulated)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -31,10 +31,10 @@ def gate(
         ),
     ] = False,
     junit: Annotated[
-        Optional[Path], typer.Option(help="Write a JUnit XML report: one testcase per guarded metric.")
+        Path | None, typer.Option(help="Write a JUnit XML report: one testcase per guarded metric.")
     ] = None,
     markdown_out: Annotated[
-        Optional[Path], typer.Option("--markdown", help="Write a Markdown table (e.g. to $GITHUB_STEP_SUMMARY).")
+        Path | None, typer.Option("--markdown", help="Write a Markdown table (e.g. to $GITHUB_STEP_SUMMARY).")
     ] = None,
 ) -> None:
     """Run the benchmark suite and compare with the baseline: exit 1 on a regression, 0 when clean, 2 on a

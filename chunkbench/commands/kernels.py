@@ -55,7 +55,7 @@ def kernels_bench(json_out: JsonOut = None) -> None:
 
     if not torch.cuda.is_available():
         raise UserError("kernels bench needs a CUDA device; on the CPU run `chunkbench kernels check`")
-    from chunkbench.kernels.bench import run_kernel_bench
+    from chunkbench.calibration.kernel_bench import run_kernel_bench
 
     rows = run_kernel_bench()
     table = Table(

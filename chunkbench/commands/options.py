@@ -1,21 +1,21 @@
 """Command-line options shared by several commands, as Typer `Annotated` aliases and option groups. The
-engine options are generated from the knob declarations (chunkbench/engine/knobs.py), the workload defaults are
+engine options are generated from the knob declarations (engine/knobs.py), the workload defaults are
 WorkloadSpec's. Units are in every help text."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from chunkbench.bench.lengths import LENGTH_HELP
-from chunkbench.bench.sources import NAMED
-from chunkbench.bench.vllm_datasets import HELP as DATASETS_HELP
-from chunkbench.bench.workload import WorkloadSpec
 from chunkbench.engine.knobs import KNOBS, Knob
 from chunkbench.engine.model_config import MODEL_PRESETS
+from chunkbench.workloads.lengths import LENGTH_HELP
+from chunkbench.workloads.named import NAMED
+from chunkbench.workloads.spec import WorkloadSpec
+from chunkbench.workloads.vllm_datasets import HELP as DATASETS_HELP
 
 Model = Annotated[
     str,
@@ -34,7 +34,7 @@ def _knob_option(knob: Knob) -> tuple:
     kind = str if knob.type is tuple else knob.type
     optional = knob.default is None or knob.type is tuple
     option = typer.Option(*knob.cli_flags, help=knob.help)
-    return Annotated[Optional[kind] if optional else kind, option], (None if optional else knob.default)
+    return Annotated[kind | None if optional else kind, option], (None if optional else knob.default)
 
 
 ENGINE_OPTIONS = {name: _knob_option(knob) for name, knob in KNOBS.items()}  # EngineConfig.create keywords
@@ -54,16 +54,14 @@ Workload = Annotated[
     ),
 ]
 NumRequests = Annotated[
-    Optional[int],
+    int | None,
     typer.Option(
         "--num-requests", "--num-prompts", help="Requests to send (requests); traces: the first N (see --shuffle)."
     ),
 ]
-Duration = Annotated[
-    Optional[float], typer.Option(help="Keep only requests arriving in the first this many seconds (s).")
-]
+Duration = Annotated[float | None, typer.Option(help="Keep only requests arriving in the first this many seconds (s).")]
 Rate = Annotated[
-    Optional[float],
+    float | None,
     typer.Option(
         "--rate",
         "--request-rate",
@@ -72,7 +70,7 @@ Rate = Annotated[
     ),
 ]
 Arrival = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="Arrival process: poisson, gamma (see --burstiness), constant, all-at-once, or trace (the file's "
         "timestamps). Default: trace timestamps when the workload has them, else poisson."
@@ -92,21 +90,21 @@ TimeScale = Annotated[
 PromptLen = Annotated[str, typer.Option(help="synthetic prompts: " + LENGTH_HELP)]
 OutputLen = Annotated[str, typer.Option(help="synthetic outputs: same forms as --prompt-len (tokens).")]
 Tokenizer = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="Local Hugging Face tokenizer directory to count ShareGPT tokens; default: 4 characters per token."
     ),
 ]
 Goodput = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(help="SLOs for goodput, in ms, space-separated: 'ttft:300 tpot:50 e2el:2000' (as vLLM's --goodput)."),
 ]
 WarmupSteps = Annotated[int, typer.Option(help="Unmeasured engine steps before the run (steps).")]
 Out = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option(help="Directory for the outputs (created). Default: results/runs/<command>-<date>-<time>."),
 ]
-JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Also write the summary JSON to this file.")]
+JsonOut = Annotated[Path | None, typer.Option("--json", help="Also write the summary JSON to this file.")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bar.")]
 
 # ---- where steps run ----
@@ -120,18 +118,18 @@ BackendOpt = Annotated[
     ),
 ]
 Gpu = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="sim: GPU for the roofline cost model: a100-40g, a100-80g, h100-sxm, h100-pcie, h200, l40s, l4, a10g, "
         "rtx-4090, mi300x."
     ),
 ]
 CostModelPath = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--cost-model", help="sim: a profile written by `chunkbench profile` (JSON) instead of a roofline."),
 ]
 EngineOverhead = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--engine-overhead",
         help="sim (roofline): the simulated engine's per-step overhead: vllm (default, 1.5 ms), "
@@ -157,7 +155,7 @@ Shuffle = Annotated[
 ]
 NumPrefixes = Annotated[int, typer.Option(help="Distinct shared prefixes, assigned round-robin (prefixes).")]
 RampUpStrategy = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="linear or exponential: the arrival rate goes from "
         "--ramp-up-start-rps to --ramp-up-end-rps over the requests "
@@ -166,7 +164,7 @@ RampUpStrategy = Annotated[
     ),
 ]
 RampUpRps = Annotated[  # whole numbers, as vllm bench serve's (int) flags
-    Optional[int], typer.Option(help="--ramp-up-strategy's first (start) or last (end) request's rate (requests/s).")
+    int | None, typer.Option(help="--ramp-up-strategy's first (start) or last (end) request's rate (requests/s).")
 ]
 ProbeRate = Annotated[
     float,
@@ -180,7 +178,7 @@ ProbeRate = Annotated[
     ),
 ]
 SlaProbe = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="Probe E2EL target (--probe-request-rate's one-token "
         "requests, 2 req/s unless given), same forms as --sla-ttft: "
@@ -189,16 +187,16 @@ SlaProbe = Annotated[
     ),
 ]
 SlaTtft = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(help="TTFT target: 300ms, 0.3s, or p90:300ms for another percentile than --sla-percentile."),
 ]
-SlaTbt = Annotated[Optional[str], typer.Option(help="Time-between-tokens (ITL) target, same forms.")]
-SlaTpot = Annotated[Optional[str], typer.Option(help="Time-per-output-token target, same forms.")]
-SlaE2el = Annotated[Optional[str], typer.Option(help="End-to-end latency target, same forms.")]
+SlaTbt = Annotated[str | None, typer.Option(help="Time-between-tokens (ITL) target, same forms.")]
+SlaTpot = Annotated[str | None, typer.Option(help="Time-per-output-token target, same forms.")]
+SlaE2el = Annotated[str | None, typer.Option(help="End-to-end latency target, same forms.")]
 SlaPercentile = Annotated[float, typer.Option(help="Percentile the targets apply to (0-100].")]
 MaxSchedDelay = Annotated[float, typer.Option(help="capacity: bound on the median scheduling delay (ms).")]
 ProbeSeconds = Annotated[
-    Optional[float],
+    float | None,
     typer.Option(
         help="capacity on a real clock (the engine, a launched server): a probe whose steady verdict is not yet "
         "clear runs again longer, up to this many seconds of arrivals (s). Unset: one run of --num-requests "
@@ -233,7 +231,7 @@ WORKLOAD_OPTIONS = {  # WorkloadSpec field (name <- --workload) -> (annotated ty
 
 def _dataset_option(name: str, kind: type, help: str) -> tuple:
     default = _SPEC[name]
-    return Annotated[Optional[kind] if default is None else kind, typer.Option(help=help)], default
+    return Annotated[kind | None if default is None else kind, typer.Option(help=help)], default
 
 
 DATASET_OPTIONS = {

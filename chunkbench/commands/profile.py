@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -30,7 +30,7 @@ def profile(
         ),
     ] = 5,
     out: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(help="Where to write the profile. Default: results/profiles/<device>-<model>.json."),
     ] = None,
     cpu_time: Annotated[

@@ -7,7 +7,7 @@ import dataclasses
 
 import typer
 
-from chunkbench.bench.backend_choice import resolve
+from chunkbench.backends.choice import resolve
 from chunkbench.bench.slo import parse_goodput
 from chunkbench.commands.common import announce, console, default_out, load_workload, save_json
 from chunkbench.commands.options import (
@@ -31,7 +31,7 @@ def run(model: Model = "small", **options) -> None:
     """Serve one workload with one engine config; print the metrics and write summary.json,
     requests.parquet and steps.parquet. Unset, the request count and (chunked on the CPU) the step size
     fit the device: the output says what was chosen."""
-    from chunkbench.bench.device_defaults import fit_to_device
+    from chunkbench.backends.device_defaults import fit_to_device
     from chunkbench.bench.report import comparison_table, failure_notes
     from chunkbench.bench.runs import run_benchmark, save_run
 
@@ -72,7 +72,7 @@ def run(model: Model = "small", **options) -> None:
     console.print(comparison_table([result], title=f"{model}, {workload}, {len(requests)} requests"))
     for note in failure_notes([result]):
         console.print(f"[bold yellow]{note}[/]", soft_wrap=True)
-    if backend.kind == "sim":
+    if backend.simulated:
         steps, wall = result.summary["num_steps"], result.result.wall_seconds
         console.print(
             f"simulated {steps:,} steps ({result.summary['duration']:,.0f} s of virtual time) in "

@@ -4,7 +4,7 @@ measured with chunkbench's workloads and metrics)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,11 +21,11 @@ def serve(
     model: Model = "tiny",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (1-65535).")] = 8000,
-    served_model_name: Annotated[Optional[str], typer.Option(help="Model name the API reports.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Model name the API reports.")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body (bytes); larger gets HTTP 413.")] = 4
     * 2**20,
     max_prompt_chars: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             help="Longest text prompt or chat (characters), checked before tokenizing; longer gets HTTP 400. "
             "Default: 32 x --max-model-len."

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import typer
 
 from chunkbench import servers
-from chunkbench.bench.arrivals import MAX_REAL_WAIT_S
-from chunkbench.bench.backend_choice import resolve
+from chunkbench.backends.choice import resolve
+from chunkbench.backends.launched import launch_command, launch_values
 from chunkbench.bench.client_rules import known_version
 from chunkbench.commands.common import announce, console
 from chunkbench.commands.options import SLA_OPTIONS, Model, pick, with_options
@@ -25,11 +25,11 @@ from chunkbench.commands.tune_options import (
 from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError, check_number
 from chunkbench.files import check_writable
-from chunkbench.launch.backend import launch_command, launch_values
 from chunkbench.launch.node import Slot, plan_slots, varies_by_slot
 from chunkbench.launch.template import check_endpoint, check_launch, placeholders
 from chunkbench.launch.versions import launched_target
 from chunkbench.tune.objectives import resolve as resolve_objective
+from chunkbench.workloads.arrivals import MAX_REAL_WAIT_S
 
 
 @with_options(SLA_OPTIONS)
@@ -87,7 +87,7 @@ def run_tune(args: SimpleNamespace) -> None:
     out, progress, repeats = args.out or study_folder(name), not args.no_progress, args.verify_repeats or VERIFY_REPEATS
     command = "chunkbench " + " ".join(sys.argv[1:])
     if args.presearch == "sim":
-        from chunkbench.tune.presearch import presearch_tune
+        from chunkbench.tune.presearch.search import presearch_tune
 
         check_number("--verify-top", args.verify_top, low=1)
         presearch_tune(
@@ -104,7 +104,7 @@ def run_tune(args: SimpleNamespace) -> None:
             repeats=repeats,
         )
         return
-    relaunch = resolved.backend.kind == "launch"
+    relaunch = resolved.backend.relaunched
     tune_and_report(
         spec,
         name,
@@ -164,8 +164,8 @@ def check_options(args: SimpleNamespace) -> list:
 def workload_spec(args: SimpleNamespace):
     """The search space and the workload: the space file's [workload], overridden by the flags given (a flag
     left at its default keeps the file's value); also the flags given, for check_workload."""
-    from chunkbench.bench.workload import WorkloadSpec
     from chunkbench.tune.space import SearchSpace
+    from chunkbench.workloads.spec import WorkloadSpec
 
     search_space = SearchSpace.load(args.space)
     given = dict(
@@ -205,7 +205,7 @@ def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
     )
     asked = known_version(args.vllm_version) if args.vllm_version is not None else None  # as bench checks it
     versions = {"vllm": servers.get("vllm").target(asked)}  # what the emitted vllm.yaml targets
-    if resolved.backend.kind != "launch":
+    if not resolved.backend.relaunched:
         search_space, note = search_space.for_server(servers.get("vllm"), versions["vllm"], launched=False)
     else:
         kind, version, how = launched_target(args.launch, asked)
@@ -225,7 +225,7 @@ def tune_backend(args: SimpleNamespace, config: EngineConfig, search_space):
 def check_workload(spec_workload, search_space, given: dict) -> None:
     """A bad workload fails here, before anything is written; its message names the flag, and the space file
     where the value came from there instead."""
-    from chunkbench.bench.workload import build_workload
+    from chunkbench.workloads.spec import build_workload
 
     try:
         build_workload(spec_workload)

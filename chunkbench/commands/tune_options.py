@@ -5,7 +5,7 @@ starts its servers, and the engine flags every trial keeps."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -42,15 +42,15 @@ TUNE_SEARCH_OPTIONS = {  # the study: its target, space, workload, trial count a
         "default",
     ),
     "workload": (
-        Annotated[Optional[str], typer.Option(help="Workload (overrides the space file's); see `run`.")],
+        Annotated[str | None, typer.Option(help="Workload (overrides the space file's); see `run`.")],
         None,
     ),
     "rate": (
-        Annotated[Optional[float], typer.Option(help="Arrival rate, requests/s (overrides the space file's).")],
+        Annotated[float | None, typer.Option(help="Arrival rate, requests/s (overrides the space file's).")],
         None,
     ),
     "num_requests": (
-        Annotated[Optional[int], typer.Option(help="Requests per trial (overrides the space file's).")],
+        Annotated[int | None, typer.Option(help="Requests per trial (overrides the space file's).")],
         None,
     ),
     "n_trials": (Annotated[int, typer.Option(help="Complete trials the study should hold, over all processes.")], 60),
@@ -65,19 +65,19 @@ TUNE_SEARCH_OPTIONS = {  # the study: its target, space, workload, trial count a
         1,
     ),
     "timeout": (
-        Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds (s).")],
+        Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds (s).")],
         None,
     ),
     "study": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(help="Study name; an existing study resumes. Default: <model>-<workload>-<objective>."),
         ],
         None,
     ),
     "storage": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="Optuna RDB URL (postgresql://user:pw@host/db) to share "
                 "a study between machines. Default: SQLite in the output "
@@ -86,7 +86,7 @@ TUNE_SEARCH_OPTIONS = {  # the study: its target, space, workload, trial count a
         ],
         None,
     ),
-    "out": (Annotated[Optional[Path], typer.Option(help="Output folder. Default: results/tune/<study>.")], None),
+    "out": (Annotated[Path | None, typer.Option(help="Output folder. Default: results/tune/<study>.")], None),
     "no_progress": (NoProgress, False),
 }
 
@@ -122,7 +122,7 @@ TUNE_BACKEND_OPTIONS = {  # where the trials run, and how the best are re-measur
     ),
     "verify_repeats": (
         Annotated[
-            Optional[int],
+            int | None,
             typer.Option(
                 help="--backend launch: run the workload this many times on each re-measured (--verify-top) "
                 "configuration's launched server and judge it by the medians (a p99 of a short run moves between "
@@ -134,7 +134,7 @@ TUNE_BACKEND_OPTIONS = {  # where the trials run, and how the best are re-measur
     ),
     "calibration": (
         Annotated[
-            Optional[Path],
+            Path | None,
             typer.Option(
                 help="--presearch sim: a server calibration (JSON) to "
                 "reuse for the same deployment; written there after "
@@ -148,7 +148,7 @@ TUNE_BACKEND_OPTIONS = {  # where the trials run, and how the best are re-measur
 TUNE_LAUNCH_OPTIONS = {  # --backend launch: the server command, its endpoint, and the slots it runs in
     "launch": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="--backend launch: server command per trial, with "
                 '{model} and knob placeholders (unset: 0), e.g. "vllm serve '
@@ -163,7 +163,7 @@ TUNE_LAUNCH_OPTIONS = {  # --backend launch: the server command, its endpoint, a
     ),
     "vllm_version": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="The vLLM release the search and the emitted vllm.yaml target "
                 "(0.32.0, 0.33.0 or 0.34.0): knobs it has no option for are left "
@@ -175,7 +175,7 @@ TUNE_LAUNCH_OPTIONS = {  # --backend launch: the server command, its endpoint, a
     ),
     "endpoint": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="--backend launch: the launched server's OpenAI base "
                 "URL, e.g. http://127.0.0.1:8000/v1, or with the slot's port: "
@@ -191,7 +191,7 @@ TUNE_LAUNCH_OPTIONS = {  # --backend launch: the server command, its endpoint, a
     ),
     "slots": (
         Annotated[
-            Optional[int],
+            int | None,
             typer.Option(
                 help="--backend launch: run up to this many trials at once, one "
                 "launched server per slot (default: as many as --gpus or --cpus "
@@ -207,7 +207,7 @@ TUNE_LAUNCH_OPTIONS = {  # --backend launch: the server command, its endpoint, a
     ),
     "gpus": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="--backend launch: the GPUs to tune on, e.g. 0,1,2,3 or 0-7; "
                 "each slot gets --gpus-per-trial of them as CUDA_VISIBLE_DEVICES "
@@ -224,7 +224,7 @@ TUNE_LAUNCH_OPTIONS = {  # --backend launch: the server command, its endpoint, a
     ),
     "cpus": (
         Annotated[
-            Optional[str],
+            str | None,
             typer.Option(
                 help="--backend launch on a CPU machine: the cores to tune on, "
                 "e.g. 0-7; each slot gets --cpus-per-trial of them as {cpus} (e.g. "

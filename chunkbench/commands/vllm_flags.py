@@ -3,14 +3,14 @@ dataset, and the options it has that change nothing here, accepted so that its c
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from chunkbench.bench.vllm_datasets import DATASETS
 from chunkbench.errors import UserError, check_number
+from chunkbench.workloads.vllm_datasets import DATASETS
 
-Text = Optional[str]
+Text = str | None
 VLLM_FLAGS = {  # bench's keyword -> (annotated type, default)
     "dataset_name": (
         Annotated[
@@ -42,7 +42,7 @@ VLLM_FLAGS = {  # bench's keyword -> (annotated type, default)
         ],
         None,
     ),
-    "port": (Annotated[Optional[int], typer.Option(help="Server port with --host (vLLM's; default 8000).")], None),
+    "port": (Annotated[int | None, typer.Option(help="Server port with --host (vLLM's; default 8000).")], None),
     "vllm_backend": (
         Annotated[
             Text,

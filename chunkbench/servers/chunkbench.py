@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import tomli_w
 
-from chunkbench import __version__
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import KNOBS, Knob
 from chunkbench.servers.kind import ServerKind, comment
+from chunkbench.version import __version__
 
 TUNED = [
     k

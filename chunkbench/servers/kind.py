@@ -103,7 +103,7 @@ class ServerKind:
         raise NotImplementedError
 
     def runs_policy(self, policy: str) -> bool:
-        """Whether this kind can run `policy` (chunkbench/engine/policies/)."""
+        """Whether this kind can run `policy` (engine/policies/)."""
         return policies.get(policy).in_vllm
 
     def option_flags(self, config: EngineConfig, version: str = "") -> str:

@@ -1,6 +1,6 @@
 """vLLM: `vllm serve` with options of the targeted release (0.32, 0.33 or 0.34; the newest by default).
 
-Option names are vLLM's (`vllm serve --config`, EngineArgs / SchedulerConfig), as chunkbench/engine/knobs.py
+Option names are vLLM's (`vllm serve --config`, EngineArgs / SchedulerConfig), as engine/knobs.py
 declares them with the release that brought each one. A config sets only what was chosen and what the
 deployment needs (chunkbench/servers/kind.py); a chosen knob the release has no option for is named in a
 comment, never silently dropped. The YAML is written by PyYAML, so no value can inject a line.

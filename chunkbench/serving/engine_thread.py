@@ -197,7 +197,7 @@ class AsyncEngine:
 
     def _step(self) -> list[Request]:
         """One engine step: the requests it updated. A step that raised after it was scheduled is a StepFailed
-        (chunkbench/engine/outputs.py); anything else it raises (the scheduler failed) stops the loop."""
+        (engine/outputs.py); anything else it raises (the scheduler failed) stops the loop."""
         return self.engine.step()
 
     def _publish(self, updated: list[Request]) -> None:

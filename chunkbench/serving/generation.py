@@ -96,7 +96,7 @@ class Generation:
         while not await self.http.is_disconnected():
             try:
                 return await asyncio.wait_for(self.events.get(), self.poll_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return None
 

@@ -106,7 +106,7 @@ class BodyLimit:
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), self.timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise HTTPException(408, f"the request body took over {self.timeout_s} s to arrive") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))

@@ -84,7 +84,7 @@ def request_models(vocab_size: int, max_model_len: int, max_prompt_chars: int) -
     """(CompletionBody, ChatBody) for a server of this vocabulary, context length and prompt size limit."""
     # The token id range and the prompt's length are checked by the server (with messages that name
     # max_model_len and the vocabulary), and stated here for the OpenAPI document. A prompt and max_tokens, at
-    # # least one token each, fit in max_model_len together (chunkbench/engine/limits.py), so either is at most
+    # # least one token each, fit in max_model_len together (engine/limits.py), so either is at most
     # `most_tokens`; the room a given prompt leaves is checked per request, with both numbers.
     most_tokens = longest_prompt(max_model_len, max_tokens=1)
     TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, "maximum": vocab_size - 1})]

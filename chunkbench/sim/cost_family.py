@@ -3,7 +3,7 @@
 A family is the shape of a step cost whose constants a server calibration stores (sim/server_calibration.py).
 It checks those constants when a calibration is made or read, builds the CostModel (sim/cost_model.py) that prices
 steps with them, says what they are in words, and names the function that fits them to a server's
-calibration runs (calibration/server.py calls it through `fit`)."""
+calibration runs (tune/presearch/server.py calls it through `fit`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a simulated step's cost depends on (StepShape, defined in chunkbench/engine/shape.py so the scheduler can size
+"""What a simulated step's cost depends on (StepShape, defined in engine/shape.py so the scheduler can size
 steps with it, re-exported here), and what predicts it (the CostModel protocol). No torch."""
 
 from __future__ import annotations

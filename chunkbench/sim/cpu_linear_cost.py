@@ -144,7 +144,7 @@ class CpuLinearStepCost(LinearStepCost):
 class CpuLinearFamily(LinearFamily):
     name = "linear-cpu"
     cpu_variant_of = "linear"
-    fitter = "chunkbench.calibration.server_linear:fit_cpu_linear"
+    fitter = "chunkbench.tune.presearch.linear:fit_cpu_linear"
     step_terms = STEP_COEFFICIENTS
     client_terms = ("latency_s", "jitter_s")
     optional = OPTIONAL

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from chunkbench.bench.metrics import StepRecord
+from chunkbench.engine.outputs import StepRecord
 from chunkbench.sim.cost_model import StepShape
 
 MAX_STRETCH = 512  # steps per call: bounds the event lists built up front when an arrival cuts a stretch short

@@ -52,7 +52,7 @@ def gemm_seconds(
 
 
 def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[int, int]]:
-    """(K, N) of one decoder layer's GEMMs on one GPU under tensor parallelism (chunkbench/engine/sharding.py's splits):
+    """(K, N) of one decoder layer's GEMMs on one GPU under tensor parallelism (engine/sharding.py's splits):
     fused QKV, attention output, fused gate+up, down."""
     h, d = model.hidden_size, model.head_dim
     q, kv, inter = heads_per_gpu(model, tp) * d, kv_heads_per_gpu(model, tp) * d, intermediate_per_gpu(model, tp)

@@ -1,5 +1,5 @@
 """The `linear` family of a server calibration (registered in sim/families.py): a step cost linear in what the
-scheduler put in the step, fitted by calibration/server_linear.py. No torch, no scipy.
+scheduler put in the step, fitted by tune/presearch/linear.py. No torch, no scipy.
 
 A step's seconds = sum of STEP_TERMS[k] * feature k, each term >= 0:
 
@@ -87,11 +87,11 @@ class LinearStepCost:
 
 
 class LinearFamily(CostFamily):
-    """What the fit (calibration/server_linear.py, calibration/linear_trace.py) needs of a linear family besides the
+    """What the fit (tune/presearch/linear.py, tune/presearch/linear_trace.py) needs of a linear family besides the
     CostFamily interface: its terms, the features they multiply, and which columns mark a step as unusual."""
 
     name = "linear"
-    fitter = "chunkbench.calibration.server_linear:fit_linear_family"
+    fitter = "chunkbench.tune.presearch.linear:fit_linear_family"
     step_terms: tuple[str, ...] = STEP_TERMS
     client_terms: tuple[str, ...] = ("latency_s",)  # per token, outside the steps; latency_s first
     optional: tuple[str, ...] = ("latency_s",)  # 0 when a file lacks them

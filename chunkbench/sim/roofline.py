@@ -1,6 +1,6 @@
 """The roofline cost model: a step's time from the GPU's peaks, kernel constants fitted to measured operator
 profiles (sim/kernel_constants.py; datasheet defaults, marked uncalibrated, elsewhere) and the model's shapes, on one
-GPU or split over N GPUs by tensor parallelism (chunkbench/engine/sharding.py), plus the simulated engine's step
+GPU or split over N GPUs by tensor parallelism (engine/sharding.py), plus the simulated engine's step
 overhead (sim/engine_overhead.py).
 
 Per layer: four GEMMs and six elementwise kernels (sim/kernel_times.py: soft max of the compute and memory bounds,
@@ -183,7 +183,7 @@ class RooflineCostModel:
 
     def activation_bytes(self, step: StepShape) -> int:
         """Peak activation bytes of a step on one GPU: FlashAttention-style kernels, bf16
-        (chunkbench/engine/activation.py)."""
+        (engine/activation.py)."""
         return self.rows_activation_bytes(step.num_tokens, step.num_sampled)
 
     def rows_activation_bytes(self, rows: int, sampled: int) -> int:

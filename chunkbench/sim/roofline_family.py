@@ -1,6 +1,6 @@
 """The `roofline` family of a server calibration (registered in sim/families.py). No torch, no scipy.
 
-The fit (calibration/server_roofline.py, fit_roofline) leaves the kernel *shape* constants (soft-max smoothness,
+The fit (tune/presearch/roofline.py, fit_roofline) leaves the kernel *shape* constants (soft-max smoothness,
 token tile, floors) alone: request latencies cannot separate them. It scales the reference device's two peaks and
 sets the engine's overheads, the calibration's fields:
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 class RooflineFamily(CostFamily):
     name = "roofline"
-    fitter = "chunkbench.calibration.server_roofline:fit_roofline"
+    fitter = "chunkbench.tune.presearch.roofline:fit_roofline"
 
     def cost_model(
         self, calibration: ServerCalibration, config: EngineConfig

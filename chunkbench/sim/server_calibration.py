@@ -1,4 +1,4 @@
-"""A cost model fitted to one user's server (`chunkbench tune --presearch sim`, calibration/server.py): what the
+"""A cost model fitted to one user's server (`chunkbench tune --presearch sim`, tune/presearch/server.py): what the
 fit found and how to simulate with it. No torch, no scipy: this runs inside every simulated trial.
 
 The constants are those of a cost-model family (sim/families.py: `roofline`, `linear`, `linear-cpu`), which

@@ -148,7 +148,7 @@ def not_verified(spec: TuneSpec, study: optuna.Study, verified: dict[int, dict],
             f"No trial was re-measured: every figure is {spec.backend}"
             + (f" ({backend_note})." if backend_note else ".")
         )
-    if spec.backend.kind == "sim" and not getattr(spec.backend, "cost_model", None):
+    if spec.backend.simulated and not getattr(spec.backend, "cost_model", None):
         notes.append(
             "The roofline's kernel constants are fitted to operator profiles of reference GPUs (or are "
             "datasheet constants where the GPU is uncalibrated), not measured on this deployment: it ranks "

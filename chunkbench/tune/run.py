@@ -13,8 +13,7 @@ import optuna
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chunkbench.bench.backends import EngineBackend
-from chunkbench.bench.workload import build_workload
+from chunkbench.backends.engine import EngineBackend
 from chunkbench.errors import StudyFailed, show_warning
 from chunkbench.files import write_json
 from chunkbench.launch.process import check_not_stopping, stopping_wins
@@ -32,6 +31,7 @@ from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
 from chunkbench.tune.verify import VERIFY_REPEATS, State, best_distinct, verify_top
 from chunkbench.tune.verify_report import add_to_report, print_remeasured, verified_section
+from chunkbench.workloads.spec import build_workload
 
 console = Console()
 VERIFIED_FILE = "verified.json"  # --backend launch: the re-measured configurations (resume)
@@ -203,7 +203,7 @@ def remeasure(
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
     settled: list[dict] = []
-    if verify and spec.backend.kind == "launch":  # the winner's curse: tune/verify.py
+    if verify and spec.backend.relaunched:  # the winner's curse: tune/verify.py
         if get(spec.objective).one_winner:  # a front has no one winner to pick
             remeasured = verify_top(
                 spec, study, spec.backend, State(out / VERIFIED_FILE), best_distinct(spec, study, verify), repeats
@@ -211,7 +211,7 @@ def remeasure(
             verified = {r["trial"]: r["metrics"] for r in remeasured}
     elif settled := settle_top(spec, study, deadline=deadline):  # a simulated capacity: the best few, long
         remeasured = settled
-    if verify and spec.backend.kind != "launch":
+    if verify and not spec.backend.relaunched:
         workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
         for trial in feasible_trials(study)[:verify]:
             console.print(f"verifying trial {trial.number} on the real engine ...")

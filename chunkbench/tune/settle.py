@@ -15,12 +15,12 @@ from rich.table import Table
 
 from chunkbench.bench.capacity import CONFIRM_ABOVE
 from chunkbench.bench.probing import Probe
-from chunkbench.bench.workload import build_workload
 from chunkbench.tune.objectives import get
 from chunkbench.tune.objectives.trial import open_run
 from chunkbench.tune.report_text import knobs_text
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.verify import best_distinct, measured_rank
+from chunkbench.workloads.spec import build_workload
 
 console = Console()
 SETTLE_TOP = 3  # configurations settled on long runs

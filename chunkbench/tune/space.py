@@ -1,5 +1,5 @@
 """Search spaces for the tuner, read from TOML (the built-in ones ship as package data from sweeps/): the
-knobs and the values each may take. Which knobs may appear is declared in chunkbench/engine/knobs.py."""
+knobs and the values each may take. Which knobs may appear is declared in engine/knobs.py."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chunkbench import sweeps
-from chunkbench.bench.workload import WorkloadSpec
 from chunkbench.engine import policies as engine_policies
 from chunkbench.engine.config import MAX_BUDGET, MAX_SEQS, min_budget
 from chunkbench.engine.knobs import CHUNKED_ONLY
 from chunkbench.engine.knobs import KNOBS as ENGINE_KNOBS
 from chunkbench.engine.knobs import SEARCHABLE as KNOBS
 from chunkbench.errors import UserError, read_toml
+from chunkbench.workloads.spec import WorkloadSpec
 
 SCHEDULE_FAMILIES = ("fixed", "decreasing", "linear")
 WORKLOAD_KEYS = tuple(f.name for f in dataclasses.fields(WorkloadSpec))

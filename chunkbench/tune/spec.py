@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkbench.bench.backends import Backend
+from chunkbench.bench.backend import Backend
 from chunkbench.bench.slo import SLO
-from chunkbench.bench.workload import WorkloadSpec
 from chunkbench.engine.config import EngineConfig
 from chunkbench.tune.space import SearchSpace
+from chunkbench.workloads.spec import WorkloadSpec
 
 
 @dataclass

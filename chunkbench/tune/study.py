@@ -28,14 +28,13 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from chunkbench.bench.slo import SLO
-from chunkbench.bench.workload import build_workload
-from chunkbench.engine.config import ConfigError
-from chunkbench.errors import Interrupted, StudyFailed, UserError
+from chunkbench.errors import ConfigError, Interrupted, StudyFailed, UserError
 from chunkbench.launch.process import STOPPING, LaunchError, check_not_stopping
+from chunkbench.launch.slots import SlotRun, slot_backends
 from chunkbench.tune.objectives import OBJECTIVES, Objective, evaluate, get
-from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.space import engine_kwargs
 from chunkbench.tune.spec import TuneSpec
+from chunkbench.workloads.spec import build_workload
 
 HEARTBEAT_S, GRACE_S = 2, 8
 LAUNCH_FAILURES_IN_A_ROW = 3
@@ -133,7 +132,7 @@ def run_study(
     out: Path | None = None,
 ) -> None:
     """Run trials until the study holds `n_trials` complete ones (counting all processes), or the timeout,
-    one trial loop per launch slot (tune/slots.py). A launched server's output is kept in
+    one trial loop per launch slot (launch/slots.py). A launched server's output is kept in
     out/trials/<n>/launch.log. LAUNCH_FAILURES_IN_A_ROW launches in a row that never come up end the study
     (StudyFailed): a broken --launch template, or a port held by another server, fails every trial alike."""
     workload_max_len = spec.base_config().scheduler.max_model_len
@@ -225,7 +224,7 @@ class _TrialLoop:
             trial.set_user_attr("slot", str(slot))
         heartbeat = _Heartbeat(self.storage, trial._trial_id)
         heartbeat.start()
-        log = out / "trials" / str(trial.number) / "launch.log" if out and spec.backend.kind == "launch" else None
+        log = out / "trials" / str(trial.number) / "launch.log" if out and spec.backend.relaunched else None
         if log:
             trial.set_user_attr("launch_log", str(log))
         try:

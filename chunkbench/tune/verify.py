@@ -20,15 +20,15 @@ from pathlib import Path
 import optuna
 from rich.console import Console
 
-from chunkbench.bench.backends import Backend
-from chunkbench.bench.workload import build_workload
+from chunkbench.bench.backend import Backend
 from chunkbench.files import write_json
 from chunkbench.launch.process import STOPPING
+from chunkbench.launch.slots import SlotRun, slot_backends
 from chunkbench.tune.objectives import evaluate_runs, median_outcome
 from chunkbench.tune.report_text import knobs_text, runs
-from chunkbench.tune.slots import SlotRun, slot_backends
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import TRIAL_FAILURES, closest_trials, feasible_trials, headroom, is_feasible
+from chunkbench.workloads.spec import build_workload
 
 console = Console()
 

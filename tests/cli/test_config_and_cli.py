@@ -5,9 +5,10 @@ import subprocess
 import sys
 
 import pytest
-
-from chunkbench.engine.config import ConfigError, EngineConfig, ModelConfig
+from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.model_config import MODEL_PRESETS
+
+from chunkbench.errors import ConfigError
 from tests.conftest import run_cli
 
 

@@ -8,9 +8,9 @@ import time
 import optuna
 import pytest
 import yaml
+from chunkbench.engine.engine import CpuClock
 
 from chunkbench import files as outputs
-from chunkbench.engine.engine import CpuClock
 from tests.conftest import run_cli
 
 SIM = ["--backend", "sim", "--model", "llama-3-8b", "--no-progress"]
@@ -310,7 +310,7 @@ def test_the_cpu_clock_counts_work_not_waiting():
 def test_profiled_shapes_fit_the_kv_cache():
     """The profile's and the quick calibration's step shapes hold blocks of their own (step_output): every
     block they name must exist, or the step writes past the cache (found: --num-blocks 8 gave an IndexError)."""
-    from chunkbench.bench.device_defaults import quick_grid
+    from chunkbench.backends.device_defaults import quick_grid
     from chunkbench.calibration.profile import profile_grid, step_output
 
     for num_blocks in (8, 16, 40, 64, 1024):
@@ -382,9 +382,10 @@ def test_a_real_clock_run_does_not_wait_weeks_for_its_arrivals(capsys, tmp_path)
 
 def test_a_kv_cache_larger_than_free_memory_is_refused(monkeypatch):
     import torch
-
     from chunkbench.engine import executor
-    from chunkbench.engine.config import ConfigError, EngineConfig
+    from chunkbench.engine.config import EngineConfig
+
+    from chunkbench.errors import ConfigError
 
     config = EngineConfig.create("tiny", num_blocks=1000)  # 1000 x 16 tokens x 4 layers x K and V x 512 B
     per_block = config.cache.kv_bytes_per_block(config.model, 4)
@@ -399,9 +400,10 @@ def test_a_cpu_kv_cache_sized_from_memory_fits_the_free_memory(monkeypatch):
     """Without --num-blocks the CPU cache takes at most --cpu-kv-cache-gib, and at most 90% of what is free
     (a container's limit included): 1 GiB of blocks in a container with 100 blocks' room would be killed."""
     import torch
-
     from chunkbench.engine import executor
-    from chunkbench.engine.config import ConfigError, EngineConfig
+    from chunkbench.engine.config import EngineConfig
+
+    from chunkbench.errors import ConfigError
 
     config = EngineConfig.create("tiny", max_num_seqs=1024, max_model_len=2048)  # wants 1024 x 128 blocks
     per_block = config.cache.kv_bytes_per_block(config.model, 4)
@@ -422,7 +424,6 @@ def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, monkeypatch)
     """A container sees the host's MemAvailable; the room under the tightest cgroup limit on its path is what it
     may allocate."""
     import torch
-
     from chunkbench.engine import executor
 
     def cgroup(folder, **files):

@@ -4,11 +4,10 @@ OrderedDict model of it."""
 
 from collections import OrderedDict
 
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
 from chunkbench.engine.block_manager import BlockManager
 from chunkbench.engine.request import Request, SamplingParams
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 BLOCK = 4
 

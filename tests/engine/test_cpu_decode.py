@@ -1,8 +1,7 @@
-"""The C decode kernel (chunkbench/kernels/cpu_decode.c) against the torch reference it replaces on the CPU path."""
+"""The C decode kernel (kernels/cpu_decode.c) against the torch reference it replaces on the CPU path."""
 
 import pytest
 import torch
-
 from chunkbench.kernels import cpu_decode
 from chunkbench.kernels.check import DECODES, HEAD_DIMS, HEAD_LAYOUTS, MIXED, TOLERANCE, make_batch
 from chunkbench.kernels.reference import paged_attention_ref, plan_ref

@@ -5,15 +5,16 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from chunkbench.engine.config import ConfigError, EngineConfig
+from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine, VirtualClock
 from chunkbench.engine.outputs import SchedulerOutput, StepResult
 from chunkbench.engine.request import SamplingParams
 from chunkbench.engine.shape import StepShape
 from chunkbench.engine.step_time import MIN_CHUNK_TOKENS, OnlineCorrection, StepTimer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkbench.errors import ConfigError
 from tests.engine.test_equivalence import MAX_TOKENS, assert_same, prompts
 from tests.engine.test_equivalence import run as run_reference
 
@@ -265,15 +266,15 @@ class FakeCost:
 
 
 class FakeBackend:
-    kind = "engine"
+    real_engine = True
 
     def step_cost_model(self, config):
         return FakeCost(), "a fake profile"
 
 
 def test_cpu_defaults_choose_a_step_target_and_a_request_count_and_say_why():
-    from chunkbench.bench.device_defaults import TARGET_DECODE_MULTIPLE, fit_to_device
-    from chunkbench.bench.workload import WorkloadSpec, build_workload
+    from chunkbench.backends.device_defaults import TARGET_DECODE_MULTIPLE, fit_to_device
+    from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
     config = EngineConfig.create("tiny", device="cpu")
     requests = build_workload(WorkloadSpec(name="rag-mix", num_requests=100), 8192)  # only predicted, never run

@@ -4,7 +4,6 @@ import random
 
 import pytest
 import torch
-
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine
 from chunkbench.engine.request import SamplingParams

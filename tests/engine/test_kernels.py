@@ -3,7 +3,6 @@ against a naive einsum."""
 
 import pytest
 import torch
-
 from chunkbench.kernels.check import (
     BATCHES,
     BLOCK_SIZE,

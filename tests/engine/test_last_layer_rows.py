@@ -1,10 +1,9 @@
-"""The last layer runs only for the sampled tokens (chunkbench/engine/model.py LlamaForCausalLM.forward): their hidden
+"""The last layer runs only for the sampled tokens (engine/model.py LlamaForCausalLM.forward): their hidden
 states equal the whole step's at those rows, every token's K/V is still cached, and a step that samples nothing
 runs no attention in the last layer. On both attention paths (the Triton one under the interpreter here)."""
 
 import pytest
 import torch
-
 from chunkbench.engine.attention import attention_context
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.executor import ModelExecutor

@@ -1,9 +1,8 @@
-"""The CPU's pre-packed linear weights (chunkbench/engine/model.py `pack_for_cpu`): the same products as the dense
+"""The CPU's pre-packed linear weights (engine/model.py `pack_for_cpu`): the same products as the dense
 weights within fp32 rounding, used for steps of every size, and not made where they do not apply."""
 
 import pytest
 import torch
-
 from chunkbench.engine import model as model_module
 from chunkbench.engine.model import build_model
 from chunkbench.engine.model_config import ModelConfig

@@ -3,13 +3,13 @@ that a step left out. The continuous policy runs a newcomer's prefill alone and 
 prefill puts the decodes first in every step and pauses none."""
 
 import pytest
-
-from chunkbench.bench.backends import SimBackend
-from chunkbench.bench.runs import compare
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.request import SamplingParams
+
+from chunkbench.backends.sim import SimBackend
+from chunkbench.bench.runs import compare
 from chunkbench.sim.executor import sim_engine
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 H100 = SimBackend("h100-sxm")
 

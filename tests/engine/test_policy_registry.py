@@ -1,13 +1,13 @@
 """Adding a policy is one module and one registration: a toy policy registered here runs through `compare` and
-a simulated `tune`, and no code outside chunkbench/engine/policies/ tells policies apart by their names."""
+a simulated `tune`, and no code outside engine/policies/ tells policies apart by their names."""
 
 import ast
 import json
 
 import pytest
-
 from chunkbench.engine import policies
 from chunkbench.engine.policies.whole_prompt import admit_whole_prompts
+
 from tests.conftest import REPO, run_cli
 
 

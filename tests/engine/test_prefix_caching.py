@@ -3,13 +3,13 @@
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine, VirtualClock
 from chunkbench.engine.request import SamplingParams
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.engine.test_scheduler_properties import EchoExecutor
 
 SYSTEM = [random.Random(7).randrange(4096) for _ in range(90)]  # 5 full blocks of 16, and 10 tokens more

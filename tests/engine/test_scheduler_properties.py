@@ -1,12 +1,11 @@
 """Scheduler invariants under random traffic, budgets and tiny KV pools (no model: an echo executor)."""
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.engine import LLMEngine, VirtualClock
 from chunkbench.engine.outputs import SchedulerOutput, StepResult
 from chunkbench.engine.request import SamplingParams
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 class EchoExecutor:

@@ -2,14 +2,15 @@
 (tests/vllm/test_scheduler_oracle.py checks them against vLLM itself)."""
 
 import pytest
-
-from chunkbench.bench.runs import steps_frame
-from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, build_workload
 from chunkbench.engine.block_manager import BlockManager
-from chunkbench.engine.config import ConfigError, EngineConfig, SchedulerConfig
+from chunkbench.engine.config import EngineConfig, SchedulerConfig
 from chunkbench.engine.outputs import StepResult
 from chunkbench.engine.request import Request, SamplingParams
 from chunkbench.engine.scheduler import Scheduler
+
+from chunkbench.bench.runs import steps_frame
+from chunkbench.errors import ConfigError
+from chunkbench.workloads.spec import WorkloadRequest, WorkloadSpec, build_workload
 
 BLOCK = 16
 

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from chunkbench.bench.runs import compare, config_for_policy, parse_policy_spec
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.errors import UserError
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import run_cli
 from tests.serving.scripted_server import DONE, ScriptedServer, tok, usage
 

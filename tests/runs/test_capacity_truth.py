@@ -9,15 +9,16 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from chunkbench.bench.backends import Backend
+from chunkbench.engine.config import EngineConfig
+
+from chunkbench.bench.backend import Backend
 from chunkbench.bench.capacity import confirm, resolution_pct, search_capacity, settle
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.metrics import RequestRecord
 from chunkbench.bench.probing import make_prober
 from chunkbench.bench.runs import measure
 from chunkbench.bench.slo import parse_slas
-from chunkbench.bench.workload import WorkloadSpec, build_workload
-from chunkbench.engine.config import EngineConfig
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 SERVICE_S = 0.05  # 20 req/s
 TRUTH = 1 / SERVICE_S
@@ -29,7 +30,6 @@ class QueueBackend(Backend):
     takes SERVICE_S (half that before `fast_until` seconds of the run: the transient)."""
 
     fast_until: float = 0.0
-    kind = "sim"
     simulated = True
 
     @contextlib.contextmanager

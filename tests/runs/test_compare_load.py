@@ -10,16 +10,16 @@ import contextlib
 from dataclasses import dataclass
 
 import pytest
+from chunkbench.engine.config import EngineConfig
 
-from chunkbench.bench.backends import Backend
+from chunkbench.bench.backend import Backend
 from chunkbench.bench.capacity import BISECTIONS, resolution_pct
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.load_sweep import common_rate, run_at_common_rate, sweep_policy, verdict
 from chunkbench.bench.metrics import RequestRecord
 from chunkbench.bench.probing import base_rate
 from chunkbench.bench.slo import parse_slas
-from chunkbench.bench.workload import WorkloadSpec, build_workload
-from chunkbench.engine.config import EngineConfig
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 CAPACITY = {"static": 1.3, "continuous": 2.0, "chunked": 5.0}  # req/s meeting the TBT SLA
 SATURATION = 4.0  # req/s, every policy, all requests at once: chunked's capacity is above it
@@ -28,7 +28,7 @@ TOKENS = 5
 
 @dataclass
 class KnownBackend(Backend):
-    kind = "sim"
+    simulated = True
     runs: int = 0
 
     @contextlib.contextmanager

@@ -156,9 +156,9 @@ def test_compare_across_load_refuses_what_cannot_decide_a_capacity(args, says, t
 def test_the_simulator_draws_its_own_requests_where_the_users_are_too_few():
     """`--num-requests 1` on the simulator: the probes run on the workload's own draws, the SLA is set on
     them, and the output says so (instead of no capacity at any rate)."""
-    from chunkbench.bench.backend_choice import resolve
-    from chunkbench.bench.workload import WorkloadSpec, build_workload
+    from chunkbench.backends.choice import resolve
     from chunkbench.commands.compare_load import check_requests
+    from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
     spec = WorkloadSpec(name="rag-mix", num_requests=1)
     backend = resolve("sim", "llama-3-8b", gpu="h100-sxm").backend
@@ -188,7 +188,7 @@ def test_the_rates_probed_reach_a_capacity_far_from_the_pool_s_own_rate():
     from types import SimpleNamespace
 
     from chunkbench.bench.capacity import Lattice
-    from chunkbench.bench.workload import WorkloadRequest
+    from chunkbench.workloads.spec import WorkloadRequest
 
     pool = [WorkloadRequest(10, 10, i * 1e-9) for i in range(10)]
     lattice = Lattice(SimpleNamespace(pool=pool), center=0.5)

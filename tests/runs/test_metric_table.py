@@ -2,8 +2,10 @@
 
 import re
 
+from chunkbench.engine.outputs import StepRecord
+
 from chunkbench.bench.metric_table import METRIC_TABLE, metric_table_markdown
-from chunkbench.bench.metrics import RequestRecord, StepRecord, summarize
+from chunkbench.bench.metrics import RequestRecord, summarize
 from tests.conftest import REPO
 
 README = REPO / "docs" / "concepts" / "metrics.md"

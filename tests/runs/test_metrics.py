@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
+from chunkbench.engine.outputs import StepRecord
 
-from chunkbench.bench.metrics import RequestRecord, StepRecord, summarize
+from chunkbench.bench.metrics import RequestRecord, summarize
 from chunkbench.bench.slo import parse_goodput
 from chunkbench.bench.token_gaps import peak_per_second
 from chunkbench.errors import UserError

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chunkbench.bench.arrivals import vllm_arrivals
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.errors import UserError
+from chunkbench.workloads.arrivals import vllm_arrivals
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import free_port, run_cli
 
 SLOW_SERVER = Path(__file__).resolve().parent.parent / "tune" / "slow_server.py"

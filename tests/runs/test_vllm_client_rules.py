@@ -20,13 +20,13 @@ import json
 
 import pandas as pd
 import pytest
+from chunkbench.engine.knobs import VLLM_VERSION
 
 from chunkbench.bench.client import bench_endpoint
 from chunkbench.bench.client_rules import NEWEST, OLDEST, choose_timing, known_version, rules_for
 from chunkbench.bench.openai_stream import carries_output
-from chunkbench.bench.workload import WorkloadRequest
-from chunkbench.engine.knobs import VLLM_VERSION
 from chunkbench.errors import UserError
+from chunkbench.workloads.spec import WorkloadRequest
 from tests.conftest import run_cli
 from tests.serving.scripted_server import DONE, ScriptedServer, chat_finish, chat_tok, tok, usage
 

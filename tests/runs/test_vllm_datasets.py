@@ -1,4 +1,4 @@
-"""vllm bench serve's datasets as workloads (chunkbench/bench/vllm_datasets.py) on the sample files in
+"""vllm bench serve's datasets as workloads (chunkbench/workloads/vllm_datasets.py) on the sample files in
 tests/data/datasets, vLLM's command line read by `bench`, and --plot-timeline's HTML."""
 
 import json
@@ -12,8 +12,8 @@ import pytest
 
 from chunkbench.bench.metrics import RequestRecord
 from chunkbench.bench.timeline import timeline_html
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.errors import UserError
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import REPO, run_cli
 from tests.serving.scripted_server import DONE, ScriptedServer, chat_tok, usage
 

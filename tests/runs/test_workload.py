@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from chunkbench.bench.arrivals import sample_arrivals
-from chunkbench.bench.lengths import sample_lengths
-from chunkbench.bench.workload import NAMED, WorkloadSpec, build_workload, clip_to_model
 from chunkbench.errors import UserError
+from chunkbench.workloads.arrivals import sample_arrivals
+from chunkbench.workloads.lengths import sample_lengths
+from chunkbench.workloads.spec import NAMED, WorkloadSpec, build_workload, clip_to_model
 
 
 @pytest.mark.parametrize("name", [*NAMED, "synthetic"])

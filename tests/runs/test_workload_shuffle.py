@@ -1,7 +1,7 @@
 """WorkloadSpec.shuffle: a trace file takes its first num_requests rows by default; shuffled, a seeded
 sample of rows, put back in time order."""
 
-from chunkbench.bench.workload import WorkloadSpec, build_workload
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 
 def test_a_trace_takes_its_first_rows_unless_shuffled(tmp_path):

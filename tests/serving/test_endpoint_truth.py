@@ -23,8 +23,8 @@ from chunkbench.bench.client import bench_endpoint
 from chunkbench.bench.harness import RunResult
 from chunkbench.bench.metrics import PERCENTILES, pct_key, summarize
 from chunkbench.bench.runs import requests_frame
-from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.files import write_json, write_parquet
+from chunkbench.workloads.spec import WorkloadRequest
 from tests.serving.scripted_server import DONE, DROP, ScriptedServer, chat_tok, is_choice, tok, usage
 
 TOL_S = 0.040

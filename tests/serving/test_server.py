@@ -8,11 +8,11 @@ import time
 import httpx
 import pytest
 import uvicorn
+from chunkbench.engine.config import EngineConfig
 
 from chunkbench.bench.client import bench_endpoint
-from chunkbench.bench.workload import WorkloadSpec, build_workload
-from chunkbench.engine.config import EngineConfig
 from chunkbench.serving.server import create_app
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import free_port, run_cli
 
 

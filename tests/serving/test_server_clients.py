@@ -17,12 +17,12 @@ import openai
 import pytest
 import torch
 import uvicorn
-from fastapi.testclient import TestClient
-
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.executor import sample
 from chunkbench.engine.outputs import ScheduledChunk
 from chunkbench.engine.request import Request, SamplingParams
+from fastapi.testclient import TestClient
+
 from chunkbench.serving.server import create_app
 from tests.conftest import REPO, free_port
 from tests.serving.test_server import idle

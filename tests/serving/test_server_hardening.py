@@ -12,11 +12,11 @@ import time
 import httpx
 import pytest
 import uvicorn
+from chunkbench.engine.config import EngineConfig
+from chunkbench.engine.request import SamplingError, SamplingParams
 from prometheus_client.parser import text_string_to_metric_families
 
 from chunkbench import LLM
-from chunkbench.engine.config import EngineConfig
-from chunkbench.engine.request import SamplingError, SamplingParams
 from chunkbench.serving.limits import ServerLimits
 from chunkbench.serving.server import create_app
 from tests.conftest import free_port, run_cli

@@ -3,10 +3,10 @@ tests/data/gpu-profiles, see its ORIGIN.md) and published serving figures. Each 
 acceptance number, checked on the data so that a change to the model or the constants can fail it."""
 
 import pytest
-
-from chunkbench.bench.backends import SimBackend
-from chunkbench.calibration.gpu_kernels import PROFILES, fit, gpu_of, linear_errors, load_rows
 from chunkbench.engine.config import EngineConfig, ModelConfig
+
+from chunkbench.backends.sim import SimBackend
+from chunkbench.calibration.gpu_kernels import PROFILES, fit, gpu_of, linear_errors, load_rows
 from chunkbench.errors import UserError
 from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.engine_overhead import engine_overhead, overheads

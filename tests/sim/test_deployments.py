@@ -9,14 +9,14 @@ import tempfile
 import time
 
 import pytest
-
-from chunkbench.bench.backend_choice import resolve
-from chunkbench.bench.backends import EngineBackend, SimBackend
-from chunkbench.bench.runs import compare, run_benchmark
-from chunkbench.bench.workload import WorkloadRequest, WorkloadSpec, build_workload
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
 from chunkbench.engine.sharding import kv_bytes_per_token_per_gpu, kv_heads_per_gpu
+
+from chunkbench.backends.choice import resolve
+from chunkbench.backends.engine import EngineBackend
+from chunkbench.backends.sim import SimBackend
+from chunkbench.bench.runs import compare, run_benchmark
 from chunkbench.errors import UserError
 from chunkbench.servers.sglang import SGLANG
 from chunkbench.servers.vllm import VLLM
@@ -30,6 +30,7 @@ from chunkbench.sim.roofline import (
     RooflineCostModel,
     ring_all_reduce_seconds,
 )
+from chunkbench.workloads.spec import WorkloadRequest, WorkloadSpec, build_workload
 
 SHAPES = {
     "prefill2048": StepShape(((2048, 0),), (), 1),
@@ -131,7 +132,7 @@ def test_the_real_engine_refuses_tp_and_fp8_and_auto_simulates():
     with pytest.raises(UserError, match="--kv-cache-dtype fp8 needs the simulator"):
         resolve("engine", "tiny", config=EngineConfig.create("tiny", kv_cache_dtype="fp8"))
     chosen = resolve("auto", "tiny", config=tp2)
-    assert chosen.backend.kind == "sim" and "SIMULATED" in chosen.note
+    assert chosen.backend.simulated and "SIMULATED" in chosen.note
     with pytest.raises(UserError, match="--cost-model profiles the real engine on one device"):
         SimBackend(cost_model="x.json").cost(tp2)
 
@@ -261,7 +262,7 @@ def test_activation_formula_matches_the_cpu_engine_within_10_percent(steps):
 @pytest.mark.parametrize("kernel", ["1", "0"])
 def test_activation_formula_matches_a_cpu_decode_step_with_and_without_the_c_kernel(kernel, monkeypatch):
     """8 decodes over 1,500 keys each: the torch path's gathered K/V (12 MB here) is the step's peak; the C
-    kernel (chunkbench/kernels/cpu_decode.c) reads the pages in place, and the formula knows which one ran."""
+    kernel (kernels/cpu_decode.c) reads the pages in place, and the formula knows which one ran."""
     from chunkbench.engine.engine import LLMEngine
     from chunkbench.engine.request import SamplingParams
     from chunkbench.kernels import cpu_decode

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from chunkbench.bench.backends import SimBackend
-from chunkbench.bench.workload import WorkloadRequest
-from chunkbench.calibration.server import fit
+from chunkbench.backends.sim import SimBackend
 from chunkbench.errors import UserError
 from chunkbench.sim import families
 from chunkbench.sim.cost_family import CostFamily
@@ -22,6 +20,8 @@ from chunkbench.sim.cpu_linear_cost import CPU_LINEAR, CpuLinearStepCost
 from chunkbench.sim.linear_cost import LINEAR, STEP_TERMS, LinearStepCost
 from chunkbench.sim.roofline_family import ROOFLINE
 from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.tune.presearch.server import fit
+from chunkbench.workloads.spec import WorkloadRequest
 from tests.tune.servers import make_spec, truth_runs
 
 

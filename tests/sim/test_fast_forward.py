@@ -6,12 +6,12 @@ import dataclasses
 
 import pandas as pd
 import pytest
-
-from chunkbench.bench.backends import SimBackend
-from chunkbench.bench.runs import requests_frame, run_benchmark, steps_frame
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.engine.activation import step_activation_bytes
 from chunkbench.engine.config import EngineConfig, ModelConfig
+
+from chunkbench.backends.sim import SimBackend
+from chunkbench.bench.runs import requests_frame, run_benchmark, steps_frame
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 ON, OFF = SimBackend("h100-sxm", fast_forward=True), SimBackend("h100-sxm", fast_forward=False)
 

@@ -1,17 +1,18 @@
 """The simulator: the real scheduler on a virtual clock with modelled step times."""
 
 import pytest
-
-from chunkbench.bench.backends import EngineBackend, SimBackend
-from chunkbench.bench.runs import compare, run_benchmark
-from chunkbench.bench.workload import WorkloadSpec, build_workload
-from chunkbench.calibration.profile import profile_path, run_profile
 from chunkbench.engine.config import EngineConfig, ModelConfig
+
+from chunkbench.backends.engine import EngineBackend
+from chunkbench.backends.sim import SimBackend
+from chunkbench.bench.runs import compare, run_benchmark
+from chunkbench.calibration.profile import profile_path, run_profile
 from chunkbench.errors import UserError
 from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.fitted import FEATURE_NAMES, FittedCostModel, features
 from chunkbench.sim.gpus import GPUS
 from chunkbench.sim.roofline import RooflineCostModel
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import run_cli
 
 LLAMA_8B = ModelConfig.from_name("llama-3-8b")

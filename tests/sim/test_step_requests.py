@@ -4,11 +4,11 @@ compares step by step with another engine's log (tests/vllm/test_scheduler_oracl
 from collections import Counter
 
 import pandas as pd
-
-from chunkbench.bench.backends import SimBackend
-from chunkbench.bench.runs import run_benchmark, save_run
-from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.engine.config import EngineConfig
+
+from chunkbench.backends.sim import SimBackend
+from chunkbench.bench.runs import run_benchmark, save_run
+from chunkbench.workloads.spec import WorkloadRequest
 
 
 def test_each_step_lists_its_requests_and_their_tokens(tmp_path):

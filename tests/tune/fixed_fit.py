@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: chunkbench, as in the tests
 
-from chunkbench.calibration import server as cal  # noqa: E402
 from chunkbench.sim.server_calibration import ServerCalibration  # noqa: E402
+from chunkbench.tune.presearch import server as cal  # noqa: E402
 
 STEP_S = 0.002  # slow_server's default --token-ms: one token per request per step
 

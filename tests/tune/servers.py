@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from chunkbench.bench.backends import SimBackend
+from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.slo import parse_slas
-from chunkbench.bench.workload import WorkloadSpec
-from chunkbench.calibration.server import designs, simulate_design
 from chunkbench.sim.server_calibration import ServerCalibration
+from chunkbench.tune.presearch.server import designs, simulate_design
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
+from chunkbench.workloads.spec import WorkloadSpec
 
 TRUTH = ServerCalibration("cpu", 0.08, 0.15, 0.008, 0.002, "small", num_blocks=1024)
 
@@ -38,7 +38,7 @@ class FakeServer(SimBackend):
 
     launches: int = 0
     die_at: int | None = None  # raise KeyboardInterrupt (a killed tune) when this launch starts
-    kind = "launch"
+    relaunched = True
     warms_up = True  # as LaunchBackend
 
     @contextlib.contextmanager

@@ -14,15 +14,15 @@ import numpy as np
 import optuna
 import pytest
 
-from chunkbench.bench.backends import SimBackend
-from chunkbench.bench.workload import WorkloadRequest, build_workload
-from chunkbench.calibration.server import designs, fit
+from chunkbench.backends.sim import SimBackend
 from chunkbench.errors import UserError
 from chunkbench.sim.cost_model import StepShape
 from chunkbench.sim.server_calibration import ServerCalibration
-from chunkbench.tune.presearch import presearch_tune
+from chunkbench.tune.presearch.search import presearch_tune
+from chunkbench.tune.presearch.server import designs, fit
 from chunkbench.tune.report_text import knobs_text
 from chunkbench.tune.study import feasible_trials
+from chunkbench.workloads.spec import WorkloadRequest, build_workload
 from tests.conftest import run_cli
 from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec, truth_runs
 
@@ -225,7 +225,7 @@ def test_bursts_are_one_prompt_length_behind_a_primer():
     """What the client cannot see must not move a burst's figures: the order the server took its requests in
     (one prompt length) and how many of them its first step caught (a primer keeps the server busy while the
     burst arrives, so all of it queues together)."""
-    from chunkbench.calibration.server import PRIMER_LEAD_S, design_requests
+    from chunkbench.tune.presearch.server import PRIMER_LEAD_S, design_requests
 
     spec = make_spec()
     for design in designs(spec):
@@ -251,7 +251,7 @@ def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(mo
     with tokens sent together after it is a pause (server_paused)."""
     from types import SimpleNamespace
 
-    from chunkbench.calibration import server as cal
+    from chunkbench.tune.presearch import server as cal
 
     def result(longest_ms: float):
         gaps = [3.0] * 30 + [longest_ms] + ([0.05] * 3 if longest_ms >= 100 else [])  # bunched after a pause
@@ -282,7 +282,7 @@ def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(mo
 
 
 def test_a_run_that_paused_every_time_is_fitted_on_its_medians():
-    from chunkbench.calibration.server import residuals
+    from chunkbench.tune.presearch.server import residuals
 
     measured = {"fitted": ["ttft_ms"], "ttft_ms": [10.0, 20.0, 300.0], "server": {}}
     simulated = {"ttft_ms": [10.0, 20.0, 30.0], "server": {}}
@@ -291,7 +291,7 @@ def test_a_run_that_paused_every_time_is_fitted_on_its_medians():
 
 
 def test_a_primer_that_finished_before_its_burst_is_noticed():
-    from chunkbench.calibration.server import primer_outran_burst
+    from chunkbench.tune.presearch.server import primer_outran_burst
 
     run = {"primer": 1024, "send_s": [0.0, 0.020, 0.022, 0.027], "ttft_ms": [900.0, 1500.0, 1500.0, 1500.0]}
     assert not primer_outran_burst(run)  # the burst was sent 27 ms in, while the primer's 900 ms step ran
@@ -302,7 +302,7 @@ def test_a_primer_that_finished_before_its_burst_is_noticed():
 def test_a_bursts_figures_count_from_its_last_send():
     """As measured on the tier's vLLM: a decode burst sent in groups 21-106 ms after its primer, all
     first tokens in one step at ~149 ms: from the burst's end they are one TTFT, as the simulator's burst."""
-    from chunkbench.calibration.server import from_burst_end
+    from chunkbench.tune.presearch.server import from_burst_end
 
     run = {
         "send_s": [0.0, 0.0212, 0.0504, 0.1064],
@@ -330,7 +330,7 @@ def test_the_linear_fit_recovers_a_linear_servers_constants(monkeypatch):
     it invents fresh pairs where there are none (55 ns a pair, the prefill step +65%) and reproduces the runs
     within 4.5%, the price of a rule that on the real vLLM predicts a held-out workload's p99 ITL where the smaller
     model prices it low (calibrate.fit)."""
-    import chunkbench.calibration.server_linear as calibrate_linear
+    import chunkbench.tune.presearch.linear as calibrate_linear
 
     fits, fit_linear = [], calibrate_linear.fit_linear
     monkeypatch.setattr(calibrate_linear, "fit_linear", lambda *a, **k: fits.append(fit_linear(*a, **k)) or fits[-1])
@@ -374,8 +374,8 @@ def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
     matched to tokens over the pooled run, so one merge anywhere dropped every request's decode rows and the stall
     period (0 in all twelve calibrations kept). Now per request (`itl_counts`): a merged stream gives nothing, the
     others what they gave."""
-    from chunkbench.calibration.linear_rows import decode_rows, request_gaps, stall_period
-    from chunkbench.calibration.linear_trace import trace
+    from chunkbench.tune.presearch.linear_rows import decode_rows, request_gaps, stall_period
+    from chunkbench.tune.presearch.linear_trace import trace
 
     spec = make_spec()
     truth = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 0.6e-3})
@@ -397,7 +397,7 @@ def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
 def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
     """calibrate.served_kv_blocks: a run's server_kv_cache_tokens (from vLLM's /metrics) in the simulator's
     blocks; without it, --num-blocks or the reference's roofline decides, as before."""
-    from chunkbench.calibration.server import served_kv_blocks
+    from chunkbench.tune.presearch.server import served_kv_blocks
 
     spec = make_spec()
     block = spec.base_config().cache.block_size
@@ -426,8 +426,8 @@ def test_a_trace_prices_its_schedule_as_the_simulator_does():
     """The linear fit's fast objective (linear_trace.Trace) against the simulator: under the coefficients
     the schedule was recorded with, every TTFT, ITL and E2EL is the simulator's, idle gaps between arrivals
     included (the workload run)."""
-    from chunkbench.calibration.linear_trace import trace
     from chunkbench.sim.cpu_linear_cost import COEFFICIENTS
+    from chunkbench.tune.presearch.linear_trace import trace
 
     spec = make_spec()
     jittery = dataclasses.replace(LINEAR_TRUTH, coefficients=LINEAR_TRUTH.coefficients | {"jitter_s": 1e-3})
@@ -565,7 +565,7 @@ def test_the_linear_cost_prices_decode_stretches_bit_for_bit():
 
     def summary(fast: bool) -> dict:
         from chunkbench.bench.metrics import summarize
-        from chunkbench.bench.workload import build_workload
+        from chunkbench.workloads.spec import build_workload
 
         with SimBackend(server_calibration=LINEAR_TRUTH, fast_forward=fast).session(config) as serve:
             result = serve(build_workload(workload), seed=0, warmup_steps=0, progress=False)
@@ -629,7 +629,7 @@ def test_a_server_pause_is_told_from_slow_steps():
     a 431 ms gap, then gaps of ~0 ms), or came two tokens at a time all along, against ones whose gaps are only
     uneven (a prefill run's 75 ms steps among 7 ms ones; a workload run's 48 ms prefill step among 2.5 ms
     decodes)."""
-    from chunkbench.calibration.server import server_paused
+    from chunkbench.tune.presearch.server import server_paused
 
     steady = [2.5] * 200
     assert not server_paused({"itl_ms": steady + [48.0]})
@@ -660,15 +660,15 @@ class LabelledServer(FakeServer):
 
 
 class LabelledSim(LabelledServer):
-    kind = "sim"
+    simulated = True
     warms_up = SimBackend.warms_up  # a simulator again: warmed up only when fitted to a server
 
 
 def test_a_launched_trial_is_measured_after_an_untimed_warm_up():
     """objectives.warm_up_server: a launch (and a simulator fitted to a server) runs the calibration's warm-up,
     a budget-sized prompt among eight decodes, before the trial's workload; a plain simulator does not."""
-    from chunkbench.calibration.server_runs import warmup_requests
     from chunkbench.tune.objectives import evaluate
+    from chunkbench.tune.presearch.runs import warmup_requests
 
     spec = make_spec(n_trials=1)
     max_len = spec.base_config().scheduler.max_model_len
@@ -690,9 +690,9 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
     so that its simulation runs no warm-up either."""
     from types import SimpleNamespace
 
-    from chunkbench.calibration import server as cal
-    from chunkbench.calibration.server_runs import simulate_run
     from chunkbench.tune.objectives import evaluate
+    from chunkbench.tune.presearch import server as cal
+    from chunkbench.tune.presearch.runs import simulate_run
 
     class Refusing(LabelledServer):  # refuses every prompt over 256 tokens, as a server with a short context
         @contextlib.contextmanager
@@ -737,7 +737,7 @@ def test_a_workload_run_whose_copies_disagree_is_measured_again():
     more tokens together (late_share) without pausing: that share orders paused attempts only."""
     from types import SimpleNamespace
 
-    from chunkbench.calibration import server as cal
+    from chunkbench.tune.presearch import server as cal
 
     spec = make_spec(TRUTH)
     design = next(d for d in designs(spec) if d.name == "workload")

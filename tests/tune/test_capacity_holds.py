@@ -11,15 +11,15 @@ seeds holds at the capacity, and every seed fails 15% above."""
 from __future__ import annotations
 
 import json
-
-import pytest
 import tomllib
 
-from chunkbench.bench.backends import SimBackend
+import pytest
+from chunkbench.engine.config import EngineConfig
+
+from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.runs import run_benchmark
 from chunkbench.bench.slo import parse_slas, violations
-from chunkbench.bench.workload import WorkloadSpec, build_workload
-from chunkbench.engine.config import EngineConfig
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import run_cli
 
 CASES = [

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from chunkbench.bench.client import bench_endpoint, wait_healthy
 from chunkbench.bench.server_metrics import scrape_metrics, server_figures
-from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.launch.process import stop_server
+from chunkbench.workloads.spec import WorkloadRequest
 from tests.conftest import free_port
 from tests.tune.fake_sglang import Server, build_parser, create_app
 from tests.tune.fake_sglang_engine import Engine, Metrics, Req

@@ -193,7 +193,7 @@ def calibration_runs(out: Path) -> list[str]:
 def test_a_fit_ends_at_a_signal(family):
     """The fit (a minute of CPU in a real tune, and no server to stop) raises Interrupted within a second of
     SIGINT/SIGTERM, not at its end (this fit alone takes 12-35 s here)."""
-    from chunkbench.calibration.server import fit
+    from chunkbench.tune.presearch.server import fit
     from tests.tune.servers import LINEAR_TRUTH, TRUTH, make_spec, truth_runs
 
     spec = make_spec()

@@ -7,13 +7,13 @@ import shlex
 from urllib.parse import urlsplit
 
 import pytest
+from chunkbench.engine.config import EngineConfig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chunkbench.backends.launched import launch_command
 from chunkbench.commands.tune import launch_slots
-from chunkbench.engine.config import EngineConfig
 from chunkbench.errors import UserError
-from chunkbench.launch.backend import launch_command
 from chunkbench.launch.node import fill_endpoint, plan_slots
 from tests.conftest import run_cli
 

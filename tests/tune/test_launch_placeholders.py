@@ -4,11 +4,11 @@ import shlex
 
 import pytest
 import typer
+from chunkbench.engine.config import EngineConfig
 
+from chunkbench.backends.launched import launch_command
 from chunkbench.cli import app
 from chunkbench.commands.options import ENGINE_OPTIONS, pick
-from chunkbench.engine.config import EngineConfig
-from chunkbench.launch.backend import launch_command
 
 CONFIGS = [
     dict(),  # every knob at its default: only the computed ones are passed

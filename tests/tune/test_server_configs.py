@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import yaml
-
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import KNOBS, VLLM_VERSION
+
 from chunkbench.errors import UserError
 from chunkbench.servers.sglang import SGLANG
 from chunkbench.servers.vllm import VLLM

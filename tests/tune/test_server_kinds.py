@@ -10,12 +10,12 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-
-from chunkbench import servers
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import Knob
+
+from chunkbench import servers
+from chunkbench.backends.launched import launch_command
 from chunkbench.errors import UserError
-from chunkbench.launch.backend import launch_command
 from chunkbench.servers.kind import ServerKind
 from chunkbench.servers.vllm import VLLM
 from chunkbench.tune.space import SearchSpace

@@ -18,8 +18,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from chunkbench.backends.launched import LaunchBackend
 from chunkbench.errors import UserError
-from chunkbench.launch.backend import LaunchBackend
 from chunkbench.launch.node import plan_slots
 from chunkbench.launch.process import LaunchError, check_owner, start_server
 from tests.conftest import REPO, free_ports, run_cli
@@ -140,7 +140,7 @@ def test_a_launch_that_dies_while_another_server_answers_is_a_failed_trial(tmp_p
     once, the stale server answers /health, and the trial still fails."""
     base, events = free_ports(1), tmp_path / "events"
     stale = subprocess.Popen([sys.executable, str(SLOW_SERVER), "--port", str(base), "--events", str(events)])
-    monkeypatch.setattr("chunkbench.launch.backend.port_busy", lambda host, port: False)
+    monkeypatch.setattr("chunkbench.backends.launched.port_busy", lambda host, port: False)
     try:
         while not events.exists():
             time.sleep(0.05)

@@ -12,14 +12,14 @@ import optuna
 import pytest
 import yaml
 
-from chunkbench.bench.backends import SimBackend
+from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.slo import SLO, parse_slas
-from chunkbench.bench.workload import WorkloadSpec, build_workload
 from chunkbench.errors import UserError
 from chunkbench.tune.objectives import evaluate
 from chunkbench.tune.space import SearchSpace, chunk_schedule, engine_kwargs
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, feasible_trials, open_storage, run_study
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import REPO, run_cli
 
 H100 = SimBackend("h100-sxm")

@@ -61,7 +61,7 @@ def pinned(args: list[str]) -> list[str]:
 
 
 def test_arrivals_are_vllm_get_request_s_for_the_same_seed():
-    from chunkbench.bench.arrivals import vllm_arrivals
+    from chunkbench.workloads.arrivals import vllm_arrivals
 
     cases = [(8, 4.0, 1.0, 0), (50, 16.0, 1.0, 7), (20, 2.0, 0.25, 3), (20, 50.0, 4.0, 12345)]
     done = subprocess.run(
@@ -79,7 +79,7 @@ def test_arrivals_are_vllm_get_request_s_for_the_same_seed():
 
 def test_ramp_up_send_times_are_vllm_s_for_the_same_seed():
     """--ramp-up-strategy linear|exponential: the same draws at each request's own rate, not rescaled."""
-    from chunkbench.bench.arrivals import vllm_arrivals
+    from chunkbench.workloads.arrivals import vllm_arrivals
 
     cases = [
         (30, 1.0, 1.0, 0, "linear", 1.0, 10.0),
@@ -136,7 +136,7 @@ def test_random_and_prefix_repetition_token_counts_are_vllm_s_for_the_same_seed(
     and some come out a token or more off its own draw, which it logs as a warning (with the tier's tiny
     tokenizer, prefix_repetition's 28 prompts of 32 tokens came out 30 tokens longer in all, 3.3%): those
     realized counts are held to within 5% of the tokens."""
-    from chunkbench.bench.workload import WorkloadSpec, build_workload
+    from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
     cases = [
         ("random", seed, 40, dict(input_len=96, output_len=12, range_ratio=0.4, prefix_len=5)) for seed in (0, 1, 2)
@@ -379,7 +379,7 @@ def test_the_vocabulary_bound_from_vllm_s_detokenize_is_the_tokenizer_s(vllm_ser
     """vLLM's /v1/models has no vocabulary size; its /detokenize bounds it, no id past the tokenizer's."""
     from transformers import AutoTokenizer
 
-    from chunkbench.bench.vocab import detokenize_vocab_size
+    from chunkbench.workloads.vocab import detokenize_vocab_size
 
     assert detokenize_vocab_size(vllm_server, str(tiny_model)) == len(AutoTokenizer.from_pretrained(tiny_model))
 

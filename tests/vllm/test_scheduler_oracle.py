@@ -22,11 +22,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from chunkbench.bench.backends import DEFAULT_SIM_GPU
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import VLLM_CPU_VERSION, VLLM_VERSION
 from chunkbench.engine.request import SamplingParams
+
+from chunkbench.backends.sim import DEFAULT_SIM_GPU
 from chunkbench.sim.executor import sim_engine
 from chunkbench.sim.roofline import RooflineCostModel, gpu_spec
 from tests.conftest import REPO

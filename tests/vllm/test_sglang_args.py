@@ -13,9 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from chunkbench.engine.config import EngineConfig
 
 from chunkbench import servers
-from chunkbench.engine.config import EngineConfig
 from tests.conftest import REPO
 from tests.tune.fake_sglang import build_parser
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from chunkbench.engine.config import EngineConfig
 from chunkbench.engine.knobs import KNOBS
+
 from chunkbench.servers.vllm import VLLM
 from tests.conftest import REPO
 

@@ -11,8 +11,8 @@ import subprocess
 import httpx
 import pytest
 import yaml
-
 from chunkbench.engine.knobs import KNOBS, VLLM_CPU_VERSION
+
 from tests.conftest import free_port, free_ports, run_cli
 from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, VLLM_PYTHON, start_server, vllm_env
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chunkbench.bench.backends import Backend
+from chunkbench.bench.backend import Backend
 from chunkbench.bench.runs import BenchRun, measure
 from chunkbench.bench.slo import goodput_slos, violations
-from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.engine.config import EngineConfig
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
+from chunkbench.workloads.spec import WorkloadRequest
 
 METRIC_ATTRS = (
     "request_goodput",

@@ -16,10 +16,10 @@ from chunkbench.bench.capacity import Capacity as Found
 from chunkbench.bench.capacity import confirm, resolution_pct, search_capacity, settle
 from chunkbench.bench.probing import Probe, Prober, make_prober
 from chunkbench.bench.slo import violations
-from chunkbench.bench.workload import WorkloadRequest
 from chunkbench.tune.objectives.base import METRIC_ATTRS, Objective, Run
 from chunkbench.tune.objectives.registry import register
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
+from chunkbench.workloads.spec import WorkloadRequest
 
 RESOLUTION_PCT = resolution_pct()
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from chunkbench.bench.backends import Backend
-from chunkbench.bench.workload import WorkloadRequest
+from chunkbench.bench.backend import Backend
 from chunkbench.launch.process import whole_runs
 from chunkbench.tune.objectives.base import Run
 from chunkbench.tune.objectives.registry import get
 from chunkbench.tune.spec import TrialOutcome, TuneSpec
+from chunkbench.workloads.spec import WorkloadRequest
 
 console = Console()
 
@@ -88,7 +88,7 @@ def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
     calibration runs' untimed warm-up first. So does a simulator fitted to a server, whose cost remembers the
     token counts it ran (sim/linear_cost.py); see Backend.warms_up. A warm-up the server refused is said, once
     per trial, and the trial goes on (its own requests tell whether the configuration serves)."""
-    from chunkbench.calibration.server_runs import warm_up
+    from chunkbench.tune.presearch.runs import warm_up
 
     if backend.warms_up and not warm_up(serve, config, seed + 1):
         console.print(

@@ -7,6 +7,8 @@ import multiprocessing
 import re
 import time
 import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -35,6 +37,16 @@ from chunkbench.workloads.spec import build_workload
 
 console = Console()
 VERIFIED_FILE = "verified.json"  # --backend launch: the re-measured configurations (resume)
+
+
+@dataclass
+class Remeasured:
+    """What a tune measured again after its search."""
+
+    by_trial: dict[int, dict] = field(default_factory=dict)  # figures by trial: the results table's column
+    rows: list[dict] = field(default_factory=list)  # the re-measured configurations, best first
+    settled: list[dict] = field(default_factory=list)  # those settled on long runs (a simulated capacity)
+    against: str = "one run"  # what the rows are compared with in the report: "one run" or "simulated"
 
 
 def study_folder(name: str) -> Path:
@@ -144,11 +156,11 @@ def tune_and_report(
             if process.exitcode:
                 console.print(f"[yellow]a --jobs worker process exited with code {process.exitcode}[/]")
     no_trial_completed(study)
-    verified, remeasured, settled = remeasure(spec, study, out, verify, repeats, progress, deadline)
+    again = remeasure(spec, study, out, verify, repeats, progress, deadline)
     check_not_stopping()  # an interrupted re-measurement recommends nothing: the resumed tune finishes it
-    confirmed = confirm_best(spec, study, remeasured, progress, deadline)
+    confirmed = confirm_best(spec, study, again.rows, progress, deadline)
     check_not_stopping()
-    finish(spec, study, out, verified, remeasured, settled, confirmed, command, backend_note)
+    finish(spec, study, out, again, confirmed, command, backend_note)
     check_not_stopping()  # a signal while the outputs were written: they are whole, and the exit says it came
     return out
 
@@ -157,38 +169,43 @@ def finish(
     spec: TuneSpec,
     study: optuna.Study,
     out: Path,
-    verified: dict[int, dict],
-    remeasured: list[dict],
-    settled: list[dict],
+    again: Remeasured,
     confirmed,
     command: str,
-    backend_note: str | None,
+    backend_note: str | None = None,
+    section: Callable[[], None] | None = None,
+    notes: Sequence[str] = (),
 ) -> None:
-    """Write the outputs and say the tune's end: the table, what was re-measured or settled, the winner."""
+    """Every tune's end, a plain search's and a presearch's: write the outputs; then the results table, what was
+    re-measured or settled, the winner and `notes` on the terminal. `section` writes the report's section of the
+    re-measured rows in place of the plain one (a presearch's, with its calibration)."""
     winner, lines = write_outputs(
         spec,
         study,
         out,
-        verified,
+        again.by_trial,
         command,
         backend_note,
-        measured=remeasured[0] if remeasured else None,
+        measured=again.rows[0] if again.rows else None,
         confirmed=confirmed.lines() if confirmed else [],
     )
     if confirmed:
         add_to_report(out, confirmation_section(confirmed))
         write_json(confirmed.payload(), out / "capacity.json")
-    if settled:
-        add_to_report(out, settled_section(settled))
-    elif remeasured:
-        add_to_report(out, verified_section(remeasured, "one run"))
-        add_runs_to_csv(out, remeasured)
-    console.print(results_table(spec, study, verified))
-    if settled:
-        print_settled(settled)
-    elif remeasured:
-        print_remeasured(remeasured, "one run")
-    for line in lines:
+    if again.settled:
+        add_to_report(out, settled_section(again.settled))
+    elif section is not None:
+        section()
+    elif again.rows:
+        add_to_report(out, verified_section(again.rows, again.against))
+    if again.rows and not again.settled:
+        add_runs_to_csv(out, again.rows)
+    console.print(results_table(spec, study, again.by_trial))
+    if again.settled:
+        print_settled(again.settled)
+    elif again.rows:
+        print_remeasured(again.rows, again.against)
+    for line in [*lines, *notes]:
         console.print(line, soft_wrap=True)
     written = [name for name in outputs() if (out / name).exists()]
     console.print(f"wrote {out}/: {', '.join(written)}")
@@ -196,10 +213,9 @@ def finish(
 
 def remeasure(
     spec: TuneSpec, study: optuna.Study, out: Path, verify: int, repeats: int, progress: bool, deadline: float
-) -> tuple[dict[int, dict], list[dict], list[dict]]:
+) -> Remeasured:
     """The study's best measured again: relaunched (--backend launch, tune/verify.py), settled on long runs
-    (a simulated capacity, tune/settle.py), or on the real engine (`verify` trials of a simulated search).
-    Returns the figures by trial, the re-measured rows (best first) and which of them were settled."""
+    (a simulated capacity, tune/settle.py), or on the real engine (`verify` trials of a simulated search)."""
     verified: dict[int, dict] = {}
     remeasured: list[dict] = []
     settled: list[dict] = []
@@ -218,4 +234,4 @@ def remeasure(
             verified[trial.number] = evaluate(
                 spec, trial.user_attrs["knobs"], workload, backend=EngineBackend(), progress=progress
             ).metrics
-    return verified, remeasured, settled
+    return Remeasured(verified, remeasured, settled)

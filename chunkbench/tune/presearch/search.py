@@ -39,12 +39,11 @@ from chunkbench.sim.server_calibration import FIT_TOLERANCE_PCT, ServerCalibrati
 from chunkbench.tune.objectives import get, one_winner_names
 from chunkbench.tune.presearch import server as cal
 from chunkbench.tune.presearch.report import drift_text, write_presearch_outputs
-from chunkbench.tune.report import add_runs_to_csv, write_outputs
-from chunkbench.tune.report_text import results_table
+from chunkbench.tune.run import Remeasured, finish, tune_and_report
 from chunkbench.tune.spec import TuneSpec
 from chunkbench.tune.study import create_study, open_storage, run_study
 from chunkbench.tune.verify import VERIFY_REPEATS, State, spread_over_ties, verify_top
-from chunkbench.tune.verify_report import compared, print_remeasured
+from chunkbench.tune.verify_report import compared
 
 console = Console()
 STATE_FILE = "presearch.json"
@@ -180,17 +179,13 @@ def presearch_tune(
     study = search_in_simulation(sim_spec, name, storage_url, out)
     verified = verify_top(spec, study, launch, state, spread_over_ties(spec, study, verify), repeats)
     check_not_stopping()  # an interrupted verification recommends nothing: the resumed tune finishes it
-    measured = {r["trial"]: r["metrics"] for r in verified}
+    again = Remeasured({r["trial"]: r["metrics"] for r in verified}, verified, against="simulated")
     drift = check_drift(spec, launch, state, calibration)
     check_not_stopping()
-    write_outputs(sim_spec, study, out, measured, command, measured=verified[0] if verified else None)
-    write_presearch_outputs(out, calibration, verified, drift)
-    add_runs_to_csv(out, verified)
-    console.print(results_table(sim_spec, study, measured))
-    print_remeasured(verified, "simulated")
-    warn_drift(drift)
-    warn_simulated_gap(verified)
-    console.print(f"calibrate-search-verify took {time.monotonic() - started:.0f} s; wrote {out}/")
+    notes = [*drift_lines(drift), *simulated_gap(verified)]
+    notes.append(f"calibrate-search-verify took {time.monotonic() - started:.0f} s")
+    section = functools.partial(write_presearch_outputs, out, calibration, verified, drift)
+    finish(sim_spec, study, out, again, None, command, section=section, notes=notes)
     check_not_stopping()  # a signal while the outputs were written: they are whole, and the exit says it came
     return out
 
@@ -210,8 +205,6 @@ def launch_every_trial(
 ) -> Path:
     """A calibration that does not fit: said in one line, and the tune launches every trial instead (then
     re-measures the best, as such a tune does); presearch.json records the mode."""
-    from chunkbench.tune.run import tune_and_report
-
     error = (
         f"{calibration.judged_error_pct:.1f}%"
         if calibration.workload_error_pct is None
@@ -254,24 +247,19 @@ def search_in_simulation(sim_spec: TuneSpec, name: str, storage_url: str | None,
     return study
 
 
-def warn_drift(drift: dict | None) -> None:
+def drift_lines(drift: dict | None) -> list[str]:
     """check_drift's result in a line; a warning when the server's speed moved beyond cal.DRIFT_TOLERANCE."""
-    if drift:
-        off = abs(drift["ratio"] - 1) > cal.DRIFT_TOLERANCE
-        console.print(
-            ("[yellow]warning:[/] " if off else "")
-            + drift_text(drift)
-            + (
-                "; the host or device changed speed since: simulated and measured figures cannot agree "
-                "closer than that; calibrate again when it is steady"
-                if off
-                else ""
-            ),
-            soft_wrap=True,
-        )
+    if not drift:
+        return []
+    if abs(drift["ratio"] - 1) <= cal.DRIFT_TOLERANCE:
+        return [drift_text(drift)]
+    return [
+        f"[yellow]warning:[/] {drift_text(drift)}; the host or device changed speed since: simulated and measured "
+        "figures cannot agree closer than that; calibrate again when it is steady"
+    ]
 
 
-def warn_simulated_gap(verified: list[dict]) -> None:
+def simulated_gap(verified: list[dict]) -> list[str]:
     """A warning when simulated and measured figures of the verified configurations differ beyond the fit
     tolerance: the calibration runs fitted, but this workload is not like them."""
     worst = max(
@@ -283,10 +271,10 @@ def warn_simulated_gap(verified: list[dict]) -> None:
         ),
         default=0.0,
     )
-    if worst > FIT_TOLERANCE_PCT / 100:
-        console.print(
-            f"warning: on the verified configurations simulated and measured figures differ by up to "
-            f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
-            "launch every trial (--presearch none)",
-            soft_wrap=True,
-        )
+    if worst <= FIT_TOLERANCE_PCT / 100:
+        return []
+    return [
+        f"warning: on the verified configurations simulated and measured figures differ by up to "
+        f"{100 * worst:.0f}%: the simulated ranking may be wrong; verify more (--verify-top) or "
+        "launch every trial (--presearch none)"
+    ]

@@ -79,7 +79,7 @@ def _root() -> None:
 
 def _on_signal(signum, frame) -> None:
     """SIGINT and SIGTERM: every server this process launched is stopped at once; a command that launches
-    servers then stops where it checks (launch.check_not_stopping), any other here."""
+    servers then stops where it checks (launch.process.check_not_stopping), any other here."""
     from chunkbench.launch.process import stop_everything
 
     if not stop_everything(signum):

@@ -18,7 +18,7 @@ one layer holds at once plus what lives for the whole step (docs/architecture.md
                           gathered from the pages, and, for chunks with cached context or longer than
                           QUERY_BLOCK, the bool mask [rows, keys] plus the float copy SDPA makes of it. With
                           torch >= 2.3 CPU SDPA runs a tiled (flash) kernel even with a mask, so the scores
-                          themselves are not materialised (measured: tests/test_deployments.py). Its fp32
+                          themselves are not materialised (measured: tests/sim/test_deployments.py). Its fp32
                           decodes gather nothing where kernels/cpu_decode.c is built:
                           `decode_attention="flash"`
                math       a naive softmax(QK^T)V (Hugging Face's "eager" attention): the scores and the

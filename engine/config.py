@@ -222,7 +222,8 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = default("tensor_parallel_size")  # GPUs the model is split over (simulator only)
     # The knobs someone set (EngineConfig.create's keyword arguments that were not None), as opposed to
-    # defaults: a server config emitted from this one sets only those (tune/emit.py). Not part of equality.
+    # defaults: a server config emitted from this one sets only those (chunkbench/servers/kind.py). Not part of
+    # equality.
     chosen: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -93,7 +93,7 @@ class Scheduler:
         for each of them and nothing else: all are decoding, all fit the budget, and no waiting request can
         be admitted (no free seat, or static's batch still runs). Else None. Whether their blocks fit is
         the caller's check. The simulator fast-forwards through such steps (chunkbench/sim/fastforward.py):
-        a policy that treats decodes differently must refuse here, or tests/test_fast_forward.py fails."""
+        a policy that treats decodes differently must refuse here, or tests/sim/test_fast_forward.py fails."""
         running, config = self.running, self.config
         if not running or len(running) > config.max_num_batched_tokens:
             return None

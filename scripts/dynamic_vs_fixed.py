@@ -5,7 +5,7 @@ budget found by an exhaustive sweep, and the two seed claims. Prints Markdown ta
     .venv/bin/python scripts/dynamic_vs_fixed.py throughput    # claim: dynamic sizing +40% throughput under an SLA
     .venv/bin/python scripts/dynamic_vs_fixed.py num-chunks    # claim: 4-8 chunks usually best on long-doc
 
-Capacity is Sarathi-Serve's (chunkbench/tune/objectives.py: _capacity): the highest arrival rate whose run
+Capacity is Sarathi-Serve's (chunkbench/tune/objectives/capacity.py): the highest arrival rate whose run
 meets p99 TBT with a median scheduling delay <= 2 s, bisected to about 2%. Each arm is the best over its own
 sweep: fixed token budgets (no time target) against time targets (budget 8192 as the hard cap).
 """

@@ -2,7 +2,7 @@
 `vllm_env`), the calibration's warm-up, then the calibration's workload run (tune/presearch/runs.py, the tier
 calibration test's tune) served --passes times in a row; per pass, the ITL median, mean and p99 (ms), the
 longest gap, and the E2EL sum of each repeat of the workload over the requests every repeat has (the same
-requests at the same offsets, so equal sums mean an equally fast server: calibrate.copy_sums). Then, with
+requests at the same offsets, so equal sums mean an equally fast server: presearch.server.copy_sums). Then, with
 --prompts, each prompt length's TTFT (ms) on the same launch: five sent alone 0.4 s apart, twice, then four
 among six decodes. Run it a few times, minutes apart, and alone:
 

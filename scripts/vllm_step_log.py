@@ -1,5 +1,5 @@
 """What a fresh vLLM server's steps cost, pass after pass: one launch as the vLLM tier serves it (tests/vllm/env.py
-`vllm_env`), the calibration's budget-sized warm-up (calibration_runs.warmup_requests) and then one calibration
+`vllm_env`), the calibration's budget-sized warm-up (presearch.runs.warmup_requests) and then one calibration
 design's requests (tune/presearch/runs.py, the tier calibration test's tune), or the test's held-out workload
 at its budget (--design held-out), served --passes times in a row, each pass with other prompts, with the engine
 core's steps logged inside the server (scripts/vllm_step_log/sitecustomize.py, loaded through the server's

@@ -1,5 +1,5 @@
 """What a benchmark's steps run on, as the runs see it: a `Backend` opens a *session* for one engine config
-(`with backend.session(config) as serve:`) and serves any number of workloads in it (`serve(workload, seed=...,
+(`with Backend.session(config) as serve:`) and serves any number of workloads in it (`serve(workload, seed=...,
 ...)` -> RunResult): a capacity search probes many arrival rates against one launched server, and `compare`
 reuses one set of weights. The backends themselves live in chunkbench/backends/.
 """

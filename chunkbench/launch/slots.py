@@ -71,7 +71,7 @@ class SlotRun:
             while any(t.is_alive() for t in threads):
                 for thread in threads:
                     thread.join(timeout=0.2)
-                check_not_stopping()  # SIGINT/SIGTERM stopped the servers (launch.stop_everything)
+                check_not_stopping()  # SIGINT/SIGTERM stopped the servers (launch.process.stop_everything)
         except KeyboardInterrupt:
             self.interrupted.set()
             self.stopping.set()

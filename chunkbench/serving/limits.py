@@ -2,7 +2,7 @@
 
 `ServerLimits` holds them. The app applies the body and prompt limits itself (`BodyLimit` and the prompt checks
 below); the connection-level ones are uvicorn's, plus a request-head timeout that uvicorn lacks: pass
-`limits.uvicorn_kwargs()` to `uvicorn.run`/`uvicorn.Config`.
+`ServerLimits.uvicorn_kwargs()` to `uvicorn.run`/`uvicorn.Config`.
 """
 
 from __future__ import annotations

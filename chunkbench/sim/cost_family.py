@@ -25,7 +25,7 @@ class CostFamily(ABC):
     name: str = ""  # what a calibration file stores in `family`
     # "module:function" that fits it: function(family, runs, spec, device, meta, score, **options) -> Scored.
     # `meta`: the ServerCalibration fields the fit does not choose (family, model, server, num_blocks);
-    # `score`: scores a candidate on the runs (calibrate.fit); `options`: the fit's search settings.
+    # `score`: scores a candidate on the runs (presearch.server.fit); `options`: the fit's search settings.
     fitter: str = ""
     # the registered family this one stands in for when the server runs on a CPU (families.resolve), if any
     cpu_variant_of: str | None = None

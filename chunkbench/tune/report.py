@@ -43,7 +43,7 @@ def write_outputs(
 ) -> tuple[optuna.trial.FrozenTrial | None, list[str]]:
     """Write every output; return the winner (None when nothing met the SLAs) and lines for the terminal.
     `measured`: the winner picked on re-measured figures (tune/verify.py's first row), not the search's best.
-    `confirmed`: what the winner's confirmation runs showed (tune/confirm.py), for the headers and terminal."""
+    `confirmed`: what the winner's confirmation runs showed (tune/settle.py), for the headers and terminal."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if measured is None:
         winners = feasible_trials(study)

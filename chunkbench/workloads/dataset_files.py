@@ -127,7 +127,7 @@ def load_hf(spec, path: Path, n: int | None, rng) -> Drawn:
     verbosity = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity(logging.CRITICAL + 1)  # its log line of a bad file: the error below says it
     try:
-        if (Path(path) / "state.json").is_file():  # a Dataset.save_to_disk folder
+        if (Path(path) / "state.json").is_file():  # a datasets.Dataset.save_to_disk folder
             rows = datasets.load_from_disk(str(path))
         else:
             rows = datasets.load_dataset(str(path), name=spec.hf_subset, split=spec.hf_split)

@@ -64,7 +64,7 @@ class WorkloadSpec:
     ramp_up_start_rps: float | None = None
     ramp_up_end_rps: float | None = None
     probe_request_rate: float = 0.0  # one-token probes per second beside the load (add_probes)
-    # vllm bench serve's dataset options (chunkbench/datasets.py), with vLLM's defaults.
+    # vllm bench serve's dataset options (workloads/vllm_datasets.py), with vLLM's defaults.
     random_input_len: int = 1024
     random_output_len: int = 128
     random_range_ratio: float = 0.0

@@ -1,4 +1,4 @@
-"""docs/concepts/metrics.md's table is metrics.METRIC_TABLE, and the table names every key a summary can hold."""
+"""docs/concepts/metrics.md's table is metric_table.METRIC_TABLE, and the table names every key a summary can hold."""
 
 import re
 

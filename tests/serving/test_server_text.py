@@ -1,4 +1,4 @@
-"""server_text.TextStream, the incremental detokenizer, on inputs whose answer is known: the byte stand-in
+"""serving/text.py's TextStream, the incremental detokenizer, on inputs whose answer is known: the byte stand-in
 tokenizer makes each UTF-8 byte one token, so a character split over tokens and a stop string split over
 chunks are easy to build."""
 

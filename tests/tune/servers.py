@@ -88,6 +88,6 @@ def truth_runs(spec, truth: ServerCalibration) -> list[dict]:
             "fitted": list(design.fitted),
             "tails": list(design.tails),
             "warmed_up": True,
-        }  # as calibrate.run_design runs it: after its warm-up, on the same launch
+        }  # as presearch.server.run_design runs it: after its warm-up, on the same launch
         runs.append(run | simulate_design(truth, spec, run))
     return runs

@@ -247,7 +247,7 @@ def test_bursts_are_one_prompt_length_behind_a_primer():
 
 
 def test_a_paused_calibration_run_is_measured_again_and_the_least_paused_kept(monkeypatch):
-    """calibrate.run_design on a scripted server: each attempt's longest gap as given; a gap of 100 ms or more
+    """presearch.server.run_design on a scripted server: each attempt's longest gap as given; a gap of 100 ms or more
     with tokens sent together after it is a pause (server_paused)."""
     from types import SimpleNamespace
 
@@ -320,16 +320,16 @@ def test_a_bursts_figures_count_from_its_last_send():
 
 def test_the_linear_fit_recovers_a_linear_servers_constants(monkeypatch):
     """A server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
-    linear family on the cpu reference. The smaller model (calibrate.LINEAR_WITHOUT held at 0) finds its main
-    constants within 8% (measured: step -3%, the new token count's step -1%; stall -11%, within 15%, traded with a
-    jitter of 0.1 ms where there is none, whose held-back tokens make one longer gap each
+    linear family on the cpu reference. The smaller model (presearch.linear.LINEAR_WITHOUT held at 0) finds its
+    main constants within 8% (measured: step -3%, the new token count's step -1%; stall -11%, within 15%, traded
+    with a jitter of 0.1 ms where there is none, whose held-back tokens make one longer gap each
     (server_calibration.streamed); token -2%, prefill step -5%, latency +9%, sequence +30%, attention pairs +5%:
     percentiles barely move with them here, and the prefill terms trade with the new token count's, the runs'
     prefill steps being most of their new counts; decode keys 3.2x their truth but ~3% of a decode step) and
-    reproduces its runs within 2% (1.25%). calibrate.fit keeps the fuller model, which a presearch trusts too: here
-    it invents fresh pairs where there are none (55 ns a pair, the prefill step +65%) and reproduces the runs
+    reproduces its runs within 2% (1.25%). presearch.server.fit keeps the fuller model, which a presearch trusts
+    too: here it invents fresh pairs where there are none (55 ns a pair, the prefill step +65%) and reproduces the runs
     within 4.5%, the price of a rule that on the real vLLM predicts a held-out workload's p99 ITL where the smaller
-    model prices it low (calibrate.fit)."""
+    model prices it low (presearch.server.fit)."""
     import chunkbench.tune.presearch.linear as calibrate_linear
 
     fits, fit_linear = [], calibrate_linear.fit_linear
@@ -395,7 +395,7 @@ def test_a_merged_stream_leaves_the_other_requests_gaps_to_the_fit():
 
 
 def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
-    """calibrate.served_kv_blocks: a run's server_kv_cache_tokens (from vLLM's /metrics) in the simulator's
+    """presearch.server.served_kv_blocks: a run's server_kv_cache_tokens (from vLLM's /metrics) in the simulator's
     blocks; without it, --num-blocks or the reference's roofline decides, as before."""
     from chunkbench.tune.presearch.server import served_kv_blocks
 
@@ -625,7 +625,7 @@ def test_tokens_delivered_together_do_not_break_the_linear_fit():
 
 
 def test_a_server_pause_is_told_from_slow_steps():
-    """calibrate.server_paused: a stream that stopped and then came all at once (as measured on the tier's vLLM:
+    """presearch.server.server_paused: a stream that stopped and then came all at once (as measured on the tier's vLLM:
     a 431 ms gap, then gaps of ~0 ms), or came two tokens at a time all along, against ones whose gaps are only
     uneven (a prefill run's 75 ms steps among 7 ms ones; a workload run's 48 ms prefill step among 2.5 ms
     decodes)."""
@@ -732,7 +732,7 @@ def test_a_warm_up_the_server_refused_is_said_and_not_simulated(capsys):
 
 
 def test_a_workload_run_whose_copies_disagree_is_measured_again():
-    """calibrate.copies_spread: the repeated workload run (3 copies, the last cut short) served 1.9x slower in
+    """presearch.server.copies_spread: the repeated workload run (3 copies, the last cut short) served 1.9x slower in
     its first copy than its last is unsteady and measured again; the steady attempt is kept, also when it read
     more tokens together (late_share) without pausing: that share orders paused attempts only."""
     from types import SimpleNamespace

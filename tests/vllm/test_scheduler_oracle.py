@@ -3,7 +3,7 @@
 Each stream (generated from a seed: budgets, seats, chunk caps, a lone long prompt, a KV cache small enough to
 preempt, shared prefixes with prefix caching on, a stream that ends while a long prompt still prefills, and
 vLLM's scheduler knobs) runs through vLLM 0.32's LLMEngine in-process (tests/vllm/vllm_oracle.py, under its CPU
-build's venv, which records every step's SchedulerOutput.num_scheduled_tokens), through vLLM 0.34's Scheduler
+build's venv, which records every step's num_scheduled_tokens), through vLLM 0.34's Scheduler
 class driven alone (tests/vllm/vllm_scheduler_oracle.py, under .venv-vllm034: 0.34 has no CPU build) and
 through chunkbench's simulator on the same prompt token ids, every request arriving before the first step so
 that timing cannot change a decision. They must agree step by step: the same requests get the same tokens in

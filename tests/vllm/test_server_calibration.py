@@ -11,8 +11,8 @@ with one OpenMP thread, 9 of 10 runs were within 15%; in CI that launch slowed f
 calibration's, ten runs fitted with 3.5-8.8% error and predicted median TTFT (-8.8% to +8.4%) and output
 throughput (within 0.5%) within 15% in all ten; the p99 ITL came out low in all ten (-0.6% to -15.6%, beyond 15%
 in one), and in CI at -23.3%: the steps behind its 512-token first chunks, which the calibration's runs do not
-price apart from the mixed run's chunks (calibrate.fit). Since the fit keeps its fuller model and fits the prefill
-run's ITL tail ("The prefill run's tail and the fuller fit"), five fresh runs were within 15% on all three (p99
+price apart from the mixed run's chunks (presearch.server.fit). Since the fit keeps its fuller model and fits the
+prefill run's ITL tail ("The prefill run's tail and the fuller fit"), five fresh runs were within 15% on all three (p99
 ITL -10.2% to +1.7%, median TTFT -8.1% to +12.4%; fits 5.8-13.1%). In CI next the median TTFT came out +19.9%,
 the workload run served at a slower moment than the others ("Steady workload runs, kept"); such a run is now
 measured again when its copies disagree by more than 1.15x. The bursts must queue behind their primer as
@@ -113,7 +113,7 @@ def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model,
 
     def held_out(backend, k: int, log=None) -> list:
         """The held-out's passes on the k-th server of its own, warmed up as the calibration runs are
-        (calibration_runs.warm_up: a fresh server's first large steps cost what no step cost describes)."""
+        (presearch.runs.warm_up: a fresh server's first large steps cost what no step cost describes)."""
         with backend.session(config, log=log) as serve:
             cal.warm_up(serve, config, seed=1)
             return [

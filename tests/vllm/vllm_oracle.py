@@ -4,7 +4,7 @@ Runs under vLLM's own venv (`.venv-vllm/bin/python tests/vllm/vllm_oracle.py IN.
 chunkbench's: vLLM and its torch live there only. For each stream it builds vLLM's LLMEngine in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0, so the engine core and its scheduler are objects here), adds every request
 before the first step (arrival times cannot change a decision), wraps `Scheduler.schedule()` and records each
-step's `SchedulerOutput.num_scheduled_tokens`, counts `_preempt_request` calls, and keeps each request's
+step's `num_scheduled_tokens` (from vLLM's SchedulerOutput), counts `_preempt_request` calls, and keeps each request's
 `num_cached_tokens` (the prefix-cache hit of its first admission, as vLLM reports it). The model runs for real
 (the tiny Llama), so the scheduler sees what `vllm serve` would give it.
 

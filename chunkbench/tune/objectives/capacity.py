@@ -4,7 +4,7 @@ server per trial.
 
 On a simulator each trial is screened on short runs (the tune's requests per probe: its capacity an upper
 bound, as short runs flatter); the best few are then settled on long runs (tune/settle.py) and the winner
-confirmed on a longer one (tune/confirm.py). On a real server a probe is one run, grown within
+confirmed on a longer one (tune/settle.py). On a real server a probe is one run, grown within
 --probe-seconds of arrivals when set."""
 
 from __future__ import annotations

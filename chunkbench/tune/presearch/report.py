@@ -43,7 +43,7 @@ def plot_calibration(calibration: ServerCalibration, path: Path) -> None:
 
 
 def drift_text(drift: dict) -> str:
-    """calibrate.drift_check's figures, in words."""
+    """server.drift_check's figures, in words."""
     return (
         f"server speed against the calibration: the decode burst's median ITL {drift['median_itl_ms_now']:,.1f} "
         f"ms now, {drift['median_itl_ms_calibrated']:,.1f} ms when calibrated (x{drift['ratio']:.2f})"

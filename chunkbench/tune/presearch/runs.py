@@ -222,7 +222,7 @@ def simulate_run(calibration: ServerCalibration, spec: TuneSpec, run: dict, back
             key=lambda w: w.arrival_time,
         )
     with (backend or SimBackend(server_calibration=calibration)).session(config) as serve:
-        # what the server ran before it on its launch (calibrate.run_design): a session's cost can depend on
+        # what the server ran before it on its launch (server.run_design): a session's cost can depend on
         # it (sim/cpu_linear_cost.py, new token counts)
         if run.get("warmed_up"):
             warm_up(serve, config, spec.seed + 1, f"{run['name']} warm-up")
@@ -266,7 +266,7 @@ def relative(simulated: float, measured: float) -> float:
 
 def targets(measured: dict) -> list[tuple[str, str, float]]:
     """(figure, statistic, measured value) of each statistic a fit compares in one run (of its `tails`, the
-    TAIL_STATS alone). A run whose stream paused every time it was measured (calibrate.run_design: `paused`)
+    TAIL_STATS alone). A run whose stream paused every time it was measured (server.run_design: `paused`)
     gives its medians only: a pause of a few hundred ms moves the means and tails of a few dozen requests, which
     no step cost should be fitted to."""
     tails = measured.get("tails", ())

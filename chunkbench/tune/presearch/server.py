@@ -18,7 +18,7 @@ from chunkbench.bench.backend import Backend
 from chunkbench.sim import families
 from chunkbench.sim.server_calibration import ServerCalibration
 
-# Re-exported: presearch.py, presearch_report.py and the tests take the runs' names from here.
+# Re-exported: search.py, report.py and the tests take the runs' names from here.
 from chunkbench.tune.presearch.runs import (  # noqa: F401
     PRIMER_LEAD_S,
     WORKLOAD_REQUESTS,
@@ -40,7 +40,7 @@ from chunkbench.workloads.spec import WorkloadSpec
 PAUSE_RATIO, PAUSE_MIN_MS, BUNCHED_SHARE = 20.0, 100.0, 0.02  # server_paused
 LATE_GAP_MS, LATE_SHARE, LATE_MIN_GAPS = 0.05, 0.25, 100  # server_paused: a stream read in bunches all along
 PAUSE_REMEASURES = 4  # a calibration run with a server pause (or unsteady) is measured again this many times at most
-# unsteady: the copies of a repeated workload run (calibration_runs.design_requests) whose summed E2ELs differ by
+# unsteady: the copies of a repeated workload run (runs.design_requests) whose summed E2ELs differ by
 # more than this factor caught the server changing speed within the run (copies_spread)
 STEADY_RATIO = 1.15
 DRIFT_TOLERANCE = 0.15  # drift_check: a server this much slower or faster than when calibrated is warned about
@@ -101,9 +101,9 @@ def run_design(serve, spec: TuneSpec, design: Design, max_model_len: int) -> dic
 
 
 def copy_sums(figures: dict, copy: int) -> list[float]:
-    """Each copy's summed E2EL (ms) in a repeated workload run (copy: requests in one; calibration_runs.
-    design_requests), over the requests every copy has (the last copy may be cut short); [] for a run of one
-    copy or with failed requests."""
+    """Each copy's summed E2EL (ms) in a repeated workload run (copy: requests in one; runs.design_requests),
+    over the requests every copy has (the last copy may be cut short); [] for a run of one copy or with failed
+    requests."""
     sends, e2el = figures["send_s"], figures["e2el_ms"]
     if not copy or len(e2el) != len(sends) or len(sends) < 2 * copy:
         return []

@@ -3,38 +3,36 @@
 
 from __future__ import annotations
 
-from chunkbench.errors import UserError
+from chunkbench.registry import Registry
 from chunkbench.servers.chunkbench import CHUNKBENCH
 from chunkbench.servers.kind import ServerKind
 from chunkbench.servers.sglang import SGLANG
 from chunkbench.servers.vllm import VLLM
 
-_KINDS: dict[str, ServerKind] = {}
+_KINDS: Registry[ServerKind] = Registry("server kind")
 
 
 def register(kind: ServerKind) -> ServerKind:
-    _KINDS[kind.name] = kind
-    return kind
+    """Make `kind` known by its name, once; returns it."""
+    return _KINDS.register(kind.name, kind)
 
 
 def unregister(name: str) -> None:
-    _KINDS.pop(name, None)
+    _KINDS.unregister(name)
 
 
 def kinds() -> list[ServerKind]:
-    return list(_KINDS.values())
+    return _KINDS.values()
 
 
 def get(name: str) -> ServerKind:
-    if name not in _KINDS:
-        raise UserError(f"unknown server kind '{name}'; use {', '.join(_KINDS)}")
-    return _KINDS[name]
+    return _KINDS.get(name)
 
 
 def recognise(template: str) -> ServerKind | None:
     """The kind a --launch template starts, by its command or its flags placeholder; None: not one of ours
     (a server chunkbench only measures)."""
-    return next((k for k in _KINDS.values() if k.recognises(template)), None)
+    return next((k for k in kinds() if k.recognises(template)), None)
 
 
 for _kind in (VLLM, SGLANG, CHUNKBENCH):

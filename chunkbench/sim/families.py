@@ -13,7 +13,7 @@ Adding a family: a module with a CostFamily subclass, and one `register` call (b
 
 from __future__ import annotations
 
-from chunkbench.errors import UserError
+from chunkbench.registry import Registry
 from chunkbench.sim.cost_family import CostFamily
 from chunkbench.sim.cpu_linear_cost import CPU_LINEAR
 from chunkbench.sim.linear_cost import LINEAR
@@ -21,28 +21,30 @@ from chunkbench.sim.roofline_family import ROOFLINE
 
 CPU_DEVICES = ("cpu",)  # references that stand for a server running on a CPU
 AUTO = "auto"  # fit_name: the device's default family
-_FAMILIES: dict[str, CostFamily] = {}
+_FAMILIES: Registry[CostFamily] = Registry("family", "server calibration: unknown family '{name}'; use {known_or}")
 _ON_CPU: dict[str, CostFamily] = {}  # a family's name -> the family a CPU server gets for it
 
 
 def register(family: CostFamily) -> CostFamily:
-    """Make `family` known by its name (replacing one of that name); returns it."""
+    """Make `family` known by its name, once; returns it."""
     if not family.name:
         raise ValueError(f"{type(family).__name__}: a family needs a name")
-    _FAMILIES[family.name] = family
+    _FAMILIES.register(family.name, family)
     if family.cpu_variant_of:
         _ON_CPU[family.cpu_variant_of] = family
     return family
 
 
 def unregister(name: str) -> None:
-    family = _FAMILIES.pop(name)
+    family = _FAMILIES.unregister(name)
+    if family is None:
+        raise KeyError(name)
     if family.cpu_variant_of and _ON_CPU.get(family.cpu_variant_of) is family:
         del _ON_CPU[family.cpu_variant_of]
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_FAMILIES)
+    return _FAMILIES.names()
 
 
 def on_cpu(device: str) -> bool:
@@ -50,12 +52,7 @@ def on_cpu(device: str) -> bool:
 
 
 def get(name: str) -> CostFamily:
-    family = _FAMILIES.get(name)
-    if family is None:
-        known = list(_FAMILIES)
-        listed = ", ".join(known[:-1]) + f" or {known[-1]}" if len(known) > 1 else "".join(known)
-        raise UserError(f"server calibration: unknown family '{name}'; use {listed}")
-    return family
+    return _FAMILIES.get(name)
 
 
 def resolve(name: str, device: str) -> CostFamily:

@@ -303,7 +303,8 @@ def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 def study_objective(study: optuna.Study) -> Objective | None:
     """The objective a study was created with (the name create_study stored); None for a study it did not
     create (one value, best first)."""
-    return OBJECTIVES.get(study.user_attrs.get("objective"))
+    name = study.user_attrs.get("objective")
+    return get(name) if name in OBJECTIVES else None
 
 
 def headroom(constraints: dict[str, float], limits: dict[str, float]) -> float:

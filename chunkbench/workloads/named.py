@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from chunkbench.errors import UserError
+from chunkbench.registry import Registry
 from chunkbench.workloads import vllm_datasets
 from chunkbench.workloads.arrivals import sample_arrivals
 from chunkbench.workloads.dataset_files import Drawn
@@ -119,7 +120,8 @@ def _user_file(spec, n: int, rng) -> Drawn:
     return _frame(spec, read_sharegpt(path, spec.tokenizer) if path.suffix == ".json" else read_token_file(path))
 
 
-SOURCES = {
+SOURCES: Registry[Source] = Registry("workload")  # find() names what --workload accepts besides these
+for _name, _source in {
     "chat": Source(
         "short chat prompts (lognormal, median 256 tokens) and answers (median 128)",
         _lengths("lognormal:256:0.8:4:4096", "lognormal:128:0.6:4:1024"),
@@ -144,7 +146,8 @@ SOURCES = {
         own_arrivals=True,
     ),
     "synthetic": Source("lengths from --prompt-len and --output-len", _synthetic),
-}
+}.items():
+    SOURCES.register(_name, _source)
 NAMED = {name: source.help for name, source in SOURCES.items() if name != "synthetic"}
 
 

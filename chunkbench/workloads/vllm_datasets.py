@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkbench.errors import UserError, check_number
+from chunkbench.registry import Registry
 from chunkbench.workloads.dataset_files import (
     PREFIX_REPETITION_KEYS,
     Drawn,
@@ -78,7 +79,8 @@ def _prefix_repetition(spec, path, n: int, rng) -> Drawn:
     return Drawn(np.full(len(groups), length), np.full(len(groups), spec.prefix_repetition_output_len), None, shared)
 
 
-DATASETS = {
+DATASETS: Registry[Dataset] = Registry("vLLM dataset")  # by kind, as vllm bench serve's --dataset-name names it
+for _kind, _dataset in {
     "random": Dataset(
         _random,
         False,
@@ -100,7 +102,8 @@ DATASETS = {
     "timed_trace": Dataset(
         load_timed_trace, True, "JSONL with timestamp, input/output lengths and hash_ids (Mooncake's, Qwen's traces)"
     ),
-}
+}.items():
+    DATASETS.register(_kind, _dataset)
 HELP = "; ".join(f"{kind}{':PATH' if d.takes_path else ''} ({d.help})" for kind, d in DATASETS.items())
 
 

@@ -6,6 +6,6 @@ and a `register` call."""
 from . import static, continuous, orca, chunked  # noqa: F401  (each registers itself)
 
 # isort: on
-from .base import REGISTRY, Policy, chunks_prompts, get, names, register
+from .base import REGISTRY, Policy, chunks_prompts, get, names, register, unregister
 
-__all__ = ["REGISTRY", "Policy", "chunks_prompts", "get", "names", "register"]
+__all__ = ["REGISTRY", "Policy", "chunks_prompts", "get", "names", "register", "unregister"]

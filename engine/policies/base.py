@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from chunkbench.registry import Registry
+
 if TYPE_CHECKING:  # annotations only
     from ..request import Request
     from ..scheduler import Scheduler
@@ -33,24 +35,30 @@ class Policy:
         return 1 if self.chunks_prompts else max_model_len
 
 
-REGISTRY: dict[str, Policy] = {}
+# By name (chunkbench/registry.py); an unknown name gets the message config.check_policy gives.
+REGISTRY: Registry[Policy] = Registry("policy", "--policy must be one of {known}, got '{name}'")
 
 
 def register(policy: type[Policy]) -> type[Policy]:
-    """Make a policy known by its name (a class decorator, or a call)."""
-    REGISTRY[policy.name] = policy()
+    """Make a policy known by its name, once (a class decorator, or a call)."""
+    REGISTRY.register(policy.name, policy())
     return policy
 
 
+def unregister(name: str) -> None:
+    """Forget a policy (a test's toy)."""
+    REGISTRY.unregister(name)
+
+
 def get(name: str) -> Policy:
-    return REGISTRY[name]
+    return REGISTRY.get(name)
 
 
 def names() -> tuple[str, ...]:
-    return tuple(REGISTRY)
+    return REGISTRY.names()
 
 
 def chunks_prompts(name: str) -> bool:
     """Whether the policy of this name splits prompts (False for a name not registered: the config's check
     names it)."""
-    return name in REGISTRY and REGISTRY[name].chunks_prompts
+    return name in REGISTRY and REGISTRY.get(name).chunks_prompts

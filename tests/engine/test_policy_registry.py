@@ -36,7 +36,7 @@ def toy():
     policies.register(DecodeFirst)
     DecodeFirst.steps = 0
     yield DecodeFirst.name
-    del policies.REGISTRY[DecodeFirst.name]
+    policies.unregister(DecodeFirst.name)
 
 
 SIM = ["--model", "llama-3-8b", "--backend", "sim", "--gpu", "h100-sxm", "--no-progress"]

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from chunkbench.errors import UserError
-from chunkbench.tune.objectives import OBJECTIVES, Objective, get, register
+from chunkbench.tune.objectives import OBJECTIVES, Objective, get, register, unregister
 from tests.conftest import REPO, run_cli
 
 PACKAGE = REPO / "chunkbench" / "tune" / "objectives"
@@ -34,7 +34,7 @@ class Throughput(Objective):
 def toy():
     objective = register(Throughput())
     yield objective
-    del OBJECTIVES[objective.name]
+    unregister(objective.name)
 
 
 def test_a_registered_objective_tunes_end_to_end_and_its_study_resumes(toy, tmp_path, capsys):

@@ -8,7 +8,16 @@ from chunkbench.tune.objectives import goodput, capacity, pareto  # importing re
 
 # isort: on
 from chunkbench.tune.objectives.base import METRIC_ATTRS, Objective, Run
-from chunkbench.tune.objectives.registry import AUTO, OBJECTIVES, get, help_text, one_winner_names, register, resolve
+from chunkbench.tune.objectives.registry import (
+    AUTO,
+    OBJECTIVES,
+    get,
+    help_text,
+    one_winner_names,
+    register,
+    resolve,
+    unregister,
+)
 from chunkbench.tune.objectives.trial import evaluate, evaluate_runs, median_outcome, warm_up_server
 
 BUILT_IN = (goodput, capacity, pareto)  # registered in this order: --help's and the errors' order
@@ -27,5 +36,6 @@ __all__ = [
     "one_winner_names",
     "register",
     "resolve",
+    "unregister",
     "warm_up_server",
 ]

@@ -4,25 +4,29 @@ its `auto` read them here, and the tuner looks a spec's or a stored study's obje
 from __future__ import annotations
 
 from chunkbench.errors import UserError
+from chunkbench.registry import Registry
 from chunkbench.tune.objectives.base import Objective
 
-OBJECTIVES: dict[str, Objective] = {}  # by name, in the order registered (the order --help and errors list)
+# By name, in the order registered (the order --help and errors list).
+OBJECTIVES: Registry[Objective] = Registry("objective", "--objective must be one of {known}, got '{name}'")
 AUTO = "auto"  # --objective auto: by whether an SLA is given (Objective.auto_with_slas)
 
 
 def register(objective: Objective) -> Objective:
-    """Add an objective under its name; a name is registered once."""
-    if not objective.name or objective.name in OBJECTIVES or objective.name == AUTO:
-        raise ValueError(f"cannot register an objective named {objective.name!r}: empty, taken or reserved")
-    OBJECTIVES[objective.name] = objective
-    return objective
+    """Add an objective under its name; a name is registered once, and `auto` is reserved."""
+    if not objective.name or objective.name == AUTO:
+        raise ValueError(f"cannot register an objective named {objective.name!r}: empty or reserved")
+    return OBJECTIVES.register(objective.name, objective)
+
+
+def unregister(name: str) -> None:
+    """Forget an objective (a test's toy)."""
+    OBJECTIVES.unregister(name)
 
 
 def get(name: str) -> Objective:
     """The objective registered as `name` (a spec's, a stored study's); UserError for any other."""
-    if name not in OBJECTIVES:
-        raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{name}'")
-    return OBJECTIVES[name]
+    return OBJECTIVES.get(name)
 
 
 def auto(with_slas: bool) -> Objective:

@@ -2,28 +2,8 @@
 the simulated KV-cache sizing share (measured instead on CUDA: see engine/executor.py). No torch here.
 
 A step's tokens go through every layer as one [n, hidden] batch, one layer at a time, so the peak is what
-one layer holds at once plus what lives for the whole step (docs/architecture.md, 'Activation memory'):
-
-  step     n * (RoPE tables: 3 * head_dim/2 + 1 fp32 values, and three int64 index rows)
-  + max of the layer's phases (per GPU under tensor parallelism, `act` bytes per value):
-    mlp        3 [n, hidden]  (the layer's input, still held by the caller; the residual; the normalised input)
-             + 3 [n, intermediate/N]  (gate after SiLU, up, and their product; vLLM's fused gate_up + act is
-                                       the same three widths)
-    attention  2 [n, hidden] + 3 [n, heads/N * head_dim] (q, the kernel's output, o_proj's input)
-             + 2 [n, kv_heads/N * head_dim] (k, v)
-             + per-path buffers of the one chunk being attended (chunks are attended one after another):
-               flash      nothing: FlashAttention-style kernels (the Triton path, vLLM, SGLang) tile the
-                          scores in on-chip memory, so no [queries, keys] tensor ever exists
-               reference  this engine's torch path (kernels/reference.py): fp32 copies of the chunk's K and V
-                          gathered from the pages, and, for chunks with cached context or longer than
-                          QUERY_BLOCK, the bool mask [rows, keys] plus the float copy SDPA makes of it. With
-                          torch >= 2.3 CPU SDPA runs a tiled (flash) kernel even with a mask, so the scores
-                          themselves are not materialised (measured: tests/sim/test_deployments.py). Its fp32
-                          decodes gather nothing where kernels/cpu_decode.c is built:
-                          `decode_attention="flash"`
-               math       a naive softmax(QK^T)V (Hugging Face's "eager" attention): the scores and the
-                          probabilities, [heads/N, rows, keys] fp32 each
-    logits     [n, hidden] + [sampled, vocab] fp32 (gathered over the GPUs) + [sampled, vocab/N] in `act`
+one layer holds at once plus what lives for the whole step (docs/architecture.md, 'Activation memory'; the
+formula term by term: step_activation_bytes).
 """
 
 from __future__ import annotations
@@ -49,7 +29,29 @@ def step_activation_bytes(
     """Peak bytes one GPU allocates for a step's activations. `prefills`: (chunk tokens, cached context)
     pairs; `decodes`: each decode's keys (context length). `decode_attention`: the decodes' path when it is
     not `attention`'s (the CPU engine's fp32 decodes: kernels/cpu_decode.c reads the pages in place,
-    "flash")."""
+    "flash"):
+
+      step     n * (RoPE tables: 3 * head_dim/2 + 1 fp32 values, and three int64 index rows)
+      + max of the layer's phases (per GPU under tensor parallelism, `act` bytes per value):
+        mlp        3 [n, hidden]  (the layer's input, still held by the caller; the residual; the normalised input)
+                 + 3 [n, intermediate/N]  (gate after SiLU, up, and their product; vLLM's fused gate_up + act is
+                                           the same three widths)
+        attention  2 [n, hidden] + 3 [n, heads/N * head_dim] (q, the kernel's output, o_proj's input)
+                 + 2 [n, kv_heads/N * head_dim] (k, v)
+                 + per-path buffers of the one chunk being attended (chunks are attended one after another):
+                   flash      nothing: FlashAttention-style kernels (the Triton path, vLLM, SGLang) tile the
+                              scores in on-chip memory, so no [queries, keys] tensor ever exists
+                   reference  this engine's torch path (kernels/reference.py): fp32 copies of the chunk's K and V
+                              gathered from the pages, and, for chunks with cached context or longer than
+                              QUERY_BLOCK, the bool mask [rows, keys] plus the float copy SDPA makes of it. With
+                              torch >= 2.3 CPU SDPA runs a tiled (flash) kernel even with a mask, so the scores
+                              themselves are not materialised (measured: tests/sim/test_deployments.py). Its fp32
+                              decodes gather nothing where kernels/cpu_decode.c is built:
+                              `decode_attention="flash"`
+                   math       a naive softmax(QK^T)V (Hugging Face's "eager" attention): the scores and the
+                              probabilities, [heads/N, rows, keys] fp32 each
+        logits     [n, hidden] + [sampled, vocab] fp32 (gathered over the GPUs) + [sampled, vocab/N] in `act`
+    """
     n = sum(q for q, _ in prefills) + len(decodes) if prefills else len(decodes)  # most steps only decode
     if n == 0:
         return 0

@@ -3,22 +3,10 @@
 Token position p of a request lives in block `table[p // block_size]` at offset `p % block_size`, so its
 cache slot is `table[p // block_size] * block_size + p % block_size`.
 
-Prefix caching (as in vLLM v1; the details as in vLLM 0.32's block_pool.py and kv_cache_manager.py): a full
-block is named by a hash of its tokens chained with its parent's hash, so equal hashes mean equal prefixes.
-A block is cached when it is allocated for the chunk that fills it, before the step runs (a request admitted
-later in the same step reuses it: the step writes every layer's KV before that layer's attention reads it).
-Two blocks may hold the same hash (two requests computed it); a lookup finds the first cached, and the other
-serves once that one is evicted. Blocks carry reference counts; a freed block whose count drops to zero keeps
-its contents and hash and goes to the end of the free list if it is cached (evicted last, least recently
-freed first), to the front if not (reused first). A block is evicted only when it is taken from the front.
-A new request reuses the longest run of cached blocks its prompt starts with. No torch here.
-
-The free list is a deque, so blocks are taken and freed in bulk at C speed (a simulated trace takes and
-frees millions). A free cached block that a new request reuses leaves the list lazily: its entry stays,
-marked stale (`_stale[block]`), and is skipped when it reaches the front. A block's stale entries always
-precede its live one (the live one is its latest free), so the first entry met is stale while it has any:
-only cached blocks get stale entries, and a block loses its hash (and may then be freed to the front) only
-when its live entry is taken, after its stale ones.
+Prefix caching as in vLLM v1 (the details as in vLLM 0.32's vllm/v1/core/block_pool.py and
+vllm/v1/core/kv_cache_manager.py): a full block is named by a hash of its tokens chained with its parent's hash,
+so equal hashes mean equal prefixes, and a new request reuses the longest run of cached blocks its prompt starts
+with. When a block is cached, which copy a lookup finds and which block is evicted: BlockManager. No torch here.
 """
 
 from __future__ import annotations
@@ -34,6 +22,22 @@ def cdiv(a: int, b: int) -> int:
 
 
 class BlockManager:
+    """The block tables, the free list and the prefix cache.
+
+    A block is cached when it is allocated for the chunk that fills it, before the step runs (a request admitted
+    later in the same step reuses it: the step writes every layer's KV before that layer's attention reads it).
+    Two blocks may hold the same hash (two requests computed it); a lookup finds the first cached, and the other
+    serves once that one is evicted. Blocks carry reference counts; a freed block whose count drops to zero keeps
+    its contents and hash and goes to the end of the free list if it is cached (evicted last, least recently
+    freed first), to the front if not (reused first). A block is evicted only when it is taken from the front.
+
+    The free list is a deque, so blocks are taken and freed in bulk at C speed (a simulated trace takes and
+    frees millions). A free cached block that a new request reuses leaves the list lazily: its entry stays,
+    marked stale (`_stale[block]`), and is skipped when it reaches the front. A block's stale entries always
+    precede its live one (the live one is its latest free), so the first entry met is stale while it has any:
+    only cached blocks get stale entries, and a block loses its hash (and may then be freed to the front) only
+    when its live entry is taken, after its stale ones."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -307,8 +307,8 @@ def sample(logits: torch.Tensor, chunks: list[ScheduledChunk], eos_token_id: int
         for i in early:
             masked = [t for t in chunks[i].sampling.masked_token_ids(eos_token_id) if t < logits.shape[-1]]
             logits[i, masked] = float("-inf")
-    # greedy: NumPy's argmax on the CPU (the same first-index rule, NaN included): 0.23 ms against torch's
-    # 1.54 ms for `small`'s [32, 32000] fp32 logits on this 2-core machine, 1.3% of a 32-request decode step
+    # greedy: NumPy's argmax on the CPU (the same first-index rule, NaN included), several times faster than
+    # torch's on a decode step's logits (docs/measurements/engine-speed.md, round five)
     cpu = logits.device.type == "cpu"
     tokens = (logits.numpy().argmax(-1) if cpu else logits.argmax(dim=-1)).tolist()
     for i, chunk in enumerate(chunks):

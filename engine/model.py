@@ -5,14 +5,8 @@ attention knows which request a token belongs to, through the paged KV cache (se
 Module names mirror Hugging Face's `LlamaForCausalLM`, so a safetensors checkpoint loads as it is; once loaded,
 `fuse_projections` packs q/k/v and gate/up into one weight each (the modules' weights become views of it, so
 the state dict keeps Hugging Face's names and memory is not doubled): one GEMM instead of three, and of two.
-The last layer computes only K/V for the tokens no logit is taken from (`LlamaForCausalLM.forward`): exact,
-and 1/num_layers of a prefill step's work saved (vLLM computes every row and then selects).
-
-On the CPU in fp32, `pack_for_cpu` also keeps each linear layer's weight in oneDNN's blocked layout, reordered
-once (as vLLM's CPU build does), and every step's products use it: a plain F.linear goes through MKL's sgemm,
-which re-packs its weight on every call and reaches about half oneDNN's rate (measured:
-docs/measurements/engine-speed.md). It costs a second copy of the weights, so it is done only below PACK_MAX_BYTES of
-them.
+The last layer computes only K/V for the tokens no logit is taken from (`LlamaForCausalLM.forward`), and on the
+CPU in fp32 the linear weights are kept in oneDNN's blocked layout (`LlamaForCausalLM.pack_for_cpu`).
 """
 
 from __future__ import annotations
@@ -191,7 +185,8 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states `[num_tokens, hidden]` after the final norm; with `rows` (the tokens whose logits the
         step samples, each its request's last), those rows only. No other token's last-layer output reaches
         a logit, so the last layer computes only their K/V: its attention, o_proj and MLP run on `rows` alone
-        (a 2048-token prompt's last layer: one row instead of 2048; a chunk that samples nothing: none)."""
+        (a 2048-token prompt's last layer: one row instead of 2048; a chunk that samples nothing: none). Exact,
+        and 1/num_layers of a prefill step's work saved (vLLM computes every row and then selects)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]  # broadcast over heads
         x = self.model.embed_tokens(input_ids)
@@ -204,8 +199,11 @@ class LlamaForCausalLM(nn.Module):
         return _linear(hidden, self.lm_head.weight, None, self.lm_head_packed).float()
 
     def pack_for_cpu(self) -> bool:
-        """Keep oneDNN-packed copies of the linear weights (module docstring); False where it does not apply:
-        not the CPU, not fp32, no oneDNN, or weights of PACK_MAX_BYTES or more."""
+        """Keep oneDNN-packed copies of the linear weights, reordered once (as vLLM's CPU build does), which
+        every step's products then use: a plain F.linear goes through MKL's sgemm, which re-packs its weight on
+        every call and reaches about half oneDNN's rate (docs/measurements/engine-speed.md). It costs a second
+        copy of the weights; False where it does not apply: not the CPU, not fp32, no oneDNN, or weights of
+        PACK_MAX_BYTES or more."""
         weight = self.lm_head.weight
         size = sum(p.numel() * p.element_size() for p in self.parameters())
         if (

@@ -4,13 +4,8 @@ The torch path gathers each decode's keys out of the paged cache into a padded c
 runs SDPA over the copy, so every layer moves the batch's K and V three times. The C kernel reads each key
 and value once, in place, through the block table: whole slots per request as the unit of work, and 512-bit
 vectors (-mprefer-vector-width=512; gcc keeps to 256 by default). Its speed against the torch path:
-docs/measurements/engine-speed.md.
-
-It is plain C with OpenMP, no torch headers, so it compiles in under a second (cc with FLAGS) into
-$XDG_CACHE_HOME/chunkbench (default ~/.cache/chunkbench), keyed by the source, flags and CPU. The OpenMP
-runtime it links is torch's own (the same libgomp.so.1, already loaded), so it runs on torch's threads, as
-many as `torch.get_num_threads()`. Where there is no C compiler, or CHUNKBENCH_CPU_KERNEL=0, `library()` is None
-and decodes take the torch path (kernels/reference.py), which stays the oracle in tests.
+docs/measurements/engine-speed.md. Where there is no C compiler, or CHUNKBENCH_CPU_KERNEL=0, `library()` is
+None and decodes take the torch path (kernels/reference.py), which stays the oracle in tests.
 """
 
 from __future__ import annotations
@@ -28,7 +23,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]  # 512: 1.4x (docstring)
+# 512-bit vectors: docs/measurements/engine-speed.md (round five)
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
 
 
 def _cpu_name() -> str:
@@ -43,7 +39,12 @@ def _cpu_name() -> str:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be (no compiler) or is switched off."""
+    """The compiled kernel, built on first use; None where it cannot be (no compiler) or is switched off.
+
+    It is plain C with OpenMP, no torch headers, so it compiles in under a second (cc with FLAGS) into
+    $XDG_CACHE_HOME/chunkbench (default ~/.cache/chunkbench), keyed by the source, flags and CPU. The OpenMP
+    runtime it links is torch's own (the same libgomp.so.1, already loaded), so it runs on torch's threads, as
+    many as `torch.get_num_threads()`."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if os.environ.get("CHUNKBENCH_CPU_KERNEL", "1") == "0" or compiler is None:
         return None

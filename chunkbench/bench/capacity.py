@@ -1,19 +1,13 @@
 """Capacity at an SLA: the highest offered rate that a server sustains in steady state (it keeps pace, its
 queue does not grow) with every SLA met, and a median scheduling delay within a bound (Sarathi-Serve's), over
 the steady window of chunkbench/bench/steady.py. One search, shared by `tune --objective capacity` and
-`compare` (each policy's capacity and its latency-load curve, from the same probes). docs/concepts/capacity.md
+`compare` (each policy's capacity and its latency-load curve, from the same probes); docs/concepts/capacity.md
 says why each rule is there.
 
-A *probe* serves the first `first` requests of a pool at the rate (the pool's arrivals compressed or stretched
-to it) and judges the steady window; a verdict that is not yet clear (steady.judge) is run again on twice the
-requests, up to `longest(rate)`. A simulator's probes grow to thousands of requests; a real server's are held
-to the time budget its caller sets. Early stops (chunkbench/bench/early_stop.py) end the overloaded ones.
-
-Rates lie on one lattice, `2**bisections` points an octave (5: about 2.2% apart); the search gallops from a
-hint (another configuration's capacity) to a bracket, then bisects (search_capacity); `settle` does it again
-on long runs. The capacity is the highest rate that held; its interval runs from the highest rate whose
-verdict was clear to the lowest rate above it that clearly failed. Then `confirm` runs the capacity again,
-longer, and a step above it.
+A probe serves a pool's first requests at the rate and judges the steady window, again on twice the requests
+while the verdict is not clear (steady.judge); early stops (chunkbench/bench/early_stop.py) end the overloaded
+ones. Rates lie on a Lattice: search_capacity gallops to a bracket and bisects, `settle` does it again on long
+runs, and `confirm` runs the capacity again, longer, and a step above it.
 """
 
 from __future__ import annotations
@@ -24,13 +18,16 @@ from dataclasses import dataclass, field, replace
 from chunkbench.bench.probing import CONFIRM_DRAWS, Probe, Prober, base_rate, load_size
 
 BRACKET = 7  # the bracket's rates are base * 2**k for k in [-BRACKET, BRACKET]
-BISECTIONS = 5
+BISECTIONS = 5  # the lattice's 2**BISECTIONS points an octave: about 2.2% apart
 CONFIRM_LENGTH = 4  # the confirmation runs this many times the longest probe's requests (as the pool allows)
 CONFIRM_ABOVE = 0.15  # and a run this much above the capacity, which must not hold
 
 
 @dataclass
 class Capacity:
+    """The highest rate that held, and its interval: from the highest rate whose verdict was clear to the lowest
+    rate above it that clearly failed."""
+
     capacity: float  # req/s; 0 when no probed rate met the SLAs
     best: dict | None  # the steady figures at the capacity; when none met them, the lowest rate's (its miss)
     probes: list[Probe] = field(default_factory=list)
@@ -52,7 +49,8 @@ def resolution_pct(bisections: int = BISECTIONS) -> float:
 class Lattice:
     """The rates a search may probe, base * 2**(j / 2**bisections) (base: the pool's own rate), so that two
     configurations with the same boundary get the same capacity; and the verdicts found on them, short and
-    long. A short probe is its first run only; a long one starts at `prober.long` and grows until clear.
+    long. A short probe is its first run only; a long one starts at `prober.long` and grows until clear, up to
+    `prober.longest(rate)`: thousands of requests on a simulator, a real server's held to its caller's budget.
     `ceiling`: rates above it are not sustained, without a run (compare: the saturation throughput). The rates
     probed lie within BRACKET octaves of `center` (a hint, a capacity found; default the base): a pool whose own
     rate is far from the server's (a trace replayed fast) still has its capacity on the lattice."""

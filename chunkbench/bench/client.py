@@ -1,21 +1,12 @@
 """`chunkbench bench --endpoint`: the workloads and metrics of `run`, against any OpenAI-compatible server
 (chunkbench serve, vLLM, SGLang), measured as `vllm bench serve` measures them, by the rules of one release
 (chunkbench/bench/client_rules.py; 0.32's unless given). Each request's body and the read of its event stream
-are chunkbench/bench/openai_stream.py's; this is the run loop around them.
+are chunkbench/bench/openai_stream.py's; this is the run loop around them (_dispatch: each request sent when due,
+after waiting for a --max-concurrency slot; latencies start at the send).
 
-One loop sends each request when it is due (as vLLM's get_request: sleep to the due time, then start the
-request's task), after waiting for a --max-concurrency slot (the client queue time); every body is built and
-encoded before the clock starts, so a send costs the loop a task and a write. How late the loop dispatched each
-request against its due time is kept (send lag). Latencies start at the send.
-
-A request fails, and is kept with its error, when its stream fails (openai_stream.py), on a dropped
-connection, or at its timeout. As vLLM, no warm-up unless `num_warmups` asks for some: then that many
-copies of request 0, at once, untimed, before the clock starts.
-
-The HTTP client is aiohttp with vllm bench serve's connection settings (one pooled session, keep-alive): measured
-here against a scripted server answering 10 ms after each request, httpx added 0.97 ms (median, reused
-connection) and 2.3 ms (new connection) to a TTFT where aiohttp added 0.63 and 1.8 ms; the same library keeps
-chunkbench's client costs vLLM's.
+A request fails, and is kept with its error, when its stream fails, on a dropped connection, or at its timeout.
+As vLLM, no warm-up unless `num_warmups` asks for some. The HTTP client is aiohttp with vllm bench serve's
+connection settings, so chunkbench's client costs are vLLM's (docs/measurements/client.md, "The HTTP library").
 """
 
 from __future__ import annotations
@@ -127,7 +118,7 @@ async def bench_endpoint(
             return await _request(session, url, body, all_headers, timeout_s, disconnect_after, rules)
 
     connection = _connection(max_concurrency)
-    with frozen_heap():  # no ~130 ms collection of the imports inside a timed request (chunkbench/bench/gc_pause.py)
+    with frozen_heap():  # no full collection of the imports inside a timed request (chunkbench/bench/gc_pause.py)
         async with aiohttp.ClientSession(**connection) as session:
             await _first_contact(session, endpoint)
             warmups = await asyncio.gather(*(limited(bodies[0]) for _ in range(num_warmups if bodies else 0)))
@@ -182,7 +173,9 @@ async def _first_contact(session: aiohttp.ClientSession, endpoint: str) -> None:
 
 async def _dispatch(workload: list[WorkloadRequest], bodies: list[Prepared], send, disconnect: dict[int, int]):
     """Start the clock and send each request when it is due, in arrival order (list order on ties); return the
-    clock start, when each request was dispatched, and each one's outcome once all have ended."""
+    clock start, when each request was dispatched, and each one's outcome once all have ended. Every body is
+    built and encoded before the clock starts, so a send costs the loop a task and a write; how late the loop
+    dispatched each request against its due time is kept (send lag)."""
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)  # stable: list order on ties
     dispatched = [0.0] * len(workload)
     tasks: dict[int, asyncio.Task] = {}

@@ -1,19 +1,10 @@
 """Which vLLM release's `vllm bench serve` client `chunkbench bench` measures as: its rules for timing a stream
 and sending probes, chosen once per run from the server's GET /version (or --vllm-version).
 
-What changed between the releases chunkbench knows (engine/knobs.py's VLLM_VERSIONS), read in their
-clients (vllm/benchmarks/lib/endpoint_request_func.py and serve.py):
-
-- Chat streams. 0.32 times every chunk that carries a choice: the opening chunk that only names the role is
-  the TTFT, the first text then an ITL of ~0 ms, and an empty finish chunk an ITL that also ends the latency.
-  0.33 times only the chunks whose delta carries output (text, reasoning, a tool call, or an empty text
-  without a role: a token that decodes to nothing). Completions streams are timed alike in both.
-- Probes (--probe-request-rate). 0.32 sends them through the run's pool, capped at --max-concurrency, so a
-  probe can wait behind the load, and stops them before the clock stops: the run's duration then holds the
-  last probe and its pause. 0.33 gives them a connection of their own and stops them after the clock.
-- Server metrics. 0.33 keeps the `metrics` of the final usage chunk (a server started with
-  --enable-per-request-metrics sends queue_time_ms and time_to_first_token_ms) as server_queue_times and
-  server_ttfts (s) in --save-result --save-detailed.
+What changed between the releases chunkbench knows (engine/knobs.py's VLLM_VERSIONS), read in their clients
+(vllm/benchmarks/lib/endpoint_request_func.py and vllm/benchmarks/serve.py), is one row of RULES each: how chat
+chunks are timed, where probes are sent and whether the duration holds them, and whether the server's
+per-request metrics are kept (ClientRules says how each differs).
 """
 
 from __future__ import annotations
@@ -29,7 +20,18 @@ from chunkbench.errors import UserError
 
 @dataclass(frozen=True)
 class ClientRules:
-    """How one release's client measures; in effect from `since` until the next row of RULES."""
+    """How one release's client measures; in effect from `since` until the next row of RULES.
+
+    - Chat streams. 0.32 times every chunk that carries a choice: the opening chunk that only names the role is
+      the TTFT, the first text then an ITL of ~0 ms, and an empty finish chunk an ITL that also ends the latency.
+      0.33 times only the chunks whose delta carries output (text, reasoning, a tool call, or an empty text
+      without a role: a token that decodes to nothing). Completions streams are timed alike in both.
+    - Probes (--probe-request-rate). 0.32 sends them through the run's pool, capped at --max-concurrency, so a
+      probe can wait behind the load, and stops them before the clock stops: the run's duration then holds the
+      last probe and its pause. 0.33 gives them a connection of their own and stops them after the clock.
+    - Server metrics. 0.33 keeps the `metrics` of the final usage chunk (a server started with
+      --enable-per-request-metrics sends queue_time_ms and time_to_first_token_ms) as server_queue_times and
+      server_ttfts (s) in --save-result --save-detailed."""
 
     since: str  # the first vLLM release with these rules
     chat_output_only: bool  # chat: only chunks whose delta carries output count (TTFT, ITL, latency, text)

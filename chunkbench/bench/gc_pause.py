@@ -1,19 +1,13 @@
 """Python's cyclic garbage collector paused while a simulated run and its summary build millions of objects,
 and the heap a real-time client or server inherits kept out of its collections.
 
-A full collection walks every live container; a simulated trace keeps hundreds of thousands alive (step
-records, requests, token-time lists), and the collections its allocations trigger took a fifth of the
-azure-conv run's wall time (README, "Speed"). None of this code builds reference cycles, and reference
-counting frees everything else as before, so nothing is held longer: the collector is only put off until
-the block ends. Real-engine runs keep it on (a model's objects are not ours to reason about).
-
-A real-time client cannot pause it (hours of streaming do build cycles: asyncio futures, exceptions), but it
-can keep the heap it inherited out of every collection: with torch, pandas and Optuna imported a full
-collection walks ~260k objects in ~130 ms here, and one that lands mid-run adds that to some request's
-measured TTFT or ITL. frozen_heap() moves everything alive at its start to the collector's permanent
-generation (gc.freeze), so the run's collections walk only what the run allocates. `chunkbench serve` freezes
-its heap once the engine is built, as vLLM does after its warm-up (`freeze_gc_heap`): four full collections of
-23-123 ms ran while `serve --model small` started here, none in the two 24-request runs served after.
+A full collection walks every live container, and a simulated trace keeps hundreds of thousands alive; none of
+this code builds reference cycles, so the collector is only put off until the block ends (paused_gc). Real-engine
+runs keep it on (a model's objects are not ours to reason about). A real-time client cannot pause it (hours of
+streaming do build cycles), but frozen_heap() leaves what it inherited out of every collection, so a collection
+inside a timed request walks only what the run allocated; `chunkbench serve` freezes its heap once the engine is
+built, as vLLM does after its warm-up. What the collections cost: docs/measurements/simulator-speed.md and
+docs/measurements/client.md ("Python's collector").
 """
 
 from __future__ import annotations

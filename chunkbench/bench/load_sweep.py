@@ -1,19 +1,11 @@
 """`compare` across load: each policy's capacity at an SLA and its latency-load curve, from one backend
 session per policy.
 
-Per policy: a *saturation run* (a long probe's requests all at once: its steady completion rate, the warm-up
-and the drain left out, is the most the policy serves, and the point past saturation on the curve), then the
-capacity search of chunkbench/bench/capacity.py started there (rates above the saturation throughput are not
-sustained), settled on long runs and confirmed (a run twice as long at the capacity holds, one 15% above
-does not), then any --rates asked for. Every probe that ran to the end is a point of the curve (its steady
-figures: p99 TTFT, p99 and median ITL against throughput). The comparison table is taken at the *common
-rate*, the highest rate every policy sustains (the smallest capacity): each policy runs there once more unless
-a probe already did.
-
-Without an --sla-*, the SLA is Sarathi-Serve's relaxed one: p99 TBT within 25x a decode iteration without
-prefill interference (their strict one is 5x), their reference batch being 32 requests at 4k context (here no
-more than the workload's requests, its mean context and the model's context length), its time from the
-backend's cost model.
+Per policy (sweep_policy): a *saturation run*, then the capacity search of chunkbench/bench/capacity.py started
+there, settled on long runs and confirmed, then any --rates asked for. Every probe that ran to the end is a point
+of the curve (its steady figures: p99 TTFT, p99 and median ITL against throughput). The comparison table is taken
+at the *common rate*, the highest rate every policy sustains (the smallest capacity). Without an --sla-*, the SLA
+is Sarathi-Serve's relaxed one (default_slo).
 """
 
 from __future__ import annotations
@@ -114,6 +106,8 @@ def decode_iteration_s(backend: Backend, config: EngineConfig, workload: list[Wo
 
 
 def default_slo(backend: Backend, config: EngineConfig, workload: list[WorkloadRequest]) -> tuple[list[SLO], str]:
+    """Sarathi-Serve's relaxed SLA: p99 TBT within RELAXED_FACTOR decode iterations without prefill interference
+    (their strict one is 5x), the iteration's time from the backend's cost model (decode_iteration_s)."""
     seconds, what = decode_iteration_s(backend, config, workload)
     limit = round(RELAXED_FACTOR * seconds * 1000, 1)
     slo = SLO("tbt", 99.0, limit)
@@ -142,7 +136,11 @@ def sweep_policy(
 ) -> PolicyLoad:
     """One policy's saturation run, capacity search (settled and confirmed) and --rates (or `count` rates half
     an octave apart up to its saturation throughput), in one session. `spec`: the workload's, from which a
-    simulator's long probes draw larger pools (None: the requests given are all there is)."""
+    simulator's long probes draw larger pools (None: the requests given are all there is).
+
+    The saturation run sends a long probe's requests all at once: its steady completion rate, the warm-up and the
+    drain left out, is the most the policy serves, and the point past saturation on the curve; the capacity
+    search starts there (rates above it are not sustained); the confirmation is capacity.confirm."""
     runs: dict[float, BenchRun] = {}
     percentiles = [s.percentile for s in slos]
     with backend.session(config) as serve:

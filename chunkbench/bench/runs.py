@@ -172,7 +172,7 @@ def describe(config: EngineConfig) -> dict:
 
 def environment() -> dict:
     """Where the run ran. A run that never loaded torch (the simulator, an endpoint) does not import it for
-    this (2 s): torch's version then comes from its package metadata, the device from the platform, and
+    this (a slow import): torch's version then comes from its package metadata, the device from the platform, and
     threads is the CPU count."""
     if "torch" not in sys.modules:
         from importlib.metadata import PackageNotFoundError, version

@@ -1,21 +1,12 @@
 """A run's steady state: the figures that decide whether a server sustains an arrival rate, with the start-up
-transient and the drain left out (docs/concepts/capacity.md).
+transient and the drain left out (docs/concepts/capacity.md says why each rule is there).
 
 The load's requests, in arrival order, are split into a warm-up (the first WARMUP of them), the *window* and a
-cool-down (the last COOLDOWN): the window's requests are the ones measured; the others only keep the server
-loaded. Over the window (from its first arrival t0 to its last t1):
-
-- *keeps pace, its queue does not grow*: the median scheduling delay of the window's last third exceeds the
-  first third's by at most MAX_GROWTH of the time between them (a server that falls behind by a share d of
-  what arrives makes each request wait d seconds longer per second). What it served against what arrived
-  over the window is said beside it but decides nothing: a server still filling at t0 completes fewer than
-  arrive without falling behind (on runs of a few hundred requests, 4-9% fewer at rates that held).
-- the SLAs and the median scheduling delay bound hold over the window's requests.
-
-A verdict is *clear* when the run is long enough to trust it: the warm-up outlasts the median E2EL (the server
-has filled), the window holds MIN_TAIL requests beyond each SLA's percentile, and each figure is farther from
-its limit than the same figure over the window's two halves differs (two batch means: their gap is about twice
-the figure's standard error). A run that is not clear is run again longer (capacity.py).
+cool-down (the last COOLDOWN): only the window's are measured, the others keep the server loaded. Over the window
+the server keeps pace (its queue does not grow: _growth) and the SLAs and the median scheduling delay bound hold.
+What it served against what arrived is said beside it but decides nothing: a server still filling at the window's
+start completes fewer than arrive without falling behind (docs/measurements/capacity.md). A verdict is *clear*
+when the run is long enough to trust it (judge); one that is not is run again longer (capacity.py).
 """
 
 from __future__ import annotations
@@ -124,7 +115,9 @@ def _rates(window: list[RequestRecord], load: list[RequestRecord], t0: float, t1
 
 def _growth(window: list[RequestRecord]) -> float:
     """Median scheduling delay of the window's last third minus its first third's, per second between their
-    median arrivals (a request never scheduled waits until its end, or counts as the last third's longest)."""
+    median arrivals (a request never scheduled waits until its end, or counts as the last third's longest).
+    A server keeps pace when this is at most MAX_GROWTH: one that falls behind by a share d of what arrives makes
+    each request wait d seconds longer per second."""
     third = len(window) // 3
     if third < MIN_THIRD:
         return 0.0
@@ -173,7 +166,9 @@ class Verdict:
 
 def judge(steady: Steady, slos: list[SLO], max_sched_delay_ms: float) -> Verdict:
     """Sustained: keeps pace, the queue does not grow, the SLAs and the delay bound hold over the window.
-    Clear: filled, enough tail, and each figure farther from its limit than its two halves are apart."""
+    Clear: filled (the warm-up outlasts the median E2EL), enough tail (the window holds MIN_TAIL requests beyond
+    each SLA's percentile), and each figure farther from its limit than the same figure over the window's two
+    halves differs (two batch means: their gap is about twice the figure's standard error)."""
     misses = ([steady.why_over()] if steady.over_saturated else []) + missed(steady.summary, slos, max_sched_delay_ms)
     limits = [(s.summary_key, s.limit_ms) for s in slos] + [("median_scheduling_delay_ms", max_sched_delay_ms)]
     first, second = steady.halves

@@ -3,14 +3,8 @@
 Data: Vidur's per-operator profiles of one Llama decoder layer (microsoft/vidur, MIT License, Copyright (c)
 Microsoft Corporation; data/profiling/compute/<gpu>/<model>/mlp.csv at commit 7d47513), one row per
 (num_tokens, tensor-parallel workers), median milliseconds per operator. A subset ships in
-tests/data/gpu-profiles/ with its ORIGIN.md; scripts/calibrate.py takes the full files with --data.
-
-Procedure (`fit`): for each token tile in TILE_CHOICES, scipy.optimize.least_squares (soft-L1 loss, f_scale
-0.05) on the RELATIVE error of each of the four GEMMs of every row with FIT_MIN..FIT_MAX tokens at every TP
-degree, over (gemm efficiency, memory efficiency, smoothness k, per-GEMM floor); the tile with the least
-cost wins. The elementwise pair (efficiency, per-kernel floor) is fitted the same way to the sum of the norm,
-rope, activation and add columns (the add column counted twice: a layer has two residual adds).
-The package never reads these files at run time: `scripts/calibrate.py` writes sim/calibration.json.
+tests/data/gpu-profiles/ with its ORIGIN.md; scripts/calibrate.py takes the full files with --data and writes
+sim/calibration.json. The package never reads these files at run time.
 """
 
 from __future__ import annotations
@@ -110,7 +104,12 @@ def _in_range(rows: list[Row], lo: int = FIT_MIN, hi: int = FIT_MAX) -> list[Row
 
 
 def fit(rows: list[Row], gpu: GPUSpec) -> tuple[KernelConstants, dict]:
-    """The constants that best explain `rows` on `gpu` (module docstring), and the fit's own summary."""
+    """The constants that best explain `rows` on `gpu`, and the fit's own summary. For each token tile in
+    TILE_CHOICES, scipy.optimize.least_squares (soft-L1 loss, f_scale 0.05) on the RELATIVE error of each of the
+    four GEMMs of every row with FIT_MIN..FIT_MAX tokens at every TP degree, over (gemm efficiency, memory
+    efficiency, smoothness k, per-GEMM floor); the tile with the least cost wins. The elementwise pair
+    (efficiency, per-kernel floor) is fitted the same way to the sum of the norm, rope, activation and add
+    columns (the add column counted twice: a layer has two residual adds)."""
     from scipy.optimize import least_squares
 
     rows = _in_range(rows)

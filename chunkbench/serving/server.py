@@ -2,18 +2,11 @@
 
 /v1/completions and /v1/chat/completions, streaming (SSE) or not; /v1/models; /health; /metrics in the
 Prometheus text format under vLLM's metric names. It takes what vLLM's and OpenAI's clients send
-(chunkbench/serving/openai_models.py): unknown fields are ignored and logged once, as vLLM does. A bad request
-(wrong type, out-of-range number, invalid Unicode, too big, a feature not implemented) gets an HTTP 4xx with an
-OpenAI-style error body naming the field, and the server goes on; the OpenAPI document lists those answers and
-the limits. A client that disconnects, streaming or not, aborts its request, which frees its KV blocks. A
-request the engine fails gets an HTTP 500 (or a stream error event); /health is 503 once the engine cannot go on.
-
-Here: the app, its routes and the checks a request passes before the engine sees it. One request's run, whole
-or streamed, is chunkbench/serving/generation.py's; the response shapes are chunkbench/serving/responses.py's.
-
-Text (chunkbench/serving/text.py): with a Hugging Face model directory holding a tokenizer, that tokenizer and its chat
-template; otherwise (dummy weights) a byte-level stand-in. Tokenizing runs in a worker thread, after a length
-check, so a big prompt does not stall the event loop.
+(chunkbench/serving/openai_models.py): unknown fields are ignored and logged once, as vLLM does. Here: the app,
+its routes and the checks a request passes before the engine sees it (create_app says what each answer is). One
+request's run, whole or streamed, is chunkbench/serving/generation.py's; the response shapes are
+chunkbench/serving/responses.py's; text (a Hugging Face tokenizer and chat template, or a byte-level stand-in
+with dummy weights) is chunkbench/serving/text.py's.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' body types, built in add_generation_routes.
@@ -62,7 +55,14 @@ class Served:
 
 def create_app(config: EngineConfig, served_name: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
     """The app serving `config`'s engine as `served_name` (default: the model's name); its engine thread runs
-    from now until the app's lifespan ends."""
+    from now until the app's lifespan ends.
+
+    A bad request (wrong type, out-of-range number, invalid Unicode, too big, a feature not implemented) gets an
+    HTTP 4xx with an OpenAI-style error body naming the field, and the server goes on; the OpenAPI document
+    lists those answers and the limits. A client that disconnects, streaming or not, aborts its request, which
+    frees its KV blocks. A request the engine fails gets an HTTP 500 (or a stream error event); /health is 503
+    once the engine cannot go on. Tokenizing runs in a worker thread, after a length check, so a big prompt
+    does not stall the event loop."""
     limits = limits or ServerLimits()
     name = served_name or config.model.name
     served = Served(

@@ -2,25 +2,10 @@
 terms of a vLLM served on a CPU, kept apart so that a GPU server's fit is not shaped by them. A calibration
 that names `linear` on the `cpu` reference gets this family. No torch, no scipy.
 
-Step terms beyond the linear family's, each set by the step's place in its session (session_features; the
-cost model remembers the session's steps as it prices them):
-
-- `stall_s`: a step takes this much longer each time the session's count of sequences stepped passes a
-  multiple of `stall_every`: periodic work paced by how much the server does (Python's collector runs every so
-  many allocations). Deterministic, so a simulated run stays repeatable.
-- `new_step_s`: a step whose token count the session has not run before: the CPU build's oneDNN matmuls build
-  a primitive for each row count they meet and keep it for the process.
-- `fresh_pair_s`: per attention pair of a step beyond the most that any of the FRESH_WINDOW steps before it
-  computed: the CPU attention holds a prefill's scores in memory taken for the step, memory that after smaller
-  steps is new to the process, and a virtual machine backs a page only when it is first touched.
-- `first_pair_s`: per causal pair of a step's first chunks (no context before them) beyond the most that any
-  of the FIRST_WINDOW steps before it had: a prompt's first chunk is what takes that memory, a later one not.
-
-And a client term beyond `latency_s`: `jitter_s`, the mean of an exponential delay each token takes on its
-way out, in stream order (a token delayed holds back the ones behind it): the API server, the engine core and
-the client share one core (server_calibration.delayed; the draws: server_calibration.jitter_draws).
-
-Measured: docs/guides/simulator.md ("Server calibration families") and docs/measurements/ (server calibration).
+Its step terms beyond the linear family's are each set by the step's place in its session (session_features;
+the cost model remembers the session's steps as it prices them), and a client term beyond `latency_s` delays
+each token on its way out: CpuLinearStepCost says what each prices. Measured: docs/guides/simulator.md ("Server
+calibration families") and docs/measurements/ (server calibration).
 """
 
 from __future__ import annotations
@@ -104,7 +89,22 @@ def session_features(features, stall_every: int) -> np.ndarray:
 class CpuLinearStepCost(LinearStepCost):
     """LinearStepCost over STEP_COEFFICIENTS, remembering its session's steps (a session's cost model prices
     them in order; --step-time-target's candidate steps would count too, a chunkbench-only knob that a vLLM
-    calibration never searches)."""
+    calibration never searches). Its terms beyond the linear family's:
+
+    - `stall_s`: a step takes this much longer each time the session's count of sequences stepped passes a
+      multiple of `stall_every`: periodic work paced by how much the server does (Python's collector runs every
+      so many allocations). Deterministic, so a simulated run stays repeatable.
+    - `new_step_s`: a step whose token count the session has not run before: the CPU build's oneDNN matmuls
+      build a primitive for each row count they meet and keep it for the process.
+    - `fresh_pair_s`: per attention pair of a step beyond the most that any of the FRESH_WINDOW steps before it
+      computed: the CPU attention holds a prefill's scores in memory taken for the step, memory that after
+      smaller steps is new to the process, and a virtual machine backs a page only when it is first touched.
+    - `first_pair_s`: per causal pair of a step's first chunks (no context before them) beyond the most that any
+      of the FIRST_WINDOW steps before it had: a prompt's first chunk is what takes that memory, a later one not.
+
+    And a client term beyond `latency_s`: `jitter_s`, the mean of an exponential delay each token takes on its
+    way out, in stream order (a token delayed holds back the ones behind it): the API server, the engine core
+    and the client share one core (server_calibration.delayed; the draws: server_calibration.jitter_draws)."""
 
     stall_every: int = 0
     _stepped: list = field(default_factory=lambda: [0], compare=False, repr=False)  # sequences stepped so far

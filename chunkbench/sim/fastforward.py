@@ -2,24 +2,11 @@
 
 Most steps of a simulated run are alike: every running request decodes one token, nothing arrives, nothing
 finishes, no prompt is mid-prefill. `fast_forward` runs such a stretch without the scheduler's per-step
-bookkeeping, and leaves every object exactly as the step-by-step path (`LLMEngine.step`) would:
-
-- each step's seconds come from the same `cost_model.predict(StepShape)` call on the same shape (or, for the
-  roofline, `decode_step_cost(batch)(keys)`, the same arithmetic without building the shape), and the
-  virtual clock adds them one by one in step order, so the floating-point sums are the same;
-- KV blocks are taken (`BlockManager.append_block`, the one-block case of `append`) and full blocks cached
-  (`BlockManager.computed`) by the real methods in the scheduler's order: step by step, in running order,
-  taking blocks before the step and caching after it, so block ids, evictions and prefix-cache hits are the same;
-- every other update (one more computed token, one more output token and its time) is plain, so between
-  those events a request's computed count, output tokens and token times are brought up to date in
-  bulk (`catch_up`), always before the block manager reads them.
-
-A stretch ends with the step that finishes a request (its update goes through `Scheduler.advance`, as do
-those of decodes that fill a block when the prefix cache is on), before a step that would find too few free
-blocks (the scheduler preempts), and after the step that reaches the next arrival. The harness calls
-it before every ordinary step; it returns 0 when the next step is not a pure decode step.
-tests/sim/test_fast_forward.py checks that outputs are identical with it on and off. Off: CHUNKBENCH_FAST_FORWARD=0
-(or SimBackend(fast_forward=False)).
+bookkeeping, and leaves every object exactly as the step-by-step path (`LLMEngine.step`) would: the same step
+costs summed in the same order, KV blocks taken and cached by the block manager's own methods in the scheduler's
+order, and every other update brought up to date in bulk (run_stretch says how). The harness calls it before
+every ordinary step; tests/sim/test_fast_forward.py checks that outputs are identical with it on and off. Off:
+CHUNKBENCH_FAST_FORWARD=0 (or SimBackend(fast_forward=False)).
 """
 
 from __future__ import annotations
@@ -38,9 +25,13 @@ def enabled_by_default() -> bool:
 
 
 def fast_forward(engine, start: float, next_arrival: float, steps: list[StepRecord]) -> int:
-    """Run the decode-only steps ahead, appending their records to `steps`; return how many ran. `start` is
-    the run's clock origin and `next_arrival` the next request's arrival (relative to it), as in
-    harness.run_workload."""
+    """Run the decode-only steps ahead, appending their records to `steps`; return how many ran (0 when the
+    next step is not a pure decode step). `start` is the run's clock origin and `next_arrival` the next
+    request's arrival (relative to it), as in harness.run_workload.
+
+    A stretch ends with the step that finishes a request (its update goes through `Scheduler.advance`, as do
+    those of decodes that fill a block when the prefix cache is on), before a step that would find too few free
+    blocks (the scheduler preempts), and after the step that reaches the next arrival."""
     executor, scheduler = engine.executor, engine.scheduler
     if not getattr(executor, "fast_forward", False) or executor.cold or not engine.clock.virtual:
         # a cold step is scaled: ordinary path; run_stretch moves a VirtualClock's time itself
@@ -139,7 +130,18 @@ def run_stretch(
     engine, plan: StretchPlan, stretch: Stretch, start: float, next_arrival: float, steps: list[StepRecord]
 ) -> float:
     """Run the stretch's steps on a VirtualClock's time, taking and caching blocks by the real methods in the
-    scheduler's order; return the time after the last (the caller sets the clock)."""
+    scheduler's order; return the time after the last (the caller sets the clock). What keeps it equal to the
+    step-by-step path:
+
+    - each step's seconds come from the same `cost_model.predict(StepShape)` call on the same shape (or, for the
+      roofline, `decode_step_cost(batch)(keys)`, the same arithmetic without building the shape), and the
+      virtual clock adds them one by one in step order, so the floating-point sums are the same;
+    - KV blocks are taken (`BlockManager.append_block`, the one-block case of `append`) and full blocks cached
+      (`BlockManager.computed`) step by step, in running order, taking blocks before the step and caching after
+      it, so block ids, evictions and prefix-cache hits are the same;
+    - every other update (one more computed token, one more output token and its time) is plain, so between
+      those events a request's computed count, output tokens and token times are brought up to date in bulk
+      (`catch_up`), always before the block manager reads them."""
     executor, scheduler, bm = engine.executor, engine.scheduler, engine.block_manager
     batch, times, sampled, catch_up = stretch.batch, stretch.times, stretch.sampled, stretch.catch_up
     takes, first_take, fills, contexts, horizon, finishers = plan

@@ -1,18 +1,10 @@
-"""Accelerator specs: dense bf16 tensor FLOP/s (no sparsity), memory bandwidth, memory size.
+"""Accelerator specs: dense bf16 tensor FLOP/s (no sparsity), memory bandwidth, memory size, and the GPU-to-GPU
+link tensor parallelism uses (GPUSpec says where the link figures come from).
 
 Figures are the vendors' datasheet peaks: NVIDIA A100 datasheet (SXM4 variants), H100 datasheet
 (SXM5 / PCIe), H200 product brief, L40S / L4 datasheets, Ada architecture whitepaper (RTX 4090, FP32
 accumulate), AMD Instinct MI300X datasheet. NVIDIA publishes no A10G datasheet: its figure is the A10's
 scaled by the A10G's lower tensor throughput as reported by AWS, and is approximate.
-
-GPU-to-GPU links, for tensor parallelism: `link_bandwidth` is one GPU's bandwidth in ONE direction (datasheets
-quote both directions added: NVLink 3 on A100 SXM 600 GB/s, NVLink 4 on H100/H200 SXM 900 GB/s, PCIe 4.0 x16
-64 GB/s, PCIe 5.0 x16 128 GB/s; MI300X: 7 Infinity Fabric links of 128 GB/s, 896 GB/s peer to peer), which is
-what a ring all-reduce streams at. H100 PCIe counts its PCIe 5.0 link (its NVLink bridge joins only pairs);
-the RTX 4090 has no peer-to-peer, so its traffic crosses the host over PCIe 4.0. `link_latency` is the
-per-message (per ring step) latency; datasheets do not give it: NCCL's tuning model uses about 1 us per hop on
-NVLink and 2 us over PCIe for the low-latency protocols (nccl src/graph/tuning.cc, hwLat), which we take, and
-2 us for Infinity Fabric (RCCL uses NCCL's model).
 """
 
 from __future__ import annotations
@@ -22,6 +14,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GPUSpec:
+    """One accelerator. `link_bandwidth` is one GPU's bandwidth in ONE direction (datasheets quote both
+    directions added: NVLink 3 on A100 SXM 600 GB/s, NVLink 4 on H100/H200 SXM 900 GB/s, PCIe 4.0 x16 64 GB/s,
+    PCIe 5.0 x16 128 GB/s; MI300X: 7 Infinity Fabric links of 128 GB/s, 896 GB/s peer to peer), which is what a
+    ring all-reduce streams at. H100 PCIe counts its PCIe 5.0 link (its NVLink bridge joins only pairs); the RTX
+    4090 has no peer-to-peer, so its traffic crosses the host over PCIe 4.0. `link_latency` is the per-message
+    (per ring step) latency; datasheets do not give it: NCCL's tuning model uses about 1 us per hop on NVLink and
+    2 us over PCIe for the low-latency protocols (nccl src/graph/tuning.cc, hwLat), which we take, and 2 us for
+    Infinity Fabric (RCCL uses NCCL's model)."""
+
     name: str
     bf16_flops: float  # dense, FLOP/s
     mem_bandwidth: float  # bytes/s

@@ -1,18 +1,6 @@
 """The `linear` family of a server calibration (registered in sim/families.py): a step cost linear in what the
-scheduler put in the step, fitted by tune/presearch/linear.py. No torch, no scipy.
-
-A step's seconds = sum of STEP_TERMS[k] * feature k, each term >= 0:
-
-- `step_s`: every step (scheduling, the forward's fixed launches, sampling, the output's IPC);
-- `prefill_step_s`: a step with at least one prefill chunk (its input preparation and attention metadata);
-- `token_s`: per token computed (the GEMMs' rows);
-- `pair_s`: per causal (query, key) pair of the prefill chunks (StepShape.prefill_attention_pairs);
-- `seq_s`: per sequence in the step (per-request input preparation, detokenizing and streaming its token);
-- `key_s`: per key the decodes read (StepShape.decode_keys).
-
-And `latency_s`, outside the steps: every token reaches the client this long after its step ends (HTTP, input
-processing, the engine core's IPC, detokenizing, streaming). It moves TTFT and E2EL, never an ITL, and never
-the schedule (server_calibration.delayed adds it to the token times).
+scheduler put in the step (LinearStepCost says what each term prices), and a latency outside the steps; fitted
+by tune/presearch/linear.py. No torch, no scipy.
 
 Where the roofline's shape misses a server (on a CPU it cannot make a large fixed step and a small per-token
 cost at once), these terms take the server's shape directly; measured: docs/guides/simulator.md ("Server
@@ -56,7 +44,19 @@ def step_features(step: StepShape) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class LinearStepCost:
-    """The CostModel protocol of sim/cost_model.py over STEP_TERMS (the first of `coefficients`)."""
+    """The CostModel protocol of sim/cost_model.py over STEP_TERMS (the first of `coefficients`). A step's
+    seconds = sum of STEP_TERMS[k] * feature k, each term >= 0:
+
+    - `step_s`: every step (scheduling, the forward's fixed launches, sampling, the output's IPC);
+    - `prefill_step_s`: a step with at least one prefill chunk (its input preparation and attention metadata);
+    - `token_s`: per token computed (the GEMMs' rows);
+    - `pair_s`: per causal (query, key) pair of the prefill chunks (StepShape.prefill_attention_pairs);
+    - `seq_s`: per sequence in the step (per-request input preparation, detokenizing and streaming its token);
+    - `key_s`: per key the decodes read (StepShape.decode_keys).
+
+    And `latency_s`, outside the steps: every token reaches the client this long after its step ends (HTTP,
+    input processing, the engine core's IPC, detokenizing, streaming). It moves TTFT and E2EL, never an ITL, and
+    never the schedule (server_calibration.delayed adds it to the token times)."""
 
     coefficients: tuple[float, ...]  # the family's step terms, STEP_TERMS first
     memory: RooflineCostModel  # the reference roofline: KV blocks and activation peaks

@@ -81,9 +81,8 @@ def spread_over_ties(
     """The k configurations to launch when a simulator cannot rank them: its best, then, among the distinct
     feasible configurations whose simulated objective is within `tie` of the best, each time the one farthest
     from those chosen (farthest-point), so that the launches measure configurations that differ rather than
-    near-copies of one; any left over, best first. Measured on `chunkbench serve`: 56 of 60 simulated trials
-    within 0.5% of each other, the three best all at a 512-token budget, and the winner at 4096 that launching
-    every trial found measured 15-20% better than theirs, run for run (docs/measurements/presearch-stand-in.md)."""
+    near-copies of one; any left over, best first. Why: a calibrated simulator can tie most of a space, its
+    best all alike, while launching finds a different winner (docs/measurements/presearch-stand-in.md)."""
     ranked = best_distinct(spec, study, len(study.trials))
     if not ranked or not is_feasible(ranked[0]):  # nothing met the SLAs: the closest ones
         return ranked[:k]

@@ -1,7 +1,8 @@
 """Where a workload's requests come from, by `--workload` name: one table (SOURCES) of the named workloads,
 `synthetic`, the real traces shipped in chunkbench/data, and vllm bench serve's datasets
-(chunkbench/workloads/vllm_datasets.py); a path ending in .csv/.jsonl/.json is a user's file. Each source draws token
-counts and, where it has them, arrival times and shared prefix segments; workload.build_workload does the rest.
+(chunkbench/workloads/vllm_datasets.py); a path ending in .csv/.jsonl/.json is a user's file. Each source draws
+token counts and, where it has them, arrival times and shared prefix segments; workloads/spec.py's
+build_workload does the rest.
 """
 
 from __future__ import annotations

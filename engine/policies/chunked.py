@@ -2,15 +2,11 @@
 the rest of the budget (Sarathi-Serve, vLLM v1); with `step_time_target_ms`, decodes first and chunks also
 fill the rest of the step's predicted time (engine/step_time.py).
 
-It makes vLLM's decisions (vllm/v1/core/sched/scheduler.py, 0.32 and 0.34): `chunk_size` is its
-long_prefill_token_threshold, not applied while a single request is running or waiting (there is nobody to
-starve) and, with long_prefill_token_threshold_adaptive, raised to a fair share of the budget; with
-scheduler_reserve_full_isl a waiting request is admitted only when blocks for its whole prompt are free;
-max_num_active_seqs caps admissions; admissions leave the watermark free while others run. vLLM 0.33+'s
-prefill_schedule_interval holds prefill back between cadence steps (`prefill_held`) and 0.34's cache-aware
-admission puts waiting requests with a cached prefix first (`put_cached_first`); both are off by default, and
-off they leave 0.32's decisions unchanged. chunk_schedule, num_chunks, tile, max_partial_prefills and
-step_time_target_ms are extensions vLLM lacks."""
+It makes vLLM's decisions (vllm/v1/core/sched/scheduler.py, 0.32 and 0.34; Chunked says which knob is which of
+vLLM's). vLLM 0.33+'s prefill_schedule_interval holds prefill back between cadence steps (`prefill_held`) and
+0.34's cache-aware admission puts waiting requests with a cached prefix first (`put_cached_first`); both are off
+by default, and off they leave 0.32's decisions unchanged.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +23,12 @@ if TYPE_CHECKING:  # annotations only
 
 @register
 class Chunked(Policy):
+    """`chunk_size` is vLLM's long_prefill_token_threshold, not applied while a single request is running or
+    waiting (there is nobody to starve) and, with long_prefill_token_threshold_adaptive, raised to a fair share
+    of the budget; with scheduler_reserve_full_isl a waiting request is admitted only when blocks for its whole
+    prompt are free; max_num_active_seqs caps admissions; admissions leave the watermark free while others run.
+    chunk_schedule, num_chunks, tile, max_partial_prefills and step_time_target_ms are extensions vLLM lacks."""
+
     name = "chunked"
     help = "a decode token or a prompt chunk per running request, then waiting prompts' chunks (vLLM v1)"
     chunks_prompts = True

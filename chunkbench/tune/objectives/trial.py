@@ -83,8 +83,8 @@ def open_run(
 
 def warm_up_server(backend: Backend, serve, config, seed: int) -> None:
     """A launched trial measures the configuration, not its server's first steps: a fresh vLLM 0.32 CPU server's
-    first large steps are slow (a 1,024-token first step 144 ms where the same step later took ~40; measured on
-    the tier, presearch.runs.warmup_requests), a cost no server serving for hours pays. Its launch runs the
+    first large steps are slow (docs/guides/simulator.md; presearch.runs.warmup_requests), a cost no server
+    serving for hours pays. Its launch runs the
     calibration runs' untimed warm-up first. So does a simulator fitted to a server, whose cost remembers the
     token counts it ran (sim/linear_cost.py); see Backend.warms_up. A warm-up the server refused is said, once
     per trial, and the trial goes on (its own requests tell whether the configuration serves)."""

@@ -1,20 +1,11 @@
 """Fit a linear family (sim/linear_cost.py, sim/cpu_linear_cost.py) to a server's calibration runs
 (tune/presearch/server.py): the families' fitters, fit_linear_family and fit_cpu_linear.
 
-The roofline's fit simulates every run afresh for every point it tries; a linear cost does not need that.
-Simulate a run once and record, per step, its features and the latest arrival among the requests it admits;
-per request, the steps that gave its tokens. While that schedule holds, any coefficients price every step's end
-in one pass, end = max(previous end, release) + features . coefficients, and from the ends every TTFT, ITL and
-E2EL (a `Trace`). A burst's schedule hardly depends on the step times (everything arrived by the primer's
-step). A run at its own arrivals does: priced far from where it was recorded, its schedule is wrong, so each
-round moves the coefficients by at most a factor e^TRUST, then simulates every run afresh under them and
-records again, while the real objective improves by 1% (ROUNDS at most). calibrate.fit scores the answer by
-simulating every run once more. How much faster: docs/guides/simulator.md ("Server calibration families").
-
-Start point: non-negative least squares over per-request rows (tune/presearch/linear_rows.py). Then, per round,
-Nelder-Mead over the log coefficients (each in units of its typical contribution to a step) on calibrate.fit's own
-objective: the log ratios of the mean, median, p90 and p99 of TTFT, ITL and E2EL, per run. The server's own /metrics
-figures are left out here: they are histogram buckets, and the client's figures pin the linear terms.
+A linear cost needs no simulation per point tried, as the roofline's fit does: a run simulated once records each
+step's features and each request's steps (a `Trace`), and while that schedule holds, any coefficients price every
+step, TTFT, ITL and E2EL in one pass. fit_linear says how its rounds keep the schedule true; how much faster it
+is: docs/guides/simulator.md ("Server calibration families"). The server's own /metrics figures are left out:
+they are histogram buckets, and the client's figures pin the linear terms.
 """
 
 from __future__ import annotations
@@ -45,7 +36,7 @@ LINEAR_WITHOUT = ("fresh_pair_s", "first_pair_s")  # fit_cpu_linear's smaller mo
 
 
 def residual(run: dict, figures: dict, compared: list | None = None) -> np.ndarray:
-    """calibrate.fit's log ratios of the TTFT, ITL and E2EL figures (the server's figures left out); `compared`:
+    """presearch.server.fit's log ratios of the TTFT, ITL and E2EL figures (the server's figures left out); `compared`:
     the run's targets(), computed once for a descent's thousands of calls."""
     return np.asarray(residuals(run | {"server": {}}, figures, compared)[0])
 
@@ -58,9 +49,19 @@ def fit_linear(
     without: tuple[str, ...] = (),
     start: ServerCalibration | None = None,
 ) -> ServerCalibration:
-    """The linear calibration that best reproduces `runs` (module docstring). `first`: the linear calibration
-    the first schedules are simulated under. `without`: step coefficients held at 0 (their features too).
-    `start`: a calibration the first descent may start from too (a smaller model's fit: fit_cpu_linear)."""
+    """The linear calibration that best reproduces `runs`. `first`: the linear calibration the first schedules
+    are simulated under. `without`: step coefficients held at 0 (their features too). `start`: a calibration the
+    first descent may start from too (a smaller model's fit: fit_cpu_linear).
+
+    A recorded schedule prices any coefficients: end = max(previous end, release) + features . coefficients per
+    step, the release being the latest arrival among the requests it admits. A burst's schedule hardly depends on
+    the step times (everything arrived by the primer's step); a run at its own arrivals does: priced far from
+    where it was recorded, its schedule is wrong. So each round moves the coefficients by at most a factor
+    e^TRUST, then simulates every run afresh under them and records again, while the real objective improves by
+    1% (ROUNDS at most); presearch.server.fit scores the answer by simulating every run once more. Start point:
+    non-negative least squares over per-request rows (tune/presearch/linear_rows.py); then, per round,
+    Nelder-Mead over the log coefficients (each in units of its typical contribution to a step) on the fit's own
+    objective: the log ratios of the mean, median, p90 and p99 of TTFT, ITL and E2EL, per run."""
     family = first.cost_family
     assert isinstance(family, LinearFamily), family.name
     every = {"stall_every": stall_period(runs, spec, first)} if "stall_every" in family.settings else {}

@@ -1,26 +1,12 @@
 """The calibration runs of `tune --presearch sim` (tune/presearch/server.py): what each is, the warm-up before it,
 and the same run again in the simulator, with the figures a fit compares.
 
-The designs separate the cost terms: a *prefill* run (long prompts, a few tokens out, arriving together: TTFT
-is a queue of compute-bound prefills -> the compute scale), a *decode* run (short prompts, answers of many
-lengths: a batch that drains from a dozen to one, ITL at every batch size -> bandwidth and step overhead) and
-a *mixed* run (prompts of up to three chunks at the space's smallest budget, so chunks share steps with
-decodes), and a *workload* run: the tune's own workload (its first WORKLOAD_REQUESTS requests, at their own
-arrivals, repeated up to that many when it has fewer) at the space's middle budget, so the constants also fit
-the load the trials will run at. Each run follows an untimed warm-up on its launch (warmup_requests).
-
-A burst is built so that what the client cannot see does not matter. Its prompts are all one length, so the
-order in which the server took them cannot change its figures. And a *primer* goes first, the longest prompt
-one step of the design's largest budget takes (up to 2,048 tokens, one below the context length), with one
-token out, PRIMER_LEAD_S ahead of the burst: the burst reaches the engine while it is busy with the primer and
-joins the queue behind it together (without it, the server's first step catches however many requests have
-arrived by then). The primer's step must outlast the burst's way in (the API server hands requests to its
-engine one at a time); a server fast enough to finish the primer before the burst is sent is told so
-(`primer_outran_burst`). The client's sends of a burst can still spread over tens of milliseconds while the
-server takes them in one step; the simulator sends a burst at once, so a burst's TTFTs and E2ELs are measured
-from its last send, when the server had all of it (`from_burst_end`): from each request's own send they would
-put the client's spread into TTFTs, which a fit gives to the client latency. Measured: docs/guides/presearch.md
-and docs/guides/simulator.md ("Server calibration families").
+The designs separate the cost terms (designs says how): a *prefill* run, a *decode* run, a *mixed* run and a
+*workload* run of the tune's own requests, each after an untimed warm-up on its launch (warmup_requests). A burst
+is built so that what the client cannot see does not matter: its prompts are all one length, and a *primer*
+goes first (Design), so that the burst joins the server's queue together; its figures are counted from its last
+send (from_burst_end). Measured: docs/guides/presearch.md and docs/guides/simulator.md ("Server calibration
+families").
 """
 
 from __future__ import annotations
@@ -46,6 +32,13 @@ PRIMER_LEAD_S = 0.005  # a burst follows its primer by this much: enough for the
 
 @dataclass(frozen=True)
 class Design:
+    """One calibration run. A burst's *primer* goes first, the longest prompt one step of the design's largest
+    budget takes (up to 2,048 tokens, one below the context length), with one token out, PRIMER_LEAD_S ahead of
+    the burst: the burst reaches the engine while it is busy with the primer and joins the queue behind it
+    together (without it, the server's first step catches however many requests have arrived by then). The
+    primer's step must outlast the burst's way in (the API server hands requests to its engine one at a time); a
+    server fast enough to finish the primer before the burst is sent is told so (`primer_outran_burst`)."""
+
     name: str
     knobs: dict  # engine keyword arguments on top of the tune's fixed flags
     workload: WorkloadSpec
@@ -88,7 +81,13 @@ def design_requests(
 
 
 def designs(spec: TuneSpec, num_requests: int = 8) -> list[Design]:
-    """The four calibration runs for this tune. In the three designed ones every request arrives at once,
+    """The four calibration runs for this tune: a *prefill* run (long prompts, a few tokens out, arriving
+    together: TTFT is a queue of compute-bound prefills -> the compute scale), a *decode* run (short prompts,
+    answers of many lengths: a batch that drains from a dozen to one, ITL at every batch size -> bandwidth and
+    step overhead), a *mixed* run (prompts of up to three chunks at the space's smallest budget, so chunks share
+    steps with decodes) and a *workload* run: the tune's own workload (its first WORKLOAD_REQUESTS requests, at
+    their own arrivals, repeated up to that many when it has fewer) at the space's middle budget, so the
+    constants also fit the load the trials will run at. In the three designed ones every request arrives at once,
     behind its primer: the schedule then does not hinge on where an arrival falls against a step boundary, so
     the figures move smoothly with the constants (Poisson arrivals make the fit's objective jagged; the workload
     run adds them back, anchored by the three). Budgets come from the search space so the server
@@ -168,7 +167,10 @@ def run_figures(result) -> dict:
 
 def from_burst_end(figures: dict) -> dict:
     """A primed burst's figures (run_figures, every request completed) with the burst's TTFTs and E2ELs counted
-    from its last send rather than each request's own (module docstring); the primer's are its own."""
+    from its last send rather than each request's own; the primer's are its own. The client's sends of a burst
+    can spread over tens of milliseconds while the server takes them in one step, and the simulator sends a
+    burst at once: from each request's own send the figures would put the client's spread into TTFTs, which a
+    fit gives to the client latency."""
     sends = figures["send_s"]
     if len(sends) < 2 or len(sends) != len(figures["ttft_ms"]):
         return figures  # a request failed: which figure is whose is not known

@@ -4,17 +4,9 @@ trial. Three phases, each resumable:
 1. calibrate: launch the server for the designed runs of tune/presearch/server.py and fit the simulator to them
    (or load `--calibration FILE`, fitted before on the same deployment);
 2. search: every trial of the study in simulation with that calibration (seconds each);
-3. verify (tune/verify.py): launch the `--verify-top K` best distinct configurations for real, each run
-   `--verify-repeats` times on its launch; the winner is the best on the *measured* medians, and the report
-   shows simulated against measured for each, the run-to-run spread, and whether the server still runs at the
-   speed it was calibrated at (check_drift: the calibration's decode run on a launch of its own, last).
-
-A calibration whose fit error exceeds sim/server_calibration.FIT_TOLERANCE_PCT says so in one line and the
-tune launches every trial instead (then re-measures the best, as such a tune does): recommending from a
-simulator that does not describe the server would be worse than slow. Finished launches (calibration runs,
-verifications; a fallback's re-measurements in `verified.json`) are recorded in `presearch.json` in the study
-folder as they finish, so a killed tune resumes without repeating them; the simulated trials resume as any
-study does (Optuna keeps complete trials).
+3. verify (tune/verify.py): launch the `--verify-top K` best distinct configurations for real; the winner is the
+   best on the *measured* medians, and the report shows simulated against measured and whether the server
+   still runs at the speed it was calibrated at (check_drift).
 """
 
 from __future__ import annotations
@@ -136,7 +128,7 @@ def same_deployment(
 
 
 def check_drift(spec: TuneSpec, launch: Backend, state: State, calibration: ServerCalibration) -> dict | None:
-    """calibrate.drift_check, once per tune, after the verifications: the calibration's decode run launched once
+    """server.drift_check, once per tune, after the verifications: the calibration's decode run launched once
     more, recorded in presearch.json (a resumed tune does not repeat it)."""
     calibrated = next((r for r in calibration.runs if r.get("name") == "decode"), None)
     if calibrated is not None and "drift" not in state.data:
@@ -160,7 +152,16 @@ def presearch_tune(
     command: str = "chunkbench tune",
     repeats: int = VERIFY_REPEATS,
 ) -> Path:
-    """Calibrate, search in simulation, verify by launching (module docstring)."""
+    """Calibrate, search in simulation, verify by launching (module docstring); each verified configuration
+    runs `repeats` times on its launch, and the drift check, the calibration's decode run on a launch of its own,
+    comes last.
+
+    A calibration whose fit error exceeds FIT_TOLERANCE_PCT (sim/server_calibration.py) says so in one line and
+    the tune launches every trial instead (launch_every_trial): recommending from a simulator that does not
+    describe the server would be worse than slow. Finished launches (calibration runs, verifications; a
+    fallback's re-measurements in `verified.json`) are recorded in `presearch.json` in the study folder as they
+    finish, so a killed tune resumes without repeating them; the simulated trials resume as any study does
+    (Optuna keeps complete trials)."""
     if not get(spec.objective).one_winner:
         raise UserError(f"--presearch sim picks one winner on measured figures: use --objective {one_winner_names()}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -299,9 +299,9 @@ def test_sends_follow_the_schedule_and_their_lag_is_reported():
 
 
 def test_requests_are_timed_with_the_inherited_heap_out_of_the_collector(monkeypatch):
-    """A full collection of this process's imports takes ~130 ms here, and one landing inside a request adds
-    to its latencies (CI once saw a duration here 40 ms late, in a pytest process holding 400 tests' objects:
-    a collection is one candidate). The client freezes the heap it inherits (gc_pause.frozen_heap)."""
+    """A full collection of this process's imports landing inside a request adds to its latencies
+    (docs/measurements/client.md, "Python's collector"), so the client freezes the heap it inherits
+    (gc_pause.frozen_heap)."""
     import gc
 
     import chunkbench.bench.client as client

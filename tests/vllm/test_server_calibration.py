@@ -5,18 +5,9 @@ pooled, as simulated in as many sessions): median TTFT, p99 ITL and output throu
 BOUNDS. The line it prints gives the figures and the held-out's median ITL, measured and simulated
 (the server's speed).
 
-Measured (docs/measurements/server-calibration-held-out.md): on one launch after the calibration's four,
-with one OpenMP thread, 9 of 10 runs were within 15%; in CI that launch slowed from pass to pass
-(median ITL 2.58, 3.15, 4.33 ms) and the test failed at -24% median TTFT. On three launches interleaved with the
-calibration's, ten runs fitted with 3.5-8.8% error and predicted median TTFT (-8.8% to +8.4%) and output
-throughput (within 0.5%) within 15% in all ten; the p99 ITL came out low in all ten (-0.6% to -15.6%, beyond 15%
-in one), and in CI at -23.3%: the steps behind its 512-token first chunks, which the calibration's runs do not
-price apart from the mixed run's chunks (presearch.server.fit). Since the fit keeps its fuller model and fits the
-prefill run's ITL tail ("The prefill run's tail and the fuller fit"), five fresh runs were within 15% on all three (p99
-ITL -10.2% to +1.7%, median TTFT -8.1% to +12.4%; fits 5.8-13.1%). In CI next the median TTFT came out +19.9%,
-the workload run served at a slower moment than the others ("Steady workload runs, kept"); such a run is now
-measured again when its copies disagree by more than 1.15x. The bursts must queue behind their primer as
-designed: a primer that finished before its burst was sent voids a burst's figures."""
+How it has fared, launch by launch and in CI, and why the bounds are what they are:
+docs/measurements/server-calibration-held-out.md. The bursts must queue behind their primer as designed: a primer
+that finished before its burst was sent voids a burst's figures."""
 
 from __future__ import annotations
 
@@ -39,7 +30,7 @@ from tests.vllm.conftest import VLLM_CLI, VLLM_FIXED_FLAGS, vllm_env
 HELD_OUT_TOLERANCE = 0.15  # the agreement the simulator is held to
 # What the test asserts: 15% on the output throughput and the fit, 20% on the two latencies. The p99 ITL
 # is a 40-request tail: refitted offline, thirteen calibrations predicted it -15.6% to +3.9% (one beyond 15%),
-# # nineteen fresh runs -11.2% to +6.0% but CI's +16.5% (docs/measurements/server-calibration-held-out.md). The median
+# nineteen fresh runs -11.2% to +6.0% but CI's +16.5% (docs/measurements/server-calibration-held-out.md). The median
 # TTFT follows the server's speed, which moves between the calibration's runs and the held-out's on this 2-core VM (the
 # held-out's median ITL measured 1.70-2.58 ms across eighteen runs, and within one run from pass to pass 1.98-3.01 ms):
 # of nineteen fresh runs, seventeen predicted it within 15% (-14.5% to +12.4%), one at -15.0% (its held-out measured at

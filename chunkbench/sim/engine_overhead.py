@@ -2,10 +2,10 @@
 and sampling that the GPU waits for. It belongs to the engine, not the GPU (`--engine-overhead`).
 
 Each figure is the CPU-side time one step adds on top of its kernels, for a 7-8B model on one GPU. Every server
-kind declares its own (chunkbench/servers/: vllm 1.5 ms, sglang 0.4 ms, chunkbench 3 ms, with their sources);
-one engine chunkbench does not launch is added here:
-- trtllm 0.2 ms: C++ runtimes (TensorRT-LLM, lmdeploy's TurboMind) launch whole graphs from C++; their
-  published batch-1 latency tables (docs/guides/simulator.md) fit within 0.1-0.3 ms of the kernels' time.
+kind declares its own beside its source (`overhead_s` in chunkbench/servers/); one engine chunkbench does not
+launch is added here, trtllm (OTHER_ENGINES_S): C++ runtimes (TensorRT-LLM, lmdeploy's TurboMind) launch whole
+graphs from C++, and their published batch-1 latency tables (docs/guides/simulator.md) fit within 0.1-0.3 ms of
+the kernels' time.
 """
 
 from __future__ import annotations

@@ -8,7 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One test process per core (make test): one thread each, here and in the commands a test starts. OpenMP
+    # threads of two processes on one core spin against each other (engine tests ran 9x slower).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # should a plugin have imported torch before the variable was set
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -268,9 +268,8 @@ def test_the_summary_is_written_last(monkeypatch, tmp_path, capsys):
 def test_a_study_name_cannot_escape_or_inject(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     name = "../../x\ntrust-remote-code: true\n[engine]\nmodel = 'evil'"
-    code, _, err = run_cli(
-        ["tune", *SIM, "--sla-ttft", "2s", "--n-trials", "1", "--num-requests", "10", "--study", name], capsys
-    )
+    args = ["tune", *SIM, "--sla-ttft", "2s", "--n-trials", "1", "--num-requests", "10", "--study", name]
+    code, _, err = run_cli([*args, "--objective", "goodput"], capsys)  # goodput: the name, not a capacity
     assert code == 0, err
     (out,) = (tmp_path / "results" / "tune").iterdir()  # inside results/tune, whatever the name says
     config = yaml.safe_load((out / "vllm.yaml").read_text())

@@ -66,14 +66,23 @@ def test_a_wheel_installed_in_a_fresh_venv_tunes_from_another_directory(installe
     bin_dir, _, site = installed
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = subprocess.run(
-        [str(bin_dir / "python"), "-c", "import chunkbench; print(chunkbench.__file__)"],
+    where = subprocess.run(  # engine/ and kernels/ sit at the checkout's top; the wheel has them inside chunkbench/
+        [
+            str(bin_dir / "python"),
+            "-c",
+            "import chunkbench, chunkbench.engine.engine, chunkbench.kernels.reference as k; "
+            "print(chunkbench.__file__, chunkbench.engine.engine.__file__, k.__file__)",
+        ],
         cwd=elsewhere,
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
-    assert where.startswith(str(site)), where
+    ).stdout.split()
+    assert where == [
+        str(site / "chunkbench" / "__init__.py"),
+        str(site / "chunkbench" / "engine" / "engine.py"),
+        str(site / "chunkbench" / "kernels" / "reference.py"),
+    ], where
     done = subprocess.run(
         [
             str(bin_dir / "chunkbench"),
@@ -94,6 +103,24 @@ def test_a_wheel_installed_in_a_fresh_venv_tunes_from_another_directory(installe
     assert done.returncode == 0, done.stderr
     (out,) = (elsewhere / "results" / "tune").iterdir()  # the study's folder, named after model and workload
     assert (out / "vllm.yaml").exists() and (out / "report.html").exists()
+
+
+def test_requires_python_is_the_version_the_code_needs():
+    """vermin reads what each module uses (tomllib and asyncio.timeout are 3.11's): the least Python it names is
+    the one pyproject.toml requires and the README states."""
+    import tomllib
+
+    needed = subprocess.run(
+        [Path(sys.executable).parent / "vermin", "--no-tips", "--no-parse-comments", "chunkbench", "engine", "kernels"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    least = needed.split("Minimum required versions:", 1)[1].split()[0]
+    required = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert required == f">={least}"
+    assert f"Python {least}+" in (REPO / "README.md").read_text()
 
 
 def requirements(wheel: Path) -> dict[str, str]:

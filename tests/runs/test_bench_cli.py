@@ -6,6 +6,7 @@ import json
 import pandas as pd
 import pytest
 
+from chunkbench.backends.engine import EngineBackend
 from chunkbench.bench.runs import compare, config_for_policy, parse_policy_spec
 from chunkbench.errors import UserError
 from chunkbench.workloads.spec import WorkloadSpec, build_workload
@@ -127,7 +128,7 @@ def test_policy_specs():
 
 def test_compare_needs_a_policy():
     with pytest.raises(UserError, match="at least one policy"):
-        compare({"model": "tiny"}, [], build_workload(WorkloadSpec(num_requests=1)))
+        compare({"model": "tiny"}, [], build_workload(WorkloadSpec(num_requests=1)), EngineBackend())
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,8 @@ V032 = (ROLE, [A, B, C, FINISH], A + B + C + FINISH)
 CARD = {"id": "m", "vocab_size": 1000}
 
 
-pytestmark = pytest.mark.usefixtures("fine_gil_switching")  # tests/conftest.py says why
+# Times a scripted server to a few ms (tests/conftest.py says why): alone (timing), with fine GIL switching.
+pytestmark = [pytest.mark.timing, pytest.mark.usefixtures("fine_gil_switching")]
 
 
 def test_a_chat_chunk_counts_under_0_33_when_its_delta_carries_output():

@@ -30,7 +30,8 @@ from tests.serving.scripted_server import DONE, DROP, ScriptedServer, chat_tok, 
 TOL_S = 0.040
 
 
-pytestmark = pytest.mark.usefixtures("fine_gil_switching")  # tests/conftest.py says why
+# Times a scripted server to a few ms (tests/conftest.py says why): alone (timing), with fine GIL switching.
+pytestmark = [pytest.mark.timing, pytest.mark.usefixtures("fine_gil_switching")]
 
 
 def bench(scripts: dict[int, list], arrivals: dict[int, float] | None = None, **kwargs):

@@ -42,6 +42,8 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
     assert all("simulated" in run for run in fitted.runs)
 
 
+@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
     spec = make_spec()
     calibrations = len(designs(spec))  # 4: prefill, decode, mixed, the workload
@@ -66,6 +68,8 @@ def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
     assert "Calibration on the launched server" in report and "Verified by launching" in report
 
 
+@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     spec = make_spec(n_trials=3)
     path = tmp_path / "server.json"
@@ -77,6 +81,8 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     assert second.launches == 2  # the verification and the drift check only
 
 
+@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_saved_calibration_of_another_deployment_is_refused_or_warned_about(tmp_path, capsys):
     """A calibration fitted to another model is refused before any launch; one fitted on another --launch
     template is used, with a one-line warning naming both."""
@@ -144,6 +150,8 @@ class DriftingServer(FakeServer):
             yield serve
 
 
+@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
     """--verify-repeats 3: three runs on one launched server, each figure scored by its median (the 2x run's
     here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown; the

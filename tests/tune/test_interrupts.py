@@ -133,7 +133,9 @@ PHASES = {
     "verification": (False, 2, 2.0, lambda events: said("re-measuring trial", 0.5), "wrote"),  # its server starting
     "calibration": (True, 3, 1.0, lambda events: said("launching the server for the decode run", 0.3), "fitting"),
 }
-CASES = [(p, s) for p in PHASES for s in (signal.SIGINT, signal.SIGTERM)]
+# One signal per phase, both signals over the phases: they reach one handler (launch/process.py), and each
+# phase's cases cost a launched tune and its resume (~25 s).
+CASES = [("search", signal.SIGINT), ("verification", signal.SIGTERM), ("calibration", signal.SIGINT)]
 
 
 @pytest.mark.slow
@@ -189,6 +191,7 @@ def calibration_runs(out: Path) -> list[str]:
     return [run["name"] for run in state.get("calibration_runs", [])]
 
 
+@pytest.mark.timing  # within 2 s of the signal: a test beside it would stretch that
 @pytest.mark.parametrize("family", ["roofline", "linear"])
 def test_a_fit_ends_at_a_signal(family):
     """The fit (a minute of CPU in a real tune, and no server to stop) raises Interrupted within a second of

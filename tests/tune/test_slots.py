@@ -84,6 +84,7 @@ def intervals(events: Path) -> dict[int, list[tuple[float, float]]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # a ratio of two wall times: another test beside it would slow one of them
 def test_four_slots_run_eight_trials_in_under_0_4_of_one_slots_time(tmp_path, capsys):
     """Servers that take 4 s to come up: 8 trials on one slot pay 8 starts in a row (>= 32 s), on four slots
     2 rounds (~12 s with each trial's ~1.5 s of client work). 0.4 leaves room for this 2-core machine's noise

@@ -148,7 +148,8 @@ def test_the_chat_template_gives_the_same_prompt_under_both_transformers_ends(ti
                 check=True,
                 env=vllm_env(),
                 timeout=120,
-            ).stdout
+                cwd=tiny_model,  # not the checkout: `-c` puts it first on sys.path, and its kernels/ would hide
+            ).stdout  # Hugging Face's `kernels`, which transformers imports
         )
         for python in (VLLM_PYTHON, Path(sys.executable))
     ]

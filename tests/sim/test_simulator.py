@@ -115,6 +115,7 @@ def test_simulated_requests_never_sleep_and_respect_arrivals():
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # a neighbour test process on the other core moves this thread's CPU time (cache, memory)
 def test_profiled_simulator_tracks_the_real_engine(tmp_path):
     """Acceptance 1, reduced (the full table is scripts/sim_fidelity.py): profile `small` on this machine over a
     coarse grid, then run the same chat-like requests through the real engine and through the simulator it

@@ -69,8 +69,9 @@ def fresh_pairs(pairs, window: int = FRESH_WINDOW) -> np.ndarray:
 
 def beyond_recent(recent: deque, pairs: float) -> float:
     """fresh_pairs for the next step of a session: its `pairs` beyond the most in `recent` (the window's steps,
-    a deque of the window's length), which then remembers them."""
-    extra = max(pairs - max(recent, default=0.0), 0.0)
+    a deque of the window's length), which then remembers them. None beyond a step of none (a decode step's):
+    the window's counts are never negative, and its max is most of a simulated decode step's time."""
+    extra = max(pairs - max(recent, default=0.0), 0.0) if pairs > 0 else 0.0
     recent.append(pairs)
     return extra
 

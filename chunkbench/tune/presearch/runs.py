@@ -12,6 +12,7 @@ families").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -256,8 +257,29 @@ def stats(values: list[float] | np.ndarray) -> dict[str, float]:
     if not len(values):
         return {}
     array = np.asarray(values, dtype=float)
-    percentiles = np.percentile(array, STAT_PCTS).tolist()  # one call for the three: a fit makes ~100,000
-    return {"mean": float(array.mean())} | {f"p{p}": v for p, v in zip(STAT_PCTS, percentiles)}
+    return {"mean": float(array.mean())} | {f"p{p}": v for p, v in zip(STAT_PCTS, percentiles(array).tolist())}
+
+
+@functools.lru_cache(maxsize=4096)
+def _percentile_plan(n: int) -> tuple[np.ndarray, ...]:
+    """numpy's 'linear' percentile for n values: the order statistics below and above each of STAT_PCTS (-1
+    past the last), the weight of the one above, its complement, and which interpolate down from above."""
+    virtual = (n - 1) * np.true_divide(np.asarray(STAT_PCTS), 100)
+    top = virtual >= n - 1
+    below = np.where(top, -1, np.floor(virtual)).astype(np.intp)
+    above = np.where(top, -1, np.floor(virtual) + 1).astype(np.intp)
+    weight = virtual - below
+    return below, above, weight, 1 - weight, weight >= 0.5
+
+
+def percentiles(array: np.ndarray) -> np.ndarray:
+    """np.percentile(array, STAT_PCTS), bit for bit (numpy's own index and interpolation arithmetic), at a
+    tenth of its cost: a fit takes ~300,000 of them, most of a minute through numpy's general path."""
+    below, above, weight, rest, down = _percentile_plan(len(array))
+    ordered = np.sort(array)
+    low, high = ordered[below], ordered[above]
+    step = high - low
+    return np.where(down, high - step * rest, low + step * weight)
 
 
 def relative(simulated: float, measured: float) -> float:

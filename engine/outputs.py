@@ -59,11 +59,11 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.chunks)
+        return sum([len(c.token_ids) for c in self.chunks])  # a list, not a generator: every step, every chunk
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(c.is_decode for c in self.chunks)
+        return sum([c.is_decode for c in self.chunks])
 
     @property
     def num_prefill_tokens(self) -> int:

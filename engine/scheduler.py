@@ -198,20 +198,24 @@ class Scheduler:
         for request, n in scheduled.items():
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            start = request.num_computed_tokens
+            start, outputs = request.num_computed_tokens, request.output_token_ids
+            prompt, made = len(request.prompt_token_ids), len(outputs)
             # ScheduledChunk's fields in order (positional: a chunk per request per step, the simulator's hottest
             # loop after its fast path): request id, tokens, start, the live block table (read during this step
-            # only), sample, is_decode, sampling, sample index, sample seed
+            # only), sample, is_decode, sampling, sample index, sample seed. Request's token_ids_between,
+            # num_tokens and is_decoding inlined for a chunk of outputs (a decode's).
             chunks.append(
                 ScheduledChunk(
                     request.request_id,
-                    request.token_ids_between(start, start + n),
+                    outputs[start - prompt : start + n - prompt]
+                    if start >= prompt
+                    else request.token_ids_between(start, start + n),
                     start,
                     tables.get(request.request_id, []),
-                    start + n == request.num_tokens,
-                    request.is_decoding,
+                    start + n == prompt + made,
+                    made > 0 and start == prompt + made - 1,
                     request.sampling,
-                    request.num_output_tokens,
+                    made,
                     request.sample_seed,
                 )
             )
@@ -230,13 +234,14 @@ class Scheduler:
     def update(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance computed counts, append sampled tokens; return the requests that got a token."""
         updated = []
-        requests, sampled = self.requests, result.sampled
+        requests, sampled, advance = self.requests, result.sampled, self.advance
+        running, waiting = RequestStatus.RUNNING, RequestStatus.WAITING
         for chunk in output.chunks:
             request = requests[chunk.request_id]
-            if request.is_finished:  # aborted while the step ran
+            if request.status is not running and request.status is not waiting:  # is_finished: aborted meanwhile
                 continue
             token = sampled[chunk.request_id] if chunk.sample else None
-            if self.advance(request, len(chunk.token_ids), chunk.is_decode, token, now):
+            if advance(request, len(chunk.token_ids), chunk.is_decode, token, now):
                 updated.append(request)
         return updated
 
@@ -257,9 +262,10 @@ class Scheduler:
         if self.short_of_last:
             self.short_of_last.discard(request)
         request.append_output(token, now)
-        if not request.is_finished and request.num_tokens >= self.config.max_model_len:
-            request.status = RequestStatus.FINISHED_LENGTH
-        if request.is_finished:
+        finished = request.is_finished
+        if not finished and len(request.prompt_token_ids) + len(request.output_token_ids) >= self.config.max_model_len:
+            request.status, finished = RequestStatus.FINISHED_LENGTH, True
+        if finished:
             self.running.remove(request)
             self._finish(request)
         return True

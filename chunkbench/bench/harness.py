@@ -225,8 +225,9 @@ class WorkloadLoop:
             self.paused_steps[i] = self.paused_steps.get(i, 0) + 1
             self.paused_gaps.setdefault(i, set()).add(len(self.requests[i].token_times))
         self.output_tokens += len(result.sampled)
+        chunks = output.chunks
         self.step_requests.append(
-            (tuple(int(c.request_id) for c in output.chunks), tuple(len(c.token_ids) for c in output.chunks))
+            (tuple([int(c.request_id) for c in chunks]), tuple([len(c.token_ids) for c in chunks]))
         )
 
     def records(self) -> list[RequestRecord]:

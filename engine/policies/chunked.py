@@ -53,14 +53,16 @@ class Chunked(Policy):
                 break
             if preempted and request in preempted:  # preempted earlier in this step (a short list, mostly empty)
                 continue
-            mid = s.mid_prefill(request)
+            decoding = request.is_decoding  # s.mid_prefill and chunk_len's first test, once: this loop is hot
+            mid = not decoding or request in s.short_of_last
             if held and mid:  # a held step carries no prefill, not even an admitted prompt's next chunk
                 continue
-            n = chunk_len(s, request, budget, scheduled, timer, threshold)
+            n = 1 if decoding else chunk_len(s, request, budget, scheduled, timer, threshold)
             if n and s._reserve(request, n, scheduled, preempted):
                 budget -= n
                 prefilled = prefilled or mid
-                timed(timer, request, n)
+                if timer is not None:
+                    timed(timer, request, n)
         if not preempted:  # vLLM v1: a step that preempts admits nothing
             prefilled = admit(s, budget, scheduled, timer, threshold, held) or prefilled
         if scheduled:  # the cadence counts the steps that ran

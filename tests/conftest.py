@@ -30,7 +30,10 @@ VLLM_TIER = REPO / "tests" / "vllm"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests under tests/vllm/ are the vLLM tier: marked `vllm`, and skipped in one line without its venv."""
+    """Tests under tests/vllm/ are the vLLM tier: marked `vllm`, and skipped in one line without its venv. The
+    `slow` tests go first (a stable sort: the same order in every process): on two processes, a minute-long
+    test that starts last keeps one busy while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
     ready = (venv / "bin" / "vllm").exists()
     skip = pytest.mark.skip(reason=f"the vLLM tier needs {venv} with vLLM 0.32.0: run `make test-vllm`")

@@ -190,6 +190,7 @@ def test_other_bad_flags(capsys, tmp_path):
 # ---- 2: capacity without a feasible trial, or at another percentile ----
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sla", ["1ms", "p90:5s"])
 def test_capacity_reports_whatever_the_trials_found(sla, capsys, tmp_path):
     code, out, err = run_cli(
@@ -283,6 +284,7 @@ def test_a_study_name_cannot_escape_or_inject(monkeypatch, capsys, tmp_path):
 # ---- 12: the same policy twice ----
 
 
+@pytest.mark.slow
 def test_compare_keeps_both_runs_of_the_same_policy(capsys, tmp_path):
     code, _, err = run_cli(
         ["compare", "chunked", "chunked", *SIM, "--num-requests", "10", "--out", str(tmp_path)], capsys

@@ -165,6 +165,7 @@ def test_linear_on_a_gpu_has_none_of_the_cpu_servers_terms(tmp_path):
     assert ServerCalibration.load(path).coefficients == PLAIN
 
 
+@pytest.mark.slow
 def test_a_gpu_servers_linear_fit_is_plain():
     """Fitted on a GPU reference, `linear` is the plain family: its six step terms and the client latency,
     recovered from runs a linear server gave, with no stall, token-count or first-touch term to shape them."""

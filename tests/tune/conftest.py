@@ -22,7 +22,8 @@ def shared_fits(monkeypatch):
 
     def fit(runs, spec, device="cpu", server="", num_blocks=None, **options):
         measured = [{k: v for k, v in run.items() if k != "simulated"} for run in runs]
-        what = [measured, repr(dataclasses.replace(spec, n_trials=0)), device, num_blocks, options]
+        # not the backend (a FakeServer counts its launches; the fit simulates on a SimBackend of its own)
+        what = [measured, repr(dataclasses.replace(spec, n_trials=0, backend=None)), device, num_blocks, options]
         key = json.dumps(what, sort_keys=True, default=repr)
         if key not in FITS:
             FITS[key] = real(copy.deepcopy(runs), spec, device, server, num_blocks, **options)

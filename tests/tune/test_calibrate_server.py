@@ -27,6 +27,7 @@ from tests.conftest import run_cli
 from tests.tune.servers import LINEAR_TRUTH, TRUTH, FakeServer, make_spec, truth_runs
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_the_constants_that_generated_its_runs():
     spec = make_spec()
     runs = truth_runs(spec, TRUTH)
@@ -42,6 +43,7 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
     assert all("simulated" in run for run in fitted.runs)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
 @pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
@@ -68,6 +70,7 @@ def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
     assert "Calibration on the launched server" in report and "Verified by launching" in report
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
 @pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
@@ -81,6 +84,7 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     assert second.launches == 2  # the verification and the drift check only
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
 @pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_saved_calibration_of_another_deployment_is_refused_or_warned_about(tmp_path, capsys):
@@ -150,6 +154,7 @@ class DriftingServer(FakeServer):
             yield serve
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
 @pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
@@ -197,6 +202,7 @@ class StrangeServer(FakeServer):
         return NotARoofline()
 
 
+@pytest.mark.slow
 def test_a_bad_fit_says_so_and_launches_every_trial(tmp_path, capsys):
     spec = make_spec(n_trials=3)
     server = StrangeServer()
@@ -326,6 +332,7 @@ def test_a_bursts_figures_count_from_its_last_send():
     assert from_burst_end(failed) == failed
 
 
+@pytest.mark.slow
 def test_the_linear_fit_recovers_a_linear_servers_constants(monkeypatch):
     """A server whose step cost IS linear (the shape vLLM 0.32's CPU engine measured) is fitted by the
     linear family on the cpu reference. The smaller model (presearch.linear.LINEAR_WITHOUT held at 0) finds its
@@ -364,6 +371,7 @@ def test_the_linear_fit_recovers_a_linear_servers_constants(monkeypatch):
     assert fitted.step_overhead_s == fitted.coefficients["step_s"]  # what the report shows as the step overhead
 
 
+@pytest.mark.slow
 def test_the_linear_fit_finds_the_cost_of_fresh_attention_pairs():
     """A linear server whose prefills beyond the recent steps' pay per pair again (sim/linear_cost.py
     `fresh_pair_s`, at 3x the plain pair's): the fit keeps the term, finds it within 50%, and fits its runs
@@ -424,6 +432,7 @@ def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
     assert fitted.num_blocks == 4096  # SimBackend.session's engines, unless --num-blocks says (as make_spec does)
 
 
+@pytest.mark.slow
 def test_a_roofline_server_still_fits_the_linear_family():
     spec = make_spec()
     fitted = fit(truth_runs(spec, TRUTH), spec, "cpu", num_blocks=1024)
@@ -619,6 +628,7 @@ def test_calibration_files_load_old_and_new(tmp_path):
         assert "\n" not in str(raised.value)
 
 
+@pytest.mark.slow
 def test_tokens_delivered_together_do_not_break_the_linear_fit():
     """A loaded server sends the tokens of a pause together: gaps of 0 ms (measured on the tier's vLLM: 3.6% of
     a workload run's gaps, and a whole decode request's in another). They give no decode-step row, and the fit

@@ -34,6 +34,7 @@ def held(summary: dict, slos) -> bool:
     return max(violations(summary, slos)) <= 0 and summary["median_scheduling_delay_ms"] <= 2000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload,slas", CASES)
 def test_the_tuned_capacity_holds_ten_times_longer_and_fails_15_percent_above(tmp_path, capsys, workload, slas):
     out = tmp_path / "tune"

@@ -108,6 +108,7 @@ TUNE = [
 ]
 
 
+@pytest.mark.slow
 def test_tune_writes_every_output(tmp_path, capsys):
     # With an SLA the default objective is capacity (it was goodput, which ties once every request meets it).
     out = tmp_path / "t"
@@ -178,6 +179,7 @@ def test_capacity_early_stop_and_warm_start_find_the_same_capacity():
             assert fast.values == full.values and fast.constraints == full.constraints, (knobs, hint)
 
 
+@pytest.mark.slow
 def test_jobs_run_trials_in_parallel_processes_with_the_exact_count(tmp_path, capsys):
     out = tmp_path / "j"
     # Trials long enough (400 requests, a capacity search each) that this process cannot finish all eight

@@ -53,7 +53,8 @@ class Lattice:
     `prober.longest(rate)`: thousands of requests on a simulator, a real server's held to its caller's budget.
     `ceiling`: rates above it are not sustained, without a run (compare: the saturation throughput). The rates
     probed lie within BRACKET octaves of `center` (a hint, a capacity found; default the base): a pool whose own
-    rate is far from the server's (a trace replayed fast) still has its capacity on the lattice."""
+    rate is far from the server's (a trace replayed fast) still has its capacity on the lattice; and within BRACKET
+    octaves of the base, where a short run's capacity far above it does not hold on long ones."""
 
     def __init__(
         self,
@@ -68,7 +69,8 @@ class Lattice:
         self.length, self.draws = length, draws  # long runs of exactly `length` on `draws` pools (0: the default)
         self.base, self.per_octave = base_rate(prober.pool), 2**bisections
         middle = self._nearest(center) if center and center > 0 else 0
-        self.lowest, self.highest = middle - BRACKET * self.per_octave, middle + BRACKET * self.per_octave
+        span = BRACKET * self.per_octave  # around the base too: a short run's capacity far above it may not hold
+        self.lowest, self.highest = min(middle, 0) - span, max(middle, 0) + span
         self.probes: list[Probe] = []
         self.verdicts: dict[tuple[int, bool], Probe] = {}
 

@@ -40,8 +40,10 @@ def tail_requests(slos: list[SLO]) -> int:
 
 
 def min_requests(slos: list[SLO]) -> int:
-    """A run's requests whose window holds tail_requests."""
-    return math.ceil(tail_requests(slos) / (1 - WARMUP - COOLDOWN)) + 1
+    """A run's requests whose window holds tail_requests, and thirds of MIN_THIRD: fewer cannot tell a server
+    that falls behind (_growth), and a median's few dozen requests sent at once would hold at any rate."""
+    window = max(tail_requests(slos), 3 * MIN_THIRD)
+    return math.ceil(window / (1 - WARMUP - COOLDOWN)) + 1
 
 
 @dataclass

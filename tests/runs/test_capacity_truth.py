@@ -7,7 +7,8 @@ transient that a short run never leaves) must not move the capacity."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from chunkbench.engine.config import EngineConfig
 
@@ -18,6 +19,7 @@ from chunkbench.bench.metrics import RequestRecord
 from chunkbench.bench.probing import make_prober
 from chunkbench.bench.runs import measure
 from chunkbench.bench.slo import parse_slas
+from chunkbench.bench.steady import MAX_GROWTH
 from chunkbench.workloads.spec import WorkloadSpec, build_workload
 
 SERVICE_S = 0.05  # 20 req/s
@@ -86,3 +88,17 @@ def test_a_fast_start_does_not_fool_it():
     assert short.capacity > 1.5 * TRUTH  # the short runs were fooled, as they can only be: upward
     step = 1 + resolution_pct() / 100
     assert TRUTH / step <= found.capacity <= TRUTH * (1 + 1e-9), found.interval()
+
+
+def test_a_median_that_a_burst_meets_does_not_fool_it():
+    """p50 TTFT <= 5 s: a hundred requests sent at once meet it (the median waits ~50 services, 2.5 s) at any
+    rate, so the short runs hold everywhere. The long runs must be long enough for the queue's growth to show
+    (steady.min_requests: 130 requests, not a median's 16), and the lattice must reach back down: the capacity
+    is the service rate, within the growth the steady test allows (MAX_GROWTH: 5% behind what arrives)."""
+    prober, short, found = capacity(QueueBackend(), parse_slas({"ttft": "p50:5s"}))
+    assert short.capacity > 3 * TRUTH  # fooled, as short runs can only be: upward
+    step = 1 + resolution_pct() / 100
+    assert TRUTH / step <= found.capacity <= TRUTH / (1 - MAX_GROWTH), found.interval()
+    # a short capacity 16 octaves above the pool's rate (a tune's hint can lead its search there): still found
+    far = settle(prober, replace(short, capacity=2.0**16 * SPEC.rate, high=math.inf))
+    assert TRUTH / step <= far.capacity <= TRUTH / (1 - MAX_GROWTH), far.interval()

@@ -433,9 +433,16 @@ def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_roofline_server_still_fits_the_linear_family():
+    """The runs measured as a presearch measures them on a launch of the roofline server: the fit is the one its
+    pipeline tests make (shared)."""
+    from chunkbench.tune.presearch import server as cal
+
     spec = make_spec()
-    fitted = fit(truth_runs(spec, TRUTH), spec, "cpu", num_blocks=1024)
+    runs = [cal.measure_design(FakeServer(server_calibration=TRUTH), spec, design) for design in designs(spec)]
+    fitted = cal.fit(runs, spec, "cpu", num_blocks=1024)
     assert fitted.family == "linear" and fitted.fits and fitted.fit_error_pct < 10
 
 

@@ -55,6 +55,8 @@ def tune_args(out: Path, launch: str, *extra: str, n_trials: int = 4, rate: floa
         "--launch-timeout",
         "60",
         *extra,
+        # a port of its own (the default 8000 is another test process's too); the slots' tests pass theirs
+        *(() if "--port-base" in extra else ("--port-base", str(free_ports(8)))),
     ]
 
 

@@ -16,8 +16,8 @@ def shared_fits(monkeypatch):
     """The server calibration's fit (about a minute of CPU on the simulated server's runs) once per distinct
     input: the tests of a presearch tune's pipeline (a resume, a saved calibration, repeated verification) fit
     the same runs of the same spec, and the fit is deterministic. A repeat gets a copy of the first's result
-    and what the fit writes into the runs; the label of the server it names is the caller's. The tests that
-    use it share an xdist group, so that they share one process."""
+    and what the fit writes into the runs; the label of the server it names is the caller's. The cache is this
+    process's: under make test's two processes, each that runs one of these tests pays one fit."""
     real = cal.fit
 
     def fit(runs, spec, device="cpu", server="", num_blocks=None, **options):

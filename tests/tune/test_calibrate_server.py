@@ -45,7 +45,6 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
-@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
     spec = make_spec()
     calibrations = len(designs(spec))  # 4: prefill, decode, mixed, the workload
@@ -72,7 +71,6 @@ def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
-@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     spec = make_spec(n_trials=3)
     path = tmp_path / "server.json"
@@ -86,7 +84,6 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
-@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_saved_calibration_of_another_deployment_is_refused_or_warned_about(tmp_path, capsys):
     """A calibration fitted to another model is refused before any launch; one fitted on another --launch
     template is used, with a one-line warning naming both."""
@@ -156,7 +153,6 @@ class DriftingServer(FakeServer):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
-@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
     """--verify-repeats 3: three runs on one launched server, each figure scored by its median (the 2x run's
     here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown; the
@@ -434,7 +430,6 @@ def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("shared_fits")
-@pytest.mark.xdist_group("presearch-fit")  # tests/tune/conftest.py: shared_fits
 def test_a_roofline_server_still_fits_the_linear_family():
     """The runs measured as a presearch measures them on a launch of the roofline server: the fit is the one its
     pipeline tests make (shared)."""

@@ -169,13 +169,14 @@ class Verdict:
 def judge(steady: Steady, slos: list[SLO], max_sched_delay_ms: float) -> Verdict:
     """Sustained: keeps pace, the queue does not grow, the SLAs and the delay bound hold over the window.
     Clear: filled (the warm-up outlasts the median E2EL), enough tail (the window holds MIN_TAIL requests beyond
-    each SLA's percentile), and each figure farther from its limit than the same figure over the window's two
-    halves differs (two batch means: their gap is about twice the figure's standard error)."""
+    each SLA's percentile, and thirds of MIN_THIRD, or growth could not show), and each figure farther from its
+    limit than the same figure over the window's two halves differs (two batch means: their gap is about twice
+    the figure's standard error)."""
     misses = ([steady.why_over()] if steady.over_saturated else []) + missed(steady.summary, slos, max_sched_delay_ms)
     limits = [(s.summary_key, s.limit_ms) for s in slos] + [("median_scheduling_delay_ms", max_sched_delay_ms)]
     first, second = steady.halves
     settled = steady.over_saturated or all(
         abs(steady.summary[key] - limit) > abs(first[key] - second[key]) for key, limit in limits
     )
-    enough = steady.summary["steady_requests"] >= tail_requests(slos)
+    enough = steady.summary["steady_requests"] >= max(tail_requests(slos), 3 * MIN_THIRD)  # min_requests' window
     return Verdict(not misses, steady.filled and settled and enough, "; ".join(misses), steady.filled and enough)

@@ -39,11 +39,15 @@ def tail_requests(slos: list[SLO]) -> int:
     return math.ceil(MIN_TAIL * 100 / max(100 - top, 0.1))
 
 
-def min_requests(slos: list[SLO]) -> int:
-    """A run's requests whose window holds tail_requests, and thirds of MIN_THIRD: fewer cannot tell a server
+def window_requests(slos: list[SLO]) -> int:
+    """Window requests a clear verdict needs: tail_requests, and thirds of MIN_THIRD: fewer cannot tell a server
     that falls behind (_growth), and a median's few dozen requests sent at once would hold at any rate."""
-    window = max(tail_requests(slos), 3 * MIN_THIRD)
-    return math.ceil(window / (1 - WARMUP - COOLDOWN)) + 1
+    return max(tail_requests(slos), 3 * MIN_THIRD)
+
+
+def min_requests(slos: list[SLO]) -> int:
+    """A run's requests whose window holds window_requests."""
+    return math.ceil(window_requests(slos) / (1 - WARMUP - COOLDOWN)) + 1
 
 
 @dataclass
@@ -178,5 +182,5 @@ def judge(steady: Steady, slos: list[SLO], max_sched_delay_ms: float) -> Verdict
     settled = steady.over_saturated or all(
         abs(steady.summary[key] - limit) > abs(first[key] - second[key]) for key, limit in limits
     )
-    enough = steady.summary["steady_requests"] >= max(tail_requests(slos), 3 * MIN_THIRD)  # min_requests' window
+    enough = steady.summary["steady_requests"] >= window_requests(slos)
     return Verdict(not misses, steady.filled and settled and enough, "; ".join(misses), steady.filled and enough)

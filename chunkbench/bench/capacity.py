@@ -66,7 +66,7 @@ class Lattice:
         center: float | None = None,
     ):
         self.prober, self.ceiling = prober, ceiling
-        self.length, self.draws = length, draws  # long runs of exactly `length` on `draws` pools (0: the default)
+        self.length, self.draws = length, draws  # long runs from `length` on `draws` pools (0: the default)
         self.base, self.per_octave = base_rate(prober.pool), 2**bisections
         middle = self._nearest(center) if center and center > 0 else 0
         span = BRACKET * self.per_octave  # around the base too: a short run's capacity far above it may not hold
@@ -91,8 +91,8 @@ class Lattice:
         if self.ceiling is not None and rate > self.ceiling:
             probe = Probe(rate, None, False, above_ceiling=True, reason="above its saturation throughput")
         elif long:
-            start, grow = self.length or prober.long, self.length is None
-            probe = prober.probe(rate, may_stop, start=start, grow=grow, draws=self.draws)
+            # from `length` where one is set (a confirmation's), grown while the server has not filled
+            probe = prober.probe(rate, may_stop, start=self.length or prober.long, draws=self.draws)
         else:
             two_phase = prober.long is not None
             probe = prober.probe(rate, may_stop, grow=not two_phase)

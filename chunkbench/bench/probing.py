@@ -127,12 +127,23 @@ class Prober:
         # Over several draws the draws are the noise measure (in place of the halves' spread), once each run is
         # long enough to have filled the server.
         clear = verdict.clear or bool(self.draws and start and verdict.long_enough)
+        if start and self.long and verdict.feasible and not steady.filled:  # a pool of ours: it could be longer
+            verdict = replace(verdict, feasible=False, reason=unfilled(steady.summary))
         summary = steady.summary
         if verdict.feasible and before is not None and before.summary and _worse(before.summary, summary, self.slos):
             summary = before.summary  # the worst draw's figures
         probe = Probe(rate, summary, verdict.feasible, False, n, clear, verdict.reason, done.summary, draws)
         probe.drawn = steady.summary
         return probe
+
+
+def unfilled(summary: dict) -> str:
+    """Why a long run that met the SLAs shows nothing: it ended inside the server's start-up, where a server
+    still filling with requests serves faster than it will."""
+    return (
+        "not shown to hold: the run ended while the server still filled (its warm-up "
+        f"{summary['steady_start_s']:.1f} s < the median E2EL {summary['median_e2el_ms'] / 1000:.1f} s)"
+    )
 
 
 def noise_miss(figures: list[dict], slos: list[SLO], max_sched_delay_ms: float) -> str:
@@ -157,7 +168,9 @@ def _worse(a: dict, b: dict, slos: list[SLO]) -> bool:
 
 
 LONG_FACTOR = 1  # a simulated long probe starts at this many times the requests a clear verdict needs
-POOL_FACTOR = 4  # and may grow to this many (the confirmation runs twice the longest, within the pool)
+POOL_FACTOR = 4  # and may grow to this many (the confirmation runs four times the longest, within the pool)
+MIN_POOL = 2_000  # and to this many at the least: a run must outlast the start-up of a server whose requests take
+# seconds, whatever the percentile (a median's pools of 520 ended inside it: docs/measurements/capacity.md)
 DRAWS = 3  # and holds only where it holds on this many workloads drawn with consecutive seeds
 CONFIRM_DRAWS = 6  # as many for the confirmation: a tail's rare bursts show in more samples
 MIN_SHORT = 50  # a simulated short probe's requests at the least: fewer leave a window of nothing to judge
@@ -206,7 +219,7 @@ def probe_pools(
     if simulated and spec.num_requests:
         need = min_requests(slos)
         pools = [
-            list(pool(dataclasses.replace(spec, seed=spec.seed + k), POOL_FACTOR * need, max_model_len))
+            list(pool(dataclasses.replace(spec, seed=spec.seed + k), max(POOL_FACTOR * need, MIN_POOL), max_model_len))
             for k in range(CONFIRM_DRAWS)
         ]
         if load_size(pools[0]) >= LONG_FACTOR * need:

@@ -89,8 +89,12 @@ def test_a_wheel_installed_in_a_fresh_venv_tunes_from_another_directory(installe
             "tune",
             "--model",
             "llama-3-8b",
+            "--workload",  # a median of short answers: the long runs that settle it stay a few hundred requests
+            "random",
+            "--random-output-len",
+            "32",
             "--sla-ttft",
-            "p50:300ms",  # a median: the long runs that settle the capacity are 130 requests, not thousands
+            "p50:300ms",
             "--n-trials",
             "5",
             "--no-progress",

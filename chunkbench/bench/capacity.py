@@ -181,9 +181,10 @@ def interval(probes: list[Probe], capacity: float) -> tuple[float, float]:
 
 
 def confirm(prober: Prober, found: Capacity, bisections: int = BISECTIONS) -> Capacity:
-    """Evidence at the boundary: the capacity run CONFIRM_LENGTH times longer than its longest probe must hold,
-    and a run CONFIRM_ABOVE above it must not. A capacity that does not hold is searched again below it on
-    runs of that length (galloping down, then bisecting) and the report says so."""
+    """Evidence at the boundary: the capacity run CONFIRM_LENGTH times longer than its longest probe (longer
+    while the server has not filled) must hold on CONFIRM_DRAWS draws, and a run CONFIRM_ABOVE above it must not
+    on as many. A capacity that does not hold is searched again below it on runs of that length (galloping down,
+    then bisecting) and the report says so."""
     if found.capacity <= 0:
         return found
     longest = max(p.requests for p in found.probes if p.rate <= found.capacity * (1 + 1e-9))
@@ -203,7 +204,7 @@ def confirm(prober: Prober, found: Capacity, bisections: int = BISECTIONS) -> Ca
     if lo is None:
         return replace(found, capacity=0.0, low=0.0, confirmed=confirmed, note="; ".join(notes) + ": none held")
     rate = lattice.rate(lo)
-    above = prober.probe(rate * (1 + CONFIRM_ABOVE), start=length)  # grown while not yet steady
+    above = prober.probe(rate * (1 + CONFIRM_ABOVE), start=length, draws=CONFIRM_DRAWS)  # on as many draws
     confirmed.append(above)
     if above.feasible:
         notes.append(

@@ -214,8 +214,8 @@ def probe_pools(
 ) -> tuple[list[WorkloadRequest], list[list[WorkloadRequest]], int | None]:
     """The requests a capacity search probes, the other draws a long probe must hold on, and where a long probe
     starts (None: none). On a simulator, pools of the workload drawn with consecutive seeds, long enough for a
-    clear verdict at the SLAs' percentiles; else, or where the pools cannot hold a long probe (a short trace),
-    the user's requests alone."""
+    clear verdict at the SLAs' percentiles and at least MIN_POOL; else, or where the pools cannot hold a long
+    probe (a short trace), the user's requests alone."""
     if simulated and spec.num_requests:
         need = min_requests(slos)
         pools = [

@@ -189,6 +189,9 @@ def test_other_bad_flags(capsys, tmp_path):
 
 # ---- 2: capacity without a feasible trial, or at another percentile ----
 
+# what a capacity's long runs cost is their requests' tokens: these checks hold for any workload
+SHORT_REQUESTS = ["--workload", "random", "--random-input-len", "128", "--random-output-len", "8"]
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sla", ["1ms", "p90:5s"])
@@ -205,6 +208,7 @@ def test_capacity_reports_whatever_the_trials_found(sla, capsys, tmp_path):
             "2",
             "--num-requests",
             "20",
+            *SHORT_REQUESTS,
             "--out",
             str(tmp_path),
         ],
@@ -288,7 +292,8 @@ def test_a_study_name_cannot_escape_or_inject(monkeypatch, capsys, tmp_path):
 def test_compare_keeps_both_runs_of_the_same_policy(capsys, tmp_path):
     code, _, err = run_cli(
         # a median SLA: the long runs that settle each capacity are 130 requests, not a p99's thousands
-        ["compare", "chunked", "chunked", *SIM, "--num-requests", "10", "--sla-ttft", "p50:1s", "--out", str(tmp_path)],
+        ["compare", "chunked", "chunked", *SIM, "--num-requests", "10", "--sla-ttft", "p50:1s", *SHORT_REQUESTS]
+        + ["--out", str(tmp_path)],
         capsys,
     )
     assert code == 0, err

@@ -113,7 +113,7 @@ def test_timed_trace_prefix_cache_hit_rate_is_the_share_of_repeated_blocks(tmp_p
     for i in range(12):
         start = [int(h) for h in rng.choice(3, size=int(rng.integers(0, 4)))]  # ids 0-2: often repeated
         ids = start + [next(fresh)]
-        rows.append({"ts": i * 2.0, "in": 16 * len(ids), "out": 2, "ids": ids})
+        rows.append({"ts": i * 0.25, "in": 16 * len(ids), "out": 2, "ids": ids})
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     seen, hit = set(), 0

@@ -44,7 +44,7 @@ def test_the_fit_recovers_the_constants_that_generated_its_runs():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.usefixtures("quick_fits")
 def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
     spec = make_spec()
     calibrations = len(designs(spec))  # 4: prefill, decode, mixed, the workload
@@ -70,7 +70,7 @@ def test_a_killed_presearch_tune_resumes_without_repeating_launches(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.usefixtures("quick_fits")
 def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
     spec = make_spec(n_trials=3)
     path = tmp_path / "server.json"
@@ -83,7 +83,7 @@ def test_a_saved_calibration_is_reused_without_calibration_launches(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.usefixtures("quick_fits")
 def test_a_saved_calibration_of_another_deployment_is_refused_or_warned_about(tmp_path, capsys):
     """A calibration fitted to another model is refused before any launch; one fitted on another --launch
     template is used, with a one-line warning naming both."""
@@ -152,7 +152,7 @@ class DriftingServer(FakeServer):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_fits")
+@pytest.mark.usefixtures("quick_fits")
 def test_repeated_verification_is_one_launch_judged_by_the_medians(tmp_path, capsys):
     """--verify-repeats 3: three runs on one launched server, each figure scored by its median (the 2x run's
     here, not the first run's 1x or the worst 3x), every run kept in presearch.json and its spread shown; the
@@ -199,6 +199,7 @@ class StrangeServer(FakeServer):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("quick_fits")  # a server no linear cost fits: a fuller descent fits it no better
 def test_a_bad_fit_says_so_and_launches_every_trial(tmp_path, capsys):
     spec = make_spec(n_trials=3)
     server = StrangeServer()
@@ -429,10 +430,9 @@ def test_the_simulator_holds_the_kv_cache_the_server_said_it_holds():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_fits")
 def test_a_roofline_server_still_fits_the_linear_family():
-    """The runs measured as a presearch measures them on a launch of the roofline server: the fit is the one its
-    pipeline tests make (shared)."""
+    """The runs measured as a presearch measures them on a launch of the roofline server, fitted at full effort
+    (the pipeline tests fit them at a tenth of it: quick_fits)."""
     from chunkbench.tune.presearch import server as cal
 
     spec = make_spec()
@@ -631,6 +631,7 @@ def test_calibration_files_load_old_and_new(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("quick_fits")  # the NaN came from the start point's NNLS, before any descent
 def test_tokens_delivered_together_do_not_break_the_linear_fit():
     """A loaded server sends the tokens of a pause together: gaps of 0 ms (measured on the tier's vLLM: 3.6% of
     a workload run's gaps, and a whole decode request's in another). They give no decode-step row, and the fit

@@ -2,7 +2,8 @@
 with `chunkbench run`'s engine loop at the reported capacity on ten times the tune's requests per probe, meets
 the SLA (its percentile and the median scheduling delay bound); 15% above, it does not. Checked for the card's
 tune (rag-mix, p99 TTFT <= 300 ms) and for another workload and SLA (chat, p99 TBT <= 30 ms). Fewer trials
-than the card's 60: the claim is about the reported figure, not the search over knobs.
+than the card's 60, and the best of them alone settled on long runs (the card's tune settles three): the claim is
+about the reported figure, not the search over knobs.
 
 Near capacity one run's p99 is decided by rare bursts (at the card's capacity, four 3,000-request seeds gave
 p99 TTFT 217-333 ms: docs/measurements/capacity.md), so the claim is about a typical run: the median over three
@@ -19,6 +20,7 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.runs import run_benchmark
 from chunkbench.bench.slo import parse_slas, violations
+from chunkbench.tune import settle
 from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import run_cli
 
@@ -36,7 +38,10 @@ def held(summary: dict, slos) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workload,slas", CASES)
-def test_the_tuned_capacity_holds_ten_times_longer_and_fails_15_percent_above(tmp_path, capsys, workload, slas):
+def test_the_tuned_capacity_holds_ten_times_longer_and_fails_15_percent_above(
+    tmp_path, capsys, monkeypatch, workload, slas
+):
+    monkeypatch.setattr(settle, "SETTLE_TOP", 1)
     out = tmp_path / "tune"
     sla_flags = [f for name, value in slas.items() for f in (f"--sla-{name}", value)]
     args = ["tune", "--model", "llama-3-8b", "--workload", workload, *sla_flags, "--n-trials", "10"]

@@ -26,6 +26,7 @@ from chunkbench.tune.presearch.runs import residuals, run_figures, simulate_run,
 from chunkbench.tune.spec import TuneSpec
 
 ROUNDS = 10  # re-simulate and refit at most this often
+EVALUATIONS = 4000  # a round's descent's points at most
 # Each round moves every coefficient by at most this factor (e^0.4, x1.5) from where its schedule was recorded:
 # a run at its own arrivals priced far from there is wrong (a late request's place in the schedule moves)
 TRUST = 0.4
@@ -45,7 +46,7 @@ def fit_linear(
     runs: list[dict],
     spec: TuneSpec,
     first: ServerCalibration,
-    max_evaluations: int = 4000,
+    max_evaluations: int | None = None,
     without: tuple[str, ...] = (),
     start: ServerCalibration | None = None,
 ) -> ServerCalibration:
@@ -85,7 +86,8 @@ def fit_linear(
     begin = None if begun is None else np.array([begun.get(k, 0.0) for k in family.terms])
     for _ in range(ROUNDS):  # every run priced on its recorded schedule, in a trust region
         traces = [traced(current, run) for run in runs]
-        c, unit = _descend(family, traces, runs, best if best is not None else begin, TRUST, max_evaluations, held=held)
+        start_at = best if best is not None else begin
+        c, unit = _descend(family, traces, runs, start_at, TRUST, max_evaluations or EVALUATIONS, held=held)
         value = sum(simulated(c, run) for run in runs)
         if value >= best_value * (1 - 1e-2):
             break

@@ -34,6 +34,13 @@ def rows(spec: TuneSpec) -> list[tuple[str, str]]:
     return [*objective.rows, *sla, *objective.extra_rows]
 
 
+DOT_STYLES = {
+    "met": dict(s=14, color="tab:green", alpha=0.7),
+    "missed": dict(s=18, color="tab:red", marker="x", alpha=0.7),
+    "winner": dict(marker="*", s=160, color="gold", edgecolors="black", zorder=3),
+}
+
+
 def plot_knobs(spec: TuneSpec, study: optuna.Study, winner: optuna.trial.FrozenTrial | None, path: Path) -> bool:
     """knobs.png: each complete trial as a dot (green: meets the SLAs, red x: misses) at its value of each
     knob that took more than one value; the winner as a star. Capacity trials report their metrics at the
@@ -53,17 +60,17 @@ def plot_knobs(spec: TuneSpec, study: optuna.Study, winner: optuna.trial.FrozenT
         position = {repr(v): i for i, v in enumerate(categories)}
         for r, (key, label) in enumerate(metric_rows):
             ax = axes[r][c]
+            points: dict[str, list[tuple[float, float]]] = {"winner": [], "met": [], "missed": []}
             for t in done:
                 value = t.user_attrs.get("metrics", {}).get(key)
                 if value is None or knob not in t.params:
                     continue
                 x = position[repr(t.params[knob])] + jitter.uniform(-0.18, 0.18)
-                if winner is not None and t.number == winner.number:
-                    ax.scatter(x, value, marker="*", s=160, color="gold", edgecolors="black", zorder=3)
-                elif is_feasible(t):
-                    ax.scatter(x, value, s=14, color="tab:green", alpha=0.7)
-                else:
-                    ax.scatter(x, value, s=18, color="tab:red", marker="x", alpha=0.7)
+                won = winner is not None and t.number == winner.number
+                points["winner" if won else "met" if is_feasible(t) else "missed"].append((x, value))
+            for group, style in DOT_STYLES.items():  # one collection per kind of dot: a scatter call each costs
+                if points[group]:
+                    ax.scatter(*zip(*points[group]), **style)
             for slo in spec.slos:  # the SLA's limit on its own row
                 if slo.summary_key == key:
                     ax.axhline(slo.limit_ms, color="gray", lw=0.8, ls="--")

@@ -27,9 +27,9 @@ SETTLE_TOP = 3  # configurations settled on long runs
 STEADY = "on long simulated runs (steady state)"
 
 
-def settle_top(spec: TuneSpec, study: optuna.Study, k: int | None = None, deadline: float = math.inf) -> list[dict]:
-    """The k (default SETTLE_TOP) best distinct configurations' steady capacities, best first; empty where nothing
-    is settled (an objective other than capacity, a real server, no capacity found, --timeout reached: said)."""
+def settle_top(spec: TuneSpec, study: optuna.Study, deadline: float = math.inf) -> list[dict]:
+    """The SETTLE_TOP best distinct configurations' steady capacities, best first; empty where nothing is settled
+    (an objective other than capacity, a real server, no capacity found, --timeout reached: said)."""
     objective = get(spec.objective)
     if not hasattr(objective, "settle") or not spec.backend.simulated:
         return []
@@ -42,7 +42,7 @@ def settle_top(spec: TuneSpec, study: optuna.Study, k: int | None = None, deadli
         return []
     workload = build_workload(spec.workload, spec.base_config().scheduler.max_model_len)
     rows, floor = [], None
-    for trial in best_distinct(spec, study, k or SETTLE_TOP):
+    for trial in best_distinct(spec, study, SETTLE_TOP):
         metrics = trial.user_attrs["metrics"]
         if not metrics.get("capacity_rps") or metrics.get("capacity_steady"):
             continue

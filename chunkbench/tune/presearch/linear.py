@@ -46,7 +46,6 @@ def fit_linear(
     runs: list[dict],
     spec: TuneSpec,
     first: ServerCalibration,
-    max_evaluations: int | None = None,
     without: tuple[str, ...] = (),
     start: ServerCalibration | None = None,
 ) -> ServerCalibration:
@@ -86,8 +85,7 @@ def fit_linear(
     begin = None if begun is None else np.array([begun.get(k, 0.0) for k in family.terms])
     for _ in range(ROUNDS):  # every run priced on its recorded schedule, in a trust region
         traces = [traced(current, run) for run in runs]
-        start_at = best if best is not None else begin
-        c, unit = _descend(family, traces, runs, start_at, TRUST, max_evaluations or EVALUATIONS, held=held)
+        c, unit = _descend(family, traces, runs, best if best is not None else begin, TRUST, EVALUATIONS, held=held)
         value = sum(simulated(c, run) for run in runs)
         if value >= best_value * (1 - 1e-2):
             break

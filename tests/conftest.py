@@ -44,6 +44,11 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# A workload of short requests (128 prompt tokens, 8 output): for the checks of a capacity search that hold on any
+# workload, whose long runs cost their requests' tokens
+SHORT_REQUESTS = ["--workload", "random", "--random-input-len", "128", "--random-output-len", "8"]
+
+
 def run_cli(args, capsys):
     """`chunkbench ARGS` in this process: (exit code, stdout, stderr). An uncaught exception fails the test."""
     from chunkbench.cli import main

@@ -60,7 +60,7 @@ def plot_knobs(spec: TuneSpec, study: optuna.Study, winner: optuna.trial.FrozenT
         position = {repr(v): i for i, v in enumerate(categories)}
         for r, (key, label) in enumerate(metric_rows):
             ax = axes[r][c]
-            points: dict[str, list[tuple[float, float]]] = {"winner": [], "met": [], "missed": []}
+            points: dict[str, list[tuple[float, float]]] = {group: [] for group in DOT_STYLES}
             for t in done:
                 value = t.user_attrs.get("metrics", {}).get(key)
                 if value is None or knob not in t.params:

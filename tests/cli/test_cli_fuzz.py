@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import run_cli
+from tests.conftest import SHORT_REQUESTS, run_cli
 
 RUN_FLAGS = [
     "--rate",
@@ -169,12 +169,7 @@ def test_tune_takes_any_value_of_any_flag(flag, value, capsys, tmp_path_factory)
             "2",
             "--num-requests",
             "10",
-            "--workload",
-            "random",
-            "--random-input-len",
-            "128",
-            "--random-output-len",
-            "8",
+            *SHORT_REQUESTS,
             "--timeout",
             "3",
             "--no-progress",

@@ -11,7 +11,7 @@ import yaml
 from chunkbench.engine.engine import CpuClock
 
 from chunkbench import files as outputs
-from tests.conftest import run_cli
+from tests.conftest import SHORT_REQUESTS, run_cli
 
 SIM = ["--backend", "sim", "--model", "llama-3-8b", "--no-progress"]
 
@@ -188,9 +188,6 @@ def test_other_bad_flags(capsys, tmp_path):
 
 
 # ---- 2: capacity without a feasible trial, or at another percentile ----
-
-# what a capacity's long runs cost is their requests' tokens: these checks hold for any workload
-SHORT_REQUESTS = ["--workload", "random", "--random-input-len", "128", "--random-output-len", "8"]
 
 
 @pytest.mark.slow

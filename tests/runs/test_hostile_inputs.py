@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, SHORT_REQUESTS, run_cli
 
 SIM = ["--backend", "sim", "--model", "llama-3-8b", "--no-progress"]
 UNREACHABLE = ["--endpoint", "http://127.0.0.1:9/v1"]  # refused before the server would be asked
@@ -243,7 +243,7 @@ def test_compare_on_one_request_finds_a_capacity_on_the_simulator_s_own_draws(tm
 
     out = tmp_path / "o"
     args = ["compare", "chunked", *SIM, "--gpu", "h100-sxm", "--num-requests", "1", "--out", str(out)]
-    args += ["--workload", "random", "--random-input-len", "128", "--random-output-len", "8"]  # short long runs
+    args += SHORT_REQUESTS  # short long runs
     code, stdout, err = run_cli(args, capsys)
     assert code == 0, err
     assert "1 requests are too few for a steady verdict" in " ".join(stdout.split())

@@ -142,7 +142,7 @@ def unfilled(summary: dict) -> str:
     still filling with requests serves faster than it will."""
     return (
         "not shown to hold: the run ended while the server still filled (its warm-up "
-        f"{summary['steady_start_s']:.1f} s < the median E2EL {summary['median_e2el_ms'] / 1000:.1f} s)"
+        f"{1000 * summary['steady_start_s']:,.0f} ms < the median E2EL {summary['median_e2el_ms']:,.0f} ms)"
     )
 
 

@@ -49,6 +49,18 @@ def pytest_collection_modifyitems(config, items):
 SHORT_REQUESTS = ["--workload", "random", "--random-input-len", "128", "--random-output-len", "8"]
 
 
+@pytest.fixture
+def settle_one(monkeypatch):
+    """A simulated capacity tune settles its best configuration alone on long runs (tune/settle.py SETTLE_TOP;
+    the product settles three): for the tests of what a tune does around a settle (flags, jobs, the figure),
+    not of the runner-up's margin, which the killed tune's rerun (tests/tune/test_tuner.py) and the objective
+    registry's test keep. The first settle is most of a small tune: it gallops down from a short run's
+    flattering capacity."""
+    from chunkbench.tune import settle
+
+    monkeypatch.setattr(settle, "SETTLE_TOP", 1)
+
+
 def run_cli(args, capsys):
     """`chunkbench ARGS` in this process: (exit code, stdout, stderr). An uncaught exception fails the test."""
     from chunkbench.cli import main

@@ -149,6 +149,7 @@ def test_compare_takes_any_policy_spec(spec, capsys, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("settle_one")
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flag=st.sampled_from(TUNE_FLAGS), value=VALUES)
 def test_tune_takes_any_value_of_any_flag(flag, value, capsys, tmp_path_factory):

@@ -191,6 +191,7 @@ def test_other_bad_flags(capsys, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("settle_one")
 @pytest.mark.parametrize("sla", ["1ms", "p90:5s"])
 def test_capacity_reports_whatever_the_trials_found(sla, capsys, tmp_path):
     code, out, err = run_cli(

@@ -126,8 +126,9 @@ def test_profiled_simulator_tracks_the_real_engine(tmp_path):
     model can only average, and a median of 8 TTFTs flips between an idle and a busy engine. Even CPU time
     moves on this shared VM (one profile's repeated timings spread 67%): a miss, or a profile that fits worse
     than 15%, is retried with a fresh profile, three tries in all. A simulator off by 1.5x fails all three."""
+    # max_model_len: the longest request (1024 + 48 tokens) and no more: the profile's grid spans the context
     config = EngineConfig.create(
-        "small", device="cpu", policy="chunked", max_num_batched_tokens=256, max_model_len=2048
+        "small", device="cpu", policy="chunked", max_num_batched_tokens=256, max_model_len=1088
     )
     workload = build_workload(
         WorkloadSpec(
@@ -138,7 +139,7 @@ def test_profiled_simulator_tracks_the_real_engine(tmp_path):
             prompt_len="lognormal:256:0.6:16:1024",
             output_len="fixed:48",
         ),
-        2048,
+        1088,
     )
     path = tmp_path / "cpu-small.json"
     misses = []

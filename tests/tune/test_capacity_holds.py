@@ -20,7 +20,6 @@ from chunkbench.engine.config import EngineConfig
 from chunkbench.backends.sim import SimBackend
 from chunkbench.bench.runs import run_benchmark
 from chunkbench.bench.slo import parse_slas, violations
-from chunkbench.tune import settle
 from chunkbench.workloads.spec import WorkloadSpec, build_workload
 from tests.conftest import run_cli
 
@@ -38,13 +37,11 @@ def held(summary: dict, slos) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workload,slas", CASES)
-def test_the_tuned_capacity_holds_ten_times_longer_and_fails_15_percent_above(
-    tmp_path, capsys, monkeypatch, workload, slas
-):
-    monkeypatch.setattr(settle, "SETTLE_TOP", 1)
+@pytest.mark.usefixtures("settle_one")
+def test_the_tuned_capacity_holds_ten_times_longer_and_fails_15_percent_above(tmp_path, capsys, workload, slas):
     out = tmp_path / "tune"
     sla_flags = [f for name, value in slas.items() for f in (f"--sla-{name}", value)]
-    args = ["tune", "--model", "llama-3-8b", "--workload", workload, *sla_flags, "--n-trials", "10"]
+    args = ["tune", "--model", "llama-3-8b", "--workload", workload, *sla_flags, "--n-trials", "6"]
     code, _, err = run_cli([*args, "--num-requests", str(TUNE_REQUESTS), "--out", str(out), "--no-progress"], capsys)
     assert code == 0, err
     found = json.loads((out / "capacity.json").read_text())

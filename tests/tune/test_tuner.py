@@ -119,53 +119,6 @@ TUNE = [
 ]
 
 
-@pytest.mark.slow
-def test_tune_writes_every_output(tmp_path, capsys):
-    # With an SLA the default objective is capacity (it was goodput, which ties once every request meets it).
-    out = tmp_path / "t"
-    code, stdout, err = run_cli([*TUNE, "--n-trials", "8", "--out", str(out)], capsys)
-    assert code == 0, err
-    for name in (
-        "recommended.toml",
-        "vllm.yaml",
-        "vllm_flags.txt",
-        "sglang.txt",
-        "trials.csv",
-        "search.png",
-        "knobs.png",
-        "report.html",
-        "study.db",
-    ):
-        assert (out / name).exists(), name
-    assert "trials (capacity, simulated" in stdout
-    assert re.search(
-        r"Margin: (the winner's capacity is .* ahead of|none: the winner ties with) the runner-up",
-        stdout.replace("\n", " "),
-    )
-    page = (out / "report.html").read_text()
-    assert "How each knob moves" in page and "What was not verified, and why" in page and "Margin:" in page
-    config = yaml.safe_load((out / "vllm.yaml").read_text())
-    assert config["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
-    real_vllm_options = {
-        "max-num-batched-tokens",
-        "max-num-seqs",
-        "max-model-len",
-        "enable-chunked-prefill",
-        "block-size",
-        "gpu-memory-utilization",
-        "enable-prefix-caching",
-        "long-prefill-token-threshold",
-        "max-num-partial-prefills",
-        "model",
-        "tensor-parallel-size",
-        "kv-cache-dtype",
-        "prefill-schedule-interval",  # vLLM 0.33+: the default target is the newest release
-    }
-    assert set(config) <= real_vllm_options and config["max-num-batched-tokens"] >= 256
-    assert "--chunked-prefill-size" in (out / "sglang.txt").read_text()
-    assert "SIMULATED" in stdout
-
-
 def test_capacity_early_stop_and_warm_start_find_the_same_capacity():
     """Probes stopped once an SLA is certainly missed, and brackets started from another trial's capacity,
     change the work done, not the capacity found."""
@@ -191,6 +144,7 @@ def test_capacity_early_stop_and_warm_start_find_the_same_capacity():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("settle_one")
 def test_jobs_run_trials_in_parallel_processes_with_the_exact_count(tmp_path, capsys):
     out = tmp_path / "j"
     # Trials long enough (400 requests, a capacity search each) that this process cannot finish all eight
@@ -285,7 +239,7 @@ def test_open_storage_retries_the_table_creation_race(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_kill_minus_nine_then_rerun_keeps_finished_trials(tmp_path):
+def test_kill_minus_nine_then_rerun_keeps_finished_trials_and_writes_every_output(tmp_path):
     out = tmp_path / "study"
     command = [
         sys.executable,
@@ -313,9 +267,10 @@ def test_kill_minus_nine_then_rerun_keeps_finished_trials(tmp_path):
     kept = _complete(db)
     assert 3 <= kept < 12, log.read_text()[-3000:]
     first_numbers = _complete_numbers(db)
-    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    rerun = subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     assert _complete(db) == 12
     assert set(first_numbers) <= set(_complete_numbers(db))
+    outputs_written(out, rerun.stdout)  # the resumed tune is a whole one
 
 
 def test_a_trial_orphaned_before_its_first_heartbeat_is_replaced(tmp_path, monkeypatch):
@@ -343,6 +298,48 @@ def test_a_trial_orphaned_before_its_first_heartbeat_is_replaced(tmp_path, monke
     states = {t.number: t.state for t in study.get_trials()}
     assert states[orphan.number] == optuna.trial.TrialState.FAIL
     assert list(states.values()).count(optuna.trial.TrialState.COMPLETE) == 3
+
+
+def outputs_written(out: Path, stdout: str) -> None:
+    """Every output of a simulated capacity tune (with an SLA the default objective is capacity), its settled
+    margin over the runner-up in the printout and the report."""
+    for name in (
+        "recommended.toml",
+        "vllm.yaml",
+        "vllm_flags.txt",
+        "sglang.txt",
+        "trials.csv",
+        "search.png",
+        "knobs.png",
+        "report.html",
+        "study.db",
+    ):
+        assert (out / name).exists(), name
+    said = " ".join(stdout.split())  # as printed on an 80-column console, lines wrapped
+    assert re.search(r"trials (\(\d+ failed\) )?\(capacity, simulated", said)  # a killed trial is a failed one
+    assert re.search(r"Margin: (the winner's capacity is .* ahead of|none: the winner ties with) the runner-up", said)
+    page = (out / "report.html").read_text()
+    assert "How each knob moves" in page and "What was not verified, and why" in page and "Margin:" in page
+    config = yaml.safe_load((out / "vllm.yaml").read_text())
+    assert config["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
+    real_vllm_options = {
+        "max-num-batched-tokens",
+        "max-num-seqs",
+        "max-model-len",
+        "enable-chunked-prefill",
+        "block-size",
+        "gpu-memory-utilization",
+        "enable-prefix-caching",
+        "long-prefill-token-threshold",
+        "max-num-partial-prefills",
+        "model",
+        "tensor-parallel-size",
+        "kv-cache-dtype",
+        "prefill-schedule-interval",  # vLLM 0.33+: the default target is the newest release
+    }
+    assert set(config) <= real_vllm_options and config["max-num-batched-tokens"] >= 256
+    assert "--chunked-prefill-size" in (out / "sglang.txt").read_text()
+    assert "SIMULATED" in stdout
 
 
 def _study(db: Path) -> optuna.Study:

@@ -162,17 +162,21 @@ class Request:
             RequestStatus.FINISHED_REJECTED: "rejected",
         }.get(self.status)
 
-    def append_output(self, token_id: int, now: float) -> None:
-        self.output_token_ids.append(token_id)
+    def append_output(self, token_id: int, now: float) -> bool:
+        """Append a sampled token at time `now`; True when it finished the request (its status says why)."""
+        outputs = self.output_token_ids
+        outputs.append(token_id)
         self.token_times.append(now)
         sampling = self.sampling
-        if len(self.output_token_ids) < sampling.min_tokens:  # too early to stop on any token
+        if len(outputs) < sampling.min_tokens:  # too early to stop on any token
             pass
         elif not sampling.ignore_eos and self.eos_token_id is not None and token_id == self.eos_token_id:
             self.status = RequestStatus.FINISHED_STOPPED
-            return
+            return True
         elif token_id in sampling.stop_token_ids:
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token_id
-            return
-        if len(self.output_token_ids) >= sampling.max_tokens:
+            return True
+        if len(outputs) >= sampling.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False

@@ -211,7 +211,7 @@ class Scheduler:
                     if start >= prompt
                     else request.token_ids_between(start, start + n),
                     start,
-                    tables.get(request.request_id, []),
+                    tables[request.request_id],  # every scheduled request holds a table
                     start + n == prompt + made,
                     made > 0 and start == prompt + made - 1,
                     request.sampling,
@@ -219,8 +219,14 @@ class Scheduler:
                     request.sample_seed,
                 )
             )
-        # Decided here, before update() moves computed counts on: is_decoding is still this step's view.
-        paused = [r.request_id for r in self.running if r not in scheduled and r.is_decoding]
+        # Decided here, before update() moves computed counts on: is_decoding is still this step's view. Every
+        # scheduled request runs, so when as many run as were scheduled none was left out (most steps).
+        running = self.running
+        paused = (
+            [r.request_id for r in running if r not in scheduled and r.is_decoding]
+            if len(running) > len(scheduled)
+            else []
+        )
         return SchedulerOutput(
             chunks=chunks,
             preempted=[r.request_id for r in preempted],
@@ -250,7 +256,8 @@ class Scheduler:
         `token` (None: the chunk ended mid-prompt) and finish the request if it is done. True when it got a
         token. The simulator's fast path calls it too, for the steps where a decode fills a block or ends."""
         request.num_computed_tokens += num_tokens
-        self.block_manager.computed(request)
+        if self.block_manager.enable_caching:  # BlockManager.computed's test, first: a call per request per step
+            self.block_manager.computed(request)
         if not is_decode:
             request.num_chunks += 1
         if token is None:
@@ -261,8 +268,7 @@ class Scheduler:
             return False
         if self.short_of_last:
             self.short_of_last.discard(request)
-        request.append_output(token, now)
-        finished = request.is_finished
+        finished = request.append_output(token, now)
         if not finished and len(request.prompt_token_ids) + len(request.output_token_ids) >= self.config.max_model_len:
             request.status, finished = RequestStatus.FINISHED_LENGTH, True
         if finished:

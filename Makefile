@@ -1,5 +1,9 @@
 # make demo / make test: each creates .venv and installs on a fresh machine, and does nothing twice.
 PYTHON ?= python3
+# Python keeps what it compiles (__pycache__/), even where the environment says not to: the suite starts hundreds
+# of Python processes, and with PYTHONDONTWRITEBYTECODE set (this project's machines) each compiled torch's and
+# the project's modules again (pytest's collection alone: 19 s a process, 11 cached).
+export PYTHONDONTWRITEBYTECODE :=
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -10,8 +14,8 @@ install: $(STAMP)
 
 # torch first, pinned: from this exact line pip takes the CPU build on a CPU machine and the CUDA build on
 # a GPU machine; installing the project first could pull a multi-GB CUDA build where none is wanted.
-# --no-compile: Python compiles what it imports on first use; compiling every file of torch and the rest up
-# front took 74 of 167 s here.
+# --no-compile: pip compiles every file of every package, one at a time (74 of 167 s here); Python compiles what
+# is imported, once, on first use.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile torch==2.13.0

@@ -35,7 +35,8 @@ def placeholders(flag: str, text: str) -> list[str]:
 
 def check_endpoint(endpoint: str, node: list[Slot]) -> None:
     """The endpoint holds only slot placeholders and fills, for every slot, to an http(s) URL with a host and a
-    port that exists."""
+    port that exists, written out (a launched server is on a port the tune or its template chose), and the slot's
+    own port where it holds {port} (else every slot would measure one server, or none)."""
     unknown = [n for n in placeholders("--endpoint", endpoint) if n not in SLOT_PLACEHOLDERS]
     if unknown:
         raise UserError(
@@ -51,8 +52,13 @@ def check_endpoint(endpoint: str, node: list[Slot]) -> None:
             port = -1
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UserError(f"--endpoint: '{url}' is not an http(s) URL; e.g. http://127.0.0.1:{{port}}/v1")
-        if port == -1:
+        if port == -1 or port is None:
             raise UserError(f"--endpoint: '{url}' has no valid port (1-65535); e.g. http://127.0.0.1:{{port}}/v1")
+        if "{port}" in endpoint and port != slot.port:
+            raise UserError(
+                f"--endpoint: '{url}' is not on slot {slot.index}'s port {slot.port}: put {{port}} where the port "
+                "goes, e.g. http://127.0.0.1:{port}/v1"
+            )
 
 
 def check_launch(template: str, config: EngineConfig, node: list[Slot], values: dict) -> None:

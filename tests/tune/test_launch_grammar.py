@@ -62,6 +62,14 @@ CASES = {
         "--slots 4 needs 4 of --cpus (1 per slot: --cpus-per-trial), and --cpus names 2",
     ),
     "no endpoint and no port": (["--launch", "python s.py --port 8000"], "needs --endpoint URL"),
+    "no port in the endpoint": (
+        ["--launch", "s {port}", "--endpoint", "http://{port}/v1"],
+        "--endpoint: 'http://8000/v1' has no valid port (1-65535)",
+    ),
+    "{port} not the endpoint's port": (
+        ["--launch", "s {port}", "--endpoint", "http://127.0.0.1:9999/v1?p={port}"],
+        "--endpoint: 'http://127.0.0.1:9999/v1?p=8000' is not on slot 0's port 8000: put {port} where the port goes",
+    ),
     "a port past 65535": (
         ["--launch", "s {port}", "--endpoint", "http://127.0.0.1:99999/v1"],
         "has no valid port (1-65535)",

@@ -47,12 +47,12 @@ def check_endpoint(endpoint: str, node: list[Slot]) -> None:
         url = fill_endpoint(endpoint, slot)
         parts = urlsplit(url)
         try:
-            port = parts.port
-        except ValueError:
-            port = -1
+            port = parts.port  # None where none is written
+        except ValueError:  # past 65535, or not a number
+            port = None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UserError(f"--endpoint: '{url}' is not an http(s) URL; e.g. http://127.0.0.1:{{port}}/v1")
-        if port == -1 or port is None:
+        if not port:  # none written, out of range, or 0
             raise UserError(f"--endpoint: '{url}' has no valid port (1-65535); e.g. http://127.0.0.1:{{port}}/v1")
         if "{port}" in endpoint and port != slot.port:
             raise UserError(

@@ -39,10 +39,11 @@ class EndpointBackend(Backend):
         for token-id prompts only: chat prompts are text."""
         import httpx
 
+        from chunkbench import web
         from chunkbench.workloads.vocab import resolve_vocab_size
 
         try:
-            card = httpx.get(endpoint.rstrip("/") + "/models", timeout=10).json()["data"][0]
+            card = web.get(endpoint.rstrip("/") + "/models", timeout=10).json()["data"][0]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             raise UserError(f"--endpoint: no model list at {endpoint}/models: {exc}") from None
         name = model or card.get("id")

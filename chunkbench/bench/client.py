@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import httpx
 
+from chunkbench import web
 from chunkbench.bench.client_rules import OLDEST, ClientRules
 from chunkbench.bench.gc_pause import frozen_heap
 from chunkbench.bench.harness import prompt_ids
@@ -273,7 +274,7 @@ def wait_healthy(base_url: str, timeout_s: float, process=None) -> None:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"the server exited with code {process.returncode} before it was healthy")
         try:
-            if httpx.get(health, timeout=2.0).status_code == 200:
+            if web.get(health, timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

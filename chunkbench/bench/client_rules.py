@@ -70,9 +70,11 @@ def server_version(endpoint: str, timeout_s: float = 10.0) -> str | None:
     under it); None when it reports none (not vLLM, or unreachable)."""
     import httpx
 
+    from chunkbench import web
+
     url = endpoint.rstrip("/").removesuffix("/v1") + "/version"
     try:
-        response = httpx.get(url, timeout=timeout_s)
+        response = web.get(url, timeout=timeout_s)
         version = response.json().get("version") if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):  # unreachable, not JSON, not an object
         return None

@@ -19,6 +19,7 @@ import math
 import httpx
 import numpy as np
 
+from chunkbench import web
 from chunkbench.bench.metrics import PERCENTILES, pct_key
 
 QUEUE_TIME = "vllm:request_queue_time_seconds"
@@ -53,7 +54,7 @@ SUCCESS_REASONS = ("stop", "length")  # vLLM's finished_reason labels of a reque
 def scrape_metrics(endpoint: str) -> dict:
     """The server's Prometheus /metrics as {sample name: [(labels, value)]}; {} when it has none."""
     try:
-        response = httpx.get(endpoint.rstrip("/").removesuffix("/v1") + "/metrics", timeout=5.0)
+        response = web.get(endpoint.rstrip("/").removesuffix("/v1") + "/metrics", timeout=5.0)
         return parse_metrics(response.text) if response.status_code == 200 else {}
     except (httpx.HTTPError, ValueError):
         return {}

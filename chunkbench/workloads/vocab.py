@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import httpx
 
+from chunkbench import web
 from chunkbench.errors import UserError
 
 MAX_PROBED_VOCAB = 1 << 24  # larger than any tokenizer's: a server that accepts this id bounds nothing
@@ -34,7 +35,7 @@ def detokenize_vocab_size(endpoint: str, model: str | None, timeout_s: float = 1
 
     def decodes(token_id: int) -> bool:
         try:
-            response = httpx.post(
+            response = web.post(
                 url, json={"tokens": [token_id]} | ({"model": model} if model else {}), timeout=timeout_s
             )
             return response.status_code == 200 and bool(response.json().get("prompt"))

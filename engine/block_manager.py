@@ -212,12 +212,6 @@ class BlockManager:
                 live.append(block)
         return live
 
-    def computed(self, request: Request) -> None:
-        """The request's computed tokens advanced: cache any block they filled (mostly cached at allocation
-        already; the simulator's fast path caches a decode's blocks here only)."""
-        if self.enable_caching:
-            self.cache_blocks(request, request.num_computed_tokens)
-
     def free(self, request: Request) -> None:
         """Release a request's blocks (finished, aborted or preempted). Freeing twice is a no-op.
         Tail blocks are freed first, so they are evicted before the prefix blocks others may share; uncached

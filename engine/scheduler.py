@@ -256,8 +256,9 @@ class Scheduler:
         `token` (None: the chunk ended mid-prompt) and finish the request if it is done. True when it got a
         token. The simulator's fast path calls it too, for the steps where a decode fills a block or ends."""
         request.num_computed_tokens += num_tokens
-        if self.block_manager.enable_caching:  # BlockManager.computed's test, first: a call per request per step
-            self.block_manager.computed(request)
+        bm = self.block_manager
+        if bm.enable_caching:  # blocks these tokens filled (mostly cached at allocation; a fast-path decode's here)
+            bm.cache_blocks(request, request.num_computed_tokens)
         if not is_decode:
             request.num_chunks += 1
         if token is None:

@@ -137,7 +137,7 @@ def run_stretch(
       roofline, `decode_step_cost(batch)(keys)`, the same arithmetic without building the shape), and the
       virtual clock adds them one by one in step order, so the floating-point sums are the same;
     - KV blocks are taken (`BlockManager.append_block`, the one-block case of `append`) and full blocks cached
-      (`BlockManager.computed`) step by step, in running order, taking blocks before the step and caching after
+      (`Scheduler.advance`) step by step, in running order, taking blocks before the step and caching after
       it, so block ids, evictions and prefix-cache hits are the same;
     - every other update (one more computed token, one more output token and its time) is plain, so between
       those events a request's computed count, output tokens and token times are brought up to date in bulk

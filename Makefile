@@ -39,12 +39,16 @@ test: $(STAMP)
 # The vLLM tier: vLLM 0.32.0's CPU build in its own venv (.venv-vllm, installed once by scripts/vllm_env.sh,
 # with the tiny model it serves), vLLM 0.34.0's scheduler (.venv-vllm034, scripts/vllm034_env.sh: the wheel without
 # its CUDA dependencies, about three minutes) and SGLang 0.5.23's command-line parser (.venv-sglang,
-# scripts/sglang_env.sh: about a minute), then the tests that hold chunkbench against them (tests/vllm/).
+# scripts/sglang_env.sh: about a minute), then the tests that hold chunkbench against them (tests/vllm/), in two
+# parts as `make test`: those that time nothing on one process per core, a module to a process (--dist loadfile:
+# a module's oracle, parser or servers start once, and the tests that launch vLLM, all in test_vllm_configs.py,
+# one at a time), then those that hold measured figures to a margin (marked timing) alone.
 test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh
 	PYTHON=$(PYTHON) bash scripts/vllm034_env.sh
 	PYTHON=$(PYTHON) bash scripts/sglang_env.sh
-	$(PY) -m pytest -q -m vllm tests
+	$(PY) -m pytest -q -m "vllm and not timing" -n auto --dist loadfile tests
+	$(PY) -m pytest -q -m "vllm and timing" tests
 
 # The documentation site (mkdocs-material) into build/site/; --strict: a broken link or page fails. The CLI
 # reference and the knob table are generated from the code by scripts/docs_hooks.py.

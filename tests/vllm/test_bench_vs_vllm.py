@@ -319,6 +319,7 @@ def timing_misses(ours: list, theirs: list) -> list[str]:
     return misses
 
 
+@pytest.mark.timing  # two clients' latencies held to a margin: a test beside them moves both
 def test_bench_measures_what_vllm_bench_serve_measures(vllm_server, tiny_model, tmp_path):
     """Counts, token totals and the result file's keys must agree in every run. The timing bounds (durations
     within 2%; the mean TTFT, ITL, TPOT and E2EL: the median over the pairs of back-to-back runs of chunkbench's
@@ -384,6 +385,7 @@ def test_the_vocabulary_bound_from_vllm_s_detokenize_is_the_tokenizer_s(vllm_ser
     assert detokenize_vocab_size(vllm_server, str(tiny_model)) == len(AutoTokenizer.from_pretrained(tiny_model))
 
 
+@pytest.mark.timing  # probe latencies against vLLM's, to a margin
 def test_probes_measure_what_vllm_s_probes_measure(vllm_server, tiny_model, tmp_path):
     """--probe-request-rate 2 beside the same load and schedule, 3 back-to-back pairs (ABBAAB): the same probe
     counts (each pair within one: the loop fits as many probes as the run's length allows, and two runs of one

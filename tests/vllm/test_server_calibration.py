@@ -96,6 +96,7 @@ def tier_launch() -> LaunchBackend:
     )
 
 
+@pytest.mark.timing  # simulated figures against measured ones, to a margin
 def test_a_calibrated_simulator_predicts_a_held_out_workload_on_vllm(tiny_model, tmp_path, vllm_environment):
     launch = tier_launch()
     spec = tune_spec(str(tiny_model), launch)

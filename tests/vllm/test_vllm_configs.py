@@ -239,6 +239,7 @@ def test_a_broken_template_ends_within_three_launches_with_vllms_error(tiny_mode
     assert len(list(out.glob("trials/*/launch.log"))) == 3
 
 
+@pytest.mark.timing  # which path it takes (presearch or its fallback) rests on a fit to measured times
 def test_presearch_sim_runs_end_to_end_against_vllm(tiny_model, tmp_path, capsys, vllm_environment):
     out, port = tmp_path / "presearch", free_port()
     code, stdout, stderr = run_cli(
